@@ -1,0 +1,282 @@
+"""The ``localspec`` command line: the one place where errors become messages and exit codes.
+
+``complete`` streams the generated text to stdout and nothing else; progress, warnings and
+``--stats`` go to stderr; ``--json`` replaces the stream with one JSON object. Every
+``LocalspecError`` becomes ``error: ...`` / ``hint: ...`` on stderr with its exit code, never
+a traceback. Ctrl-C stops generation after the current round (a second one exits at once).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from localspec.errors import InputError, LocalspecError, UsageError
+from localspec.events import Finished, TokenEmitted, Warning
+from localspec.params import GenerationParams
+
+app = typer.Typer(
+    name="localspec",
+    help="Local speculative decoding: a GGUF target's exact output, faster.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+EXIT_CANCELLED = 130
+
+
+def fail(err: LocalspecError) -> typer.Exit:
+    typer.echo(f"error: {err.message}", err=True)
+    if err.hint:
+        typer.echo(f"hint: {err.hint}", err=True)
+    return typer.Exit(err.exit_code)
+
+
+def usage_from(err: ValidationError) -> UsageError:
+    first = err.errors()[0]
+    where = ".".join(str(x) for x in first["loc"]).replace("_", "-")
+    return UsageError(f"invalid --{where}: {first['msg']}", "see localspec complete --help")
+
+
+def read_prompt(file: str | None) -> str:
+    if file in (None, "-"):
+        if sys.stdin is None:
+            raise InputError("no input: stdin is closed", "pass a FILE argument")
+        if sys.stdin.isatty():
+            typer.echo("reading the prompt from the terminal; end it with Ctrl-D", err=True)
+        data = sys.stdin.buffer.read()
+        source = "stdin"
+    else:
+        path = Path(file)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise InputError(f"input file not found: {path}", "check the path") from None
+        except IsADirectoryError:
+            raise InputError(f"input is a directory: {path}", "pass a text file") from None
+        except OSError as err:
+            raise InputError(
+                f"cannot read {path}: {err.strerror}", "check its permissions"
+            ) from None
+        source = str(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{source} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
+            "convert it first, e.g. iconv -f latin1 -t utf-8",
+        ) from None
+    if not text.strip():
+        raise InputError(f"the input from {source} is empty", "give a prompt on stdin or as a FILE")
+    return text
+
+
+@contextmanager
+def ctrl_c_cancels() -> Iterator[threading.Event]:
+    """First Ctrl-C asks the engine to stop after this round; a second one interrupts."""
+    cancel = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def human_stats(stats: dict[str, Any], reason: str) -> str:
+    lines = [
+        f"finish: {reason}; prompt {stats['prompt_tokens']} tokens in {stats['prefill_s']:.2f}s; "
+        f"generated {stats['generated_tokens']} tokens in {stats['decode_s']:.2f}s "
+        f"({stats['decode_tokens_per_s']:.1f} tok/s)",
+        f"drafted {stats['drafted']}, accepted {stats['accepted']} "
+        f"(acceptance {stats['acceptance_rate']:.0%}); {stats['rounds']} target passes, "
+        f"{stats['mean_accepted_length']:.2f} tokens per pass",
+    ]
+    origin = stats.get("tokens_by_origin", {})
+    lines.append("tokens by origin: " + ", ".join(f"{k} {v}" for k, v in origin.items()))
+    for name, d in stats.get("by_drafter", {}).items():
+        pos = " ".join(f"{x:.2f}" for x in d["per_position_acceptance"][:8])
+        lines.append(
+            f"  {name:6} rounds {d['rounds']:4}  drafted {d['drafted']:5}  accepted "
+            f"{d['accepted']:5}  rate {d['acceptance_rate']:.2f}  "
+            f"tau {d['mean_accepted_length']:.2f}" + (f"  per-position {pos}" if pos else "")
+        )
+    return "\n".join(lines)
+
+
+def build_params(**kwargs: Any) -> GenerationParams:
+    try:
+        return GenerationParams(**{k: v for k, v in kwargs.items() if v is not None})
+    except ValidationError as err:
+        raise usage_from(err) from None
+
+
+def model_options(drafter: str, **kwargs: Any):  # -> ModelOptions
+    from localspec.session import ModelOptions
+
+    try:
+        return ModelOptions(
+            use_draft=drafter in ("auto", "model"), calibrate=drafter == "auto", **kwargs
+        )
+    except ValidationError as err:
+        raise usage_from(err) from None
+
+
+def warn_memory(options: Any) -> None:
+    """Resolve the pair (downloading if needed) and warn when it may not fit in memory."""
+    from localspec.resources import estimate_memory
+    from localspec.session import resolve_pair
+
+    target, draft = resolve_pair(options)
+    needed, available = estimate_memory(target, draft, options.n_ctx)
+    if available is not None and needed > available:
+        gib = 1024**3
+        typer.echo(
+            f"warning: the models and their KV caches need about {needed / gib:.1f} GiB, "
+            f"but only {available / gib:.1f} GiB of memory is available",
+            err=True,
+        )
+
+
+DrafterOpt = Annotated[
+    str, typer.Option(help="auto (cost model), model, ngram, or none (plain decoding)")
+]
+
+
+@app.command()
+def complete(
+    file: Annotated[
+        str | None, typer.Argument(help="prompt file; - or nothing reads stdin")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="new tokens at most")] = 512,
+    temperature: Annotated[float, typer.Option(help="0 is greedy")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="sampling: keep the k most likely (0: off)")] = 40,
+    top_p: Annotated[float, typer.Option(help="sampling: nucleus mass (1: off)")] = 0.95,
+    min_p: Annotated[float, typer.Option(help="sampling: drop below min-p x top (0: off)")] = 0.05,
+    seed: Annotated[int | None, typer.Option(help="sampling seed")] = None,
+    drafter: DrafterOpt = "auto",
+    draft_max: Annotated[int, typer.Option(help="longest draft per round")] = 16,
+    raw: Annotated[
+        bool, typer.Option(help="send the text as is, without the chat template")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
+    stats: Annotated[bool, typer.Option(help="print a summary to stderr at the end")] = False,
+    target: Annotated[
+        str | None, typer.Option(help="target: path, catalog name or repo:file")
+    ] = None,
+    draft: Annotated[
+        str | None, typer.Option(help="draft: path, catalog name or repo:file")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")] = None,
+    ctx: Annotated[int, typer.Option(help="context size in tokens")] = 4096,
+    gpu_layers: Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")] = 0,
+) -> None:
+    """Generate a completion of FILE (or stdin): the target's own output, faster."""
+    try:
+        if drafter not in ("auto", "model", "ngram", "none"):
+            raise UsageError(f"invalid --drafter {drafter!r}", "use auto, model, ngram or none")
+        params = build_params(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            drafter=drafter,
+            draft_max=draft_max,
+        )
+        options = model_options(
+            drafter,
+            target=target,
+            draft=draft,
+            threads=threads,
+            n_ctx=ctx,
+            n_gpu_layers=gpu_layers,
+        )
+        prompt = read_prompt(file)
+        warn_memory(options)
+        code = run_complete(prompt, params, options, raw=raw, json_out=json_out, stats=stats)
+    except LocalspecError as err:
+        raise fail(err) from None
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(EXIT_CANCELLED) from None
+    raise typer.Exit(code)
+
+
+def run_complete(
+    prompt: str, params: GenerationParams, options: Any, *, raw: bool, json_out: bool, stats: bool
+) -> int:
+    from localspec.session import open_session
+
+    session = open_session(options, on_progress=lambda m: None)
+    out = sys.stdout
+    finished: Finished | None = None
+    from localspec.stats import GenerationStats
+
+    running = GenerationStats()
+    with ctrl_c_cancels() as cancel:
+        try:
+            for event in session.complete(prompt, params, raw=raw, cancel=cancel):
+                running.observe(event)
+                if isinstance(event, TokenEmitted) and not json_out:
+                    out.write(event.text)
+                    out.flush()
+                elif isinstance(event, Warning):
+                    typer.echo(f"warning: {event.message}", err=True)
+                elif isinstance(event, Finished):
+                    finished = event
+        except KeyboardInterrupt:
+            pass  # second Ctrl-C: report what was gathered
+    reason = finished.reason.value if finished else "cancelled"
+    summary = finished.stats if finished else running.to_dict()
+    if json_out:
+        record = {
+            "text": finished.text if finished else "",
+            "token_ids": list(finished.token_ids) if finished else [],
+            "finish_reason": reason,
+            "stats": summary,
+        }
+        out.write(json.dumps(record) + "\n")
+    else:
+        if finished and finished.tail:
+            out.write(finished.tail)
+        if out.isatty():
+            out.write("\n")
+        out.flush()
+    if stats:
+        typer.echo(human_stats(summary, reason), err=True)
+    session.close()
+    return EXIT_CANCELLED if reason == "cancelled" else 0
+
+
+def _mount_subcommands() -> None:
+    from localspec.models_cli import models_app
+
+    app.add_typer(models_app, name="models", help="list, pull, check and optimize models")
+
+
+_mount_subcommands()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

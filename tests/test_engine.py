@@ -1,0 +1,215 @@
+"""The engine over scripted models: exact greedy output, cache bookkeeping, endings."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from localspec.controller import CostProfile
+from localspec.engine import SpecDecoder, run_to_completion
+from localspec.errors import ContextOverflowError
+from localspec.events import (
+    Finished,
+    FinishReason,
+    Origin,
+    PrefillDone,
+    RoundCompleted,
+    TokenEmitted,
+)
+from localspec.params import GenerationParams
+from tests.fakes import FakeModel, plain_greedy
+
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
+CHEAP_VERIFY = CostProfile(
+    plain_s=1.0, verify_s={k: 1.0 + 0.05 * k for k in range(1, 17)}, draft_step_s=0.05
+)
+
+
+def run(decoder, prompt, **kw):
+    events = list(decoder.generate(prompt, GenerationParams(**kw)))
+    return events, events[-1]
+
+
+@pytest.mark.parametrize("mode", ["none", "ngram", "model", "auto"])
+@pytest.mark.parametrize("noise", [0.0, 0.6, 3.0])
+def test_greedy_output_equals_the_targets_own_decoding(mode, noise):
+    target = FakeModel(seed=1, window=2)
+    draft = FakeModel(seed=1, window=2, noise=noise)
+    decoder = SpecDecoder(target, draft, CHEAP_VERIFY)
+    _, fin = run(decoder, PROMPT, max_tokens=60, drafter=mode)
+    assert list(fin.token_ids) == plain_greedy(target, PROMPT, 60)
+    assert fin.reason == FinishReason.LENGTH
+
+
+def test_event_order_and_bookkeeping():
+    target = FakeModel(seed=2)
+    draft = FakeModel(seed=2, noise=0.8)
+    events, fin = run(
+        SpecDecoder(target, draft, CHEAP_VERIFY), PROMPT, max_tokens=40, drafter="model"
+    )
+    assert isinstance(events[0], PrefillDone)
+    assert events[0].prompt_tokens == len(PROMPT)
+    assert isinstance(fin, Finished)
+    tokens = [e for e in events if isinstance(e, TokenEmitted)]
+    rounds = [e for e in events if isinstance(e, RoundCompleted)]
+    assert [t.index for t in tokens] == list(range(40))
+    assert sum(r.emitted for r in rounds) == 40
+    # Every round but possibly the last emits accepted + 1 tokens.
+    assert all(r.emitted == r.accepted + 1 for r in rounds[:-1])
+    s = fin.stats
+    assert s["generated_tokens"] == 40
+    assert s["drafted"] == sum(r.drafted for r in rounds)
+    assert s["accepted"] == sum(r.accepted for r in rounds)
+    assert s["rounds"] == len(rounds)
+    assert s["mean_accepted_length"] == pytest.approx(1 + s["accepted"] / s["rounds"], abs=1e-3)
+    model_tokens = sum(1 for t in tokens if t.origin == Origin.DRAFT_MODEL)
+    assert model_tokens == s["accepted"] == s["tokens_by_origin"]["model"]
+
+
+def test_target_cache_holds_committed_minus_last_after_every_round():
+    target = FakeModel(seed=3)
+    draft = FakeModel(seed=3, noise=1.0)
+    committed = list(PROMPT)
+    for event in SpecDecoder(target, draft, CHEAP_VERIFY).generate(
+        PROMPT, GenerationParams(max_tokens=30, drafter="model")
+    ):
+        if isinstance(event, TokenEmitted):
+            committed.append(event.token_id)
+        if isinstance(event, RoundCompleted) and event.emitted == event.accepted + 1:
+            assert target.cached == committed[:-1]
+
+
+def test_prefill_requests_no_logits_and_draft_never_reevaluates():
+    target = FakeModel(seed=4)
+    draft = FakeModel(seed=4)  # always agrees
+    _, fin = run(
+        SpecDecoder(target, draft, CHEAP_VERIFY),
+        PROMPT,
+        max_tokens=50,
+        drafter="model",
+        draft_max=4,
+    )
+    assert target.calls[0] == (0, len(PROMPT) - 1, 0)
+    # The draft evaluates each position at most once: prompt + generated, nothing twice.
+    assert draft.evaluated_tokens <= len(PROMPT) + 50
+    assert fin.stats["acceptance_rate"] == 1.0
+
+
+def test_kv_cache_is_reused_for_a_continued_prompt():
+    target = FakeModel(seed=5)
+    decoder = SpecDecoder(target, None, CHEAP_VERIFY)
+    _, first = run(decoder, PROMPT, max_tokens=10, drafter="none")
+    follow = PROMPT + list(first.token_ids) + [9, 9]
+    events, _ = run(decoder, follow, max_tokens=5, drafter="none")
+    prefill = events[0]
+    assert prefill.evaluated_tokens <= 3  # only the new tokens and the one left uncached
+
+
+def test_eos_inside_a_draft_ends_generation_there():
+    target = FakeModel(seed=6)
+    ref = plain_greedy(target, PROMPT, 30)
+    eos = ref[7]
+    target = FakeModel(seed=6, eog=(eos,))
+    draft = FakeModel(seed=6, eog=(eos,))
+    _, fin = run(
+        SpecDecoder(target, draft, CHEAP_VERIFY),
+        PROMPT,
+        max_tokens=30,
+        drafter="model",
+        draft_max=16,
+    )
+    assert fin.reason == FinishReason.EOS
+    assert list(fin.token_ids) == ref[: ref.index(eos)]
+
+
+def test_max_tokens_is_exact_even_with_long_drafts():
+    target = FakeModel(seed=7)
+    draft = FakeModel(seed=7)
+    for n in (1, 2, 5, 17):
+        _, fin = run(
+            SpecDecoder(target, draft, CHEAP_VERIFY), PROMPT, max_tokens=n, drafter="model"
+        )
+        assert len(fin.token_ids) == n and fin.reason == FinishReason.LENGTH
+
+
+def test_stop_string_ends_generation_and_is_not_streamed():
+    target = FakeModel(seed=8)
+    ref = plain_greedy(target, PROMPT, 40)
+    text = "".join(target.token_bytes(t).decode() for t in ref)
+    stop = text[10:13]
+    events, fin = run(
+        SpecDecoder(target, None, CHEAP_VERIFY), PROMPT, max_tokens=40, drafter="none", stop=(stop,)
+    )
+    streamed = "".join(e.text for e in events if isinstance(e, TokenEmitted)) + fin.tail
+    assert fin.reason == FinishReason.STOP
+    assert fin.text == text[: text.index(stop)]
+    assert streamed == fin.text
+
+
+def test_cancel_stops_between_rounds_and_keeps_partial_output():
+    target = FakeModel(seed=9)
+    cancel = threading.Event()
+    tokens = []
+    for event in SpecDecoder(target, None, CHEAP_VERIFY).generate(
+        PROMPT, GenerationParams(max_tokens=100, drafter="none"), cancel
+    ):
+        if isinstance(event, TokenEmitted):
+            tokens.append(event.token_id)
+            if len(tokens) == 5:
+                cancel.set()
+        if isinstance(event, Finished):
+            assert event.reason == FinishReason.CANCELLED
+            assert list(event.token_ids) == tokens
+    assert len(tokens) == 5
+
+
+def test_prompt_that_does_not_fit_is_refused_with_numbers():
+    target = FakeModel(n_ctx=10)
+    with pytest.raises(ContextOverflowError) as info:
+        list(SpecDecoder(target).generate(list(range(1, 13)), GenerationParams()))
+    assert info.value.n_tokens == 12 and info.value.n_ctx == 10
+
+
+def test_generation_stops_when_the_context_is_full():
+    target = FakeModel(n_ctx=20, seed=10)
+    _, fin = run(SpecDecoder(target, None, CHEAP_VERIFY), PROMPT, max_tokens=100, drafter="none")
+    assert fin.reason == FinishReason.LENGTH
+    assert len(PROMPT) + len(fin.token_ids) <= 21
+
+
+def test_sampled_generation_is_reproducible_with_a_seed():
+    target = FakeModel(seed=11, sharpness=1.0)
+    draft = FakeModel(seed=11, sharpness=1.0, noise=0.5)
+    kw = dict(
+        max_tokens=30, temperature=0.8, seed=42, drafter="model", top_k=0, top_p=1.0, min_p=0.0
+    )
+    _, a = run(SpecDecoder(target, draft, CHEAP_VERIFY), PROMPT, **kw)
+    _, b = run(
+        SpecDecoder(
+            FakeModel(seed=11, sharpness=1.0),
+            FakeModel(seed=11, sharpness=1.0, noise=0.5),
+            CHEAP_VERIFY,
+        ),
+        PROMPT,
+        **kw,
+    )
+    assert a.token_ids == b.token_ids
+
+
+def test_sampled_engine_matches_target_next_token_distribution():
+    """Over many seeds, the first generated token follows the target's warped distribution."""
+    target = FakeModel(n_vocab=6, seed=12, sharpness=0.7)
+    draft = FakeModel(n_vocab=6, seed=12, sharpness=0.7, noise=1.5)
+    params = dict(max_tokens=1, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, drafter="model")
+    counts = np.zeros(6)
+    decoder = SpecDecoder(target, draft, CHEAP_VERIFY)
+    n = 3000
+    for seed in range(n):
+        fin = run_to_completion(decoder.generate(PROMPT, GenerationParams(seed=seed, **params)))
+        counts[fin.token_ids[0]] += 1
+    logits = target.logits_after(PROMPT).astype(np.float64)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    assert 0.5 * np.abs(counts / n - p).sum() < 0.04

