@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,7 @@ class LlamaModel(CachedModel):
     ) -> None:
         """Load weights and create a context; ``vocab_only`` loads just the tokenizer."""
         super().__init__()
+        self.compute_seconds = 0.0  # time inside llama_decode and the logits copy (bench)
         self.path = Path(path)
         check_gguf_file(self.path)
         self._model = None
@@ -161,6 +163,7 @@ class LlamaModel(CachedModel):
                 b.seq_id[j][0] = 0
                 b.logits[j] = i >= first_logit
                 want += i >= first_logit
+            t0 = time.perf_counter()
             rc = llama_cpp.llama_decode(self._ctx, b)
             if rc != 0:
                 # Drop whatever part of the batch made it in, so the cache matches ``cached``.
@@ -175,6 +178,7 @@ class LlamaModel(CachedModel):
                 ptr = llama_cpp.llama_get_logits(self._ctx)
                 arr = np.ctypeslib.as_array(ptr, shape=(want, self.n_vocab))
                 rows.append(arr.copy())
+            self.compute_seconds += time.perf_counter() - t0
         if not rows:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)

@@ -265,6 +265,44 @@ def run_complete(
     return EXIT_CANCELLED if reason == "cancelled" else 0
 
 
+@app.command()
+def chat(
+    max_tokens: Annotated[int, typer.Option(help="new tokens per answer at most")] = 1024,
+    temperature: Annotated[float, typer.Option(help="0 is greedy")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="sampling: keep the k most likely (0: off)")] = 40,
+    top_p: Annotated[float, typer.Option(help="sampling: nucleus mass (1: off)")] = 0.95,
+    min_p: Annotated[float, typer.Option(help="sampling: drop below min-p x top (0: off)")] = 0.05,
+    seed: Annotated[int | None, typer.Option(help="sampling seed")] = None,
+    drafter: DrafterOpt = "auto",
+    draft_max: Annotated[int, typer.Option(help="longest draft per round")] = 16,
+    target: Annotated[str | None, typer.Option(help="target: path, catalog name or repo:file")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft: path, catalog name or repo:file")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")] = None,
+    ctx: Annotated[int, typer.Option(help="context size in tokens")] = 4096,
+    gpu_layers: Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")] = 0,
+) -> None:
+    """Chat in the terminal, with live acceptance stats and tokens coloured by origin."""
+    try:
+        if drafter not in ("auto", "model", "ngram", "none"):
+            raise UsageError(f"invalid --drafter {drafter!r}", "use auto, model, ngram or none")
+        params = build_params(
+            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            min_p=min_p, seed=seed, drafter=drafter, draft_max=draft_max,
+        )
+        # The speedup estimate needs this machine's plain step time, so always calibrate;
+        # download bars would garble the screen, so the app shows its own progress lines.
+        options = model_options(
+            drafter, target=target, draft=draft, threads=threads, n_ctx=ctx,
+            n_gpu_layers=gpu_layers, show_download_progress=False,
+        ).model_copy(update={"calibrate": True})
+    except LocalspecError as err:
+        raise fail(err) from None
+    from localspec.session import open_session
+    from localspec.tui import run_chat
+
+    raise typer.Exit(run_chat(lambda progress: open_session(options, progress), params))
+
+
 def _mount_subcommands() -> None:
     from localspec.models_cli import models_app
 

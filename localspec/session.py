@@ -149,11 +149,11 @@ def resolve_pair(
 ) -> tuple[Path, Path | None]:
     from localspec.catalog import resolve_model
 
-    _report(on_progress, "locating the target model")
+    _report(on_progress, "locating the target model (fetched on first use, which can take minutes)")
     target = resolve_model(options.target, "target", progress=options.show_download_progress)
     draft = None
     if options.use_draft:
-        _report(on_progress, "locating the draft model")
+        _report(on_progress, "locating the draft model (fetched on first use)")
         draft = resolve_model(options.draft, "draft", progress=options.show_download_progress)
     return target, draft
 

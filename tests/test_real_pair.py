@@ -74,15 +74,18 @@ def test_greedy_speculative_output_is_the_targets_own(session):
             if i is None:
                 report.append((mode, "identical", len(plain)))
                 continue
-            # Both runs stopped at different lengths without differing tokens: impossible
-            # for greedy decoding unless one hit the limit, which both share.
-            assert i < min(len(plain), len(spec)), (mode, prompt)
             row = session.target.forward(tokens + plain[:i], 1)[0].astype(np.float64)
-            top2 = np.argsort(-row)[:2]
+            top2 = [int(t) for t in np.argsort(-row)[:2]]
             gap = float(row[top2[0]] - row[top2[1]])
             report.append((mode, f"diverged at {i}, top-two gap {gap:.3f}", len(plain)))
-            assert plain[i] == int(top2[0])
-            assert spec[i] == int(top2[1]), f"{mode} chose a token outside the top two"
+            print(f"{mode}: diverged at token {i} of {len(plain)}, top-two gap {gap:.3f}")
+            # The two runs picked the two nearly tied leaders (which one leads depends on
+            # the batch split, so re-evaluating the context may order them either way).
+            # A run that ended there picked an end-of-generation token.
+            for run in (plain, spec):
+                chosen = run[i] if i < len(run) else None
+                ok = chosen in top2 or (chosen is None and any(map(session.target.is_eog, top2)))
+                assert ok, (mode, i, chosen, top2)
             assert gap < NEAR_TIE, f"{mode} diverged at {i} where the gap is {gap:.3f}"
     print("\n".join(f"{m:6} {r} ({n} tokens)" for m, r, n in report))
     identical = sum(1 for _, r, _ in report if r == "identical")
@@ -96,5 +99,9 @@ def test_speculative_modes_accept_drafts_on_real_text(session):
     )
     s = fin.stats
     assert s["drafted"] > 0 and s["accepted"] > 0
-    assert s["tokens_by_origin"]["model"] == s["accepted"]
+    # An accepted end-of-generation draft ends the answer without being emitted.
+    emitted_from_model = s["tokens_by_origin"]["model"]
+    assert emitted_from_model == s["accepted"] or (
+        fin.reason.value == "eos" and emitted_from_model == s["accepted"] - 1
+    )
     assert s["mean_accepted_length"] == pytest.approx(1 + s["accepted"] / s["rounds"], abs=1e-3)

@@ -1,0 +1,398 @@
+"""The ``localspec chat`` Textual app and its entry point ``run_chat``.
+
+``run_chat(session_factory, params)`` runs the app and returns an exit code (1 when the
+models could not be loaded). At start the app calls ``session_factory(on_progress)`` in a
+worker thread, showing the progress lines; a load error shows as a message with its hint.
+
+Each answer runs ``Session.chat`` in a worker thread (``worker.run_generation``), which posts
+the engine's events as messages; the UI thread renders them (tokens coloured by origin, the
+stats panel, the context budget). Escape/Ctrl+C set the generation's ``threading.Event``;
+the engine stops between rounds and its ``Finished`` carries the partial answer, which stays
+in the transcript and the history. Generations are numbered so that the late events of a
+stopped one are ignored once a new conversation has started.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Header, Static
+
+from localspec.events import Finished, TokenEmitted
+from localspec.events import Warning as EngineWarning
+from localspec.params import GenerationParams
+from localspec.tui.conversation import Conversation, Turn, describe_params, save_markdown
+from localspec.tui.screens import HelpScreen, OverflowScreen
+from localspec.tui.stats_panel import LiveStats, StatsPanel
+from localspec.tui.widgets import (
+    AssistantMessage,
+    ChatInput,
+    LoadingPanel,
+    Notice,
+    Transcript,
+    UserMessage,
+    turn_class,
+)
+from localspec.tui.worker import (
+    ChatSession,
+    ContextOverflow,
+    EngineEvent,
+    GenerationEnded,
+    GenerationFailed,
+    GenerationRequest,
+    LoadFailed,
+    LoadProgress,
+    SessionFactory,
+    SessionReady,
+    TurnsDropped,
+    load_session,
+    run_generation,
+)
+
+CLOSE_TIMEOUT_S = 30.0  # how long quitting waits for a stopped answer to release the session
+
+
+class ChatApp(App[int]):
+    """Chat with a local model through speculative decoding, watching what drafting buys."""
+
+    CSS_PATH = Path(__file__).with_name("chat.tcss")
+    TITLE = "localspec chat"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", priority=True),
+        Binding("ctrl+c", "stop", "Stop", show=False, priority=True),
+        Binding("ctrl+n", "new_chat", "New chat", priority=True),
+        Binding("ctrl+s", "save", "Save", priority=True),
+        Binding("f1", "help", "Help"),
+        Binding("f2", "toggle_colour", "Colours"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(
+        self,
+        session_factory: SessionFactory,
+        params: GenerationParams,
+        *,
+        system_prompt: str | None = None,
+        save_dir: Path | None = None,
+        clock: Callable[[], datetime] = datetime.now,
+    ) -> None:
+        super().__init__()
+        self.session_factory = session_factory
+        self.params = params
+        self.save_dir = save_dir  # None: the current directory at the time of saving
+        self.clock = clock
+        self.session: ChatSession | None = None
+        self.load_error: tuple[str, str] | None = None
+        self.conversation = Conversation(system_prompt)
+        self.live = LiveStats()
+        self.colour = True
+        self.generating = False
+        self.plain_tokens_per_s: float | None = None
+        self._gen = 0
+        self._cancel = threading.Event()
+        self._session_lock = threading.Lock()
+        self._quitting = threading.Event()
+        self._answer: AssistantMessage | None = None
+
+    # -- layout -------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="body"):
+            with Vertical(id="main"):
+                yield Transcript(id="transcript")
+                yield ChatInput(id="input", placeholder="Message (Enter sends)")
+                yield Static("", id="status")
+            yield StatsPanel(id="stats")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "loading models…"
+        self.query_one(Transcript).mount(LoadingPanel())
+        self.query_one(ChatInput).focus()
+        self._set_status("Loading the models…")
+        self._refresh_stats()
+        # A daemon thread, not a Textual worker: a download cannot be interrupted, and quitting
+        # must not wait for it (the executor that runs thread workers is joined at exit).
+        threading.Thread(
+            target=load_session,
+            args=(self.session_factory, self.post_message, self._quitting),
+            name="localspec-load",
+            daemon=True,
+        ).start()
+
+    def _set_status(self, text: str) -> None:
+        self.query_one("#status", Static).update(Text(text))
+
+    def _ready_status(self) -> None:
+        self._set_status("Enter sends · Shift+Enter or Ctrl+J new line · F1 help")
+
+    def _refresh_stats(self) -> None:
+        n_ctx = self.session.n_ctx if self.session else 0
+        self.query_one(StatsPanel).show(self.live, self.plain_tokens_per_s, n_ctx, self.colour)
+
+    def _notice(self, text: str | Text, kind: str = "info") -> None:
+        self.query_one(Transcript).mount(Notice(text, kind))
+
+    # -- loading ------------------------------------------------------------------------
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        for panel in self.query(LoadingPanel):
+            panel.add_line(message.line)
+
+    def on_session_ready(self, message: SessionReady) -> None:
+        session = self.session = message.session
+        self.plain_tokens_per_s = message.plain_tokens_per_s
+        self.query(LoadingPanel).remove()
+        draft = session.draft_label or "none"
+        self.sub_title = f"{session.target_label} · draft {session.draft_label or 'none'}"
+        self._notice(
+            f"Ready. Target {session.target_label}, draft {draft}; "
+            f"context {session.n_ctx} tokens; {describe_params(self.params)}."
+        )
+        self._ready_status()
+        self._refresh_stats()
+
+    def on_load_failed(self, message: LoadFailed) -> None:
+        self.load_error = (message.message, message.hint)
+        self.query(LoadingPanel).remove()
+        self.sub_title = "models not loaded"
+        text = Text.assemble(("Could not load the models: ", "bold"), message.message)
+        if message.hint:
+            text.append(f"\n{message.hint}")
+        self._notice(text, "error")
+        self.notify(message.hint or message.message, title=message.message, severity="error")
+        self._set_status("The models did not load · Ctrl+Q quits")
+
+    # -- sending ------------------------------------------------------------------------
+
+    @on(ChatInput.Submitted)
+    def _submitted(self, message: ChatInput.Submitted) -> None:
+        text = message.text.strip()
+        if not text:
+            return
+        if self.session is None:
+            hint = "the models did not load" if self.load_error else "the models are loading"
+            self.notify(f"Cannot send yet: {hint}.", severity="warning")
+            return
+        if self.generating:
+            self.notify("An answer is being written: Escape stops it.", severity="warning")
+            return
+        self.query_one(ChatInput).clear()
+        self.send(text)
+
+    def send(self, text: str, allow_drop: bool = False) -> None:
+        assert self.session is not None
+        turns = self.conversation.context_turns()
+        turn = self.conversation.start(text)
+        transcript = self.query_one(Transcript)
+        self._answer = AssistantMessage(turn, self.colour)
+        transcript.mount(UserMessage(turn))
+        transcript.mount(self._answer)
+        transcript.scroll_end(animate=False)
+        self._gen += 1
+        self._cancel = threading.Event()
+        self.generating = True
+        self.live.begin_answer()
+        self._set_status("Writing… Escape stops")
+        self.refresh_bindings()
+        request = GenerationRequest(
+            gen=self._gen,
+            system=self.conversation.system,
+            turns=turns,
+            user=text,
+            params=self.params,
+            cancel=self._cancel,
+            allow_drop=allow_drop,
+        )
+        self.run_worker(
+            partial(run_generation, self.session, self._session_lock, request, self.post_message),
+            thread=True,
+            name=f"answer-{self._gen}",
+            exit_on_error=False,
+        )
+
+    # -- generation events --------------------------------------------------------------
+
+    def on_engine_event(self, message: EngineEvent) -> None:
+        if message.gen != self._gen or self._answer is None:
+            return
+        event = message.event
+        self.live.observe(event)
+        if isinstance(event, TokenEmitted):
+            self._answer.append(event.text, event.origin)
+            return  # the panel is redrawn once per round, not once per token
+        if message.plain_tokens_per_s is not None:
+            self.plain_tokens_per_s = message.plain_tokens_per_s
+        if isinstance(event, EngineWarning):
+            self.notify(event.message, severity="warning")
+        elif isinstance(event, Finished):
+            self.conversation.finish(event.text, event.reason.value, event.stats)
+            self._answer.finalize(event.text)
+            if event.reason.value == "cancelled":
+                self.notify("Stopped; the partial answer is kept.")
+        self._refresh_stats()
+
+    def on_turns_dropped(self, message: TurnsDropped) -> None:
+        if message.gen != self._gen:
+            return
+        for turn in self.conversation.drop_oldest(message.count):
+            self.query(f".{turn_class(turn)}").add_class("dropped")
+        plural = "s" if message.count > 1 else ""
+        self.notify(f"Dropped the oldest {message.count} turn{plural} from the context.")
+
+    def on_context_overflow(self, message: ContextOverflow) -> None:
+        if message.gen != self._gen:
+            return
+        text = self._withdraw_pending()
+        self.push_screen(
+            OverflowScreen(message.n_tokens, message.n_ctx, message.alone),
+            partial(self._overflow_choice, text),
+        )
+
+    def _overflow_choice(self, text: str, choice: str | None) -> None:
+        if choice == "fresh":
+            self.action_new_chat()
+            self.send(text)
+        elif choice == "drop":
+            self.send(text, allow_drop=True)
+        else:
+            self._restore_input(text)
+
+    def on_generation_failed(self, message: GenerationFailed) -> None:
+        if message.gen != self._gen:
+            return
+        self.notify(message.hint or message.message, title=message.message, severity="error")
+        answer = self._answer
+        if answer is not None and answer.text and self.conversation.pending:
+            self.conversation.finish(answer.text, "error", self.live.answer.to_dict())
+            answer.finalize()
+        else:
+            self._restore_input(self._withdraw_pending())
+
+    def on_generation_ended(self, message: GenerationEnded) -> None:
+        if message.gen != self._gen:
+            return
+        if self.conversation.pending is not None:
+            # The stream ended without Finished: keep what arrived, as for a stop.
+            answer = self._answer.text if self._answer else ""
+            self.conversation.finish(answer, "cancelled", self.live.answer.to_dict())
+            if self._answer:
+                self._answer.finalize()
+        self.generating = False
+        self._answer = None
+        self._ready_status()
+        self._refresh_stats()
+        self.refresh_bindings()
+
+    def _withdraw_pending(self) -> str:
+        """Take back a message whose prompt never reached the model; returns its text."""
+        turn: Turn | None = self.conversation.discard_pending()
+        if turn is None:
+            return ""
+        self.query(f".{turn_class(turn)}").remove()
+        self._answer = None
+        return turn.user
+
+    def _restore_input(self, text: str) -> None:
+        box = self.query_one(ChatInput)
+        if text and not box.text.strip():
+            box.load_text(text)
+            box.move_cursor(box.document.end)
+        box.focus()
+
+    # -- actions ------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop":
+            # Only while an answer is written on the chat screen; otherwise the key falls
+            # through (Escape closes dialogs, Ctrl+C copies a selection).
+            return self.generating and len(self.screen_stack) == 1
+        return True
+
+    def action_stop(self) -> None:
+        self._cancel.set()
+        self._set_status("Stopping…")
+
+    def action_new_chat(self) -> None:
+        if self.session is None:
+            return  # nothing to clear while the models load (or after they failed)
+        self._cancel.set()
+        self._gen += 1  # late events of the stopped answer are for a conversation now gone
+        self.generating = False
+        self._answer = None
+        self.conversation.clear()
+        self.live.reset()
+        self.query_one(Transcript).remove_children()
+        self._notice("New conversation.")
+        self._ready_status()
+        self._refresh_stats()
+        self.refresh_bindings()
+        self.query_one(ChatInput).focus()
+
+    def action_save(self) -> None:
+        if not self.conversation.turns:
+            self.notify("Nothing to save yet.", severity="warning")
+            return
+        header = {"parameters": describe_params(self.params)}
+        if self.session is not None:
+            header = {
+                "target": self.session.target_label,
+                "draft": self.session.draft_label or "none",
+                **header,
+            }
+        folder = self.save_dir or Path.cwd()
+        try:
+            path = save_markdown(self.conversation, folder, header, self.clock())
+        except OSError as error:
+            self.notify(f"{error}", title="Could not save the transcript", severity="error")
+            return
+        self.notify(f"Saved to {path}", title="Transcript saved")
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_toggle_colour(self) -> None:
+        self.colour = not self.colour
+        for answer in self.query(AssistantMessage):
+            answer.set_colour(self.colour)
+        self._refresh_stats()
+
+    async def action_quit(self) -> None:
+        code = 1 if self.load_error else 0
+        self.exit(code, return_code=code)
+
+    def on_unmount(self) -> None:
+        self._quitting.set()
+        self._cancel.set()
+        self.close_session()
+
+    def close_session(self) -> None:
+        """Close the session once no generation holds it (a stopped one ends its round)."""
+        session, self.session = self.session, None
+        if session is None:
+            return
+        if self._session_lock.acquire(timeout=CLOSE_TIMEOUT_S):
+            try:
+                session.close()
+            finally:
+                self._session_lock.release()
+
+
+def run_chat(session_factory: SessionFactory, params: GenerationParams) -> int:
+    """Run the chat app until the user quits; returns the process exit code."""
+    app = ChatApp(session_factory, params)
+    result = app.run()
+    if app.return_code:
+        return app.return_code
+    return result if isinstance(result, int) else 0

@@ -1,0 +1,188 @@
+"""The live statistics of the chat: what is counted (``LiveStats``) and how it shows.
+
+``LiveStats`` folds engine events into two ``GenerationStats`` (the last answer and the whole
+conversation), keeps the acceptance of recent drafting rounds for the sparkline, the last
+round (its drafter and draft length) and the context budget. It does no arithmetic of its
+own beyond that: rates come from ``GenerationStats``. ``StatsPanel`` renders a ``LiveStats``
+snapshot; ``speedup`` is decode tokens/s over the session's measured plain decoding speed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from localspec.events import Origin, PrefillDone, RoundCompleted, TokenEmitted
+from localspec.stats import PLAIN, GenerationStats
+
+SPARK_CHARS = "▁▂▃▄▅▆▇█"
+SPARK_ROUNDS = 32  # drafting rounds shown in the sparkline
+
+ORIGIN_STYLES: dict[Origin, str] = {
+    Origin.DRAFT_MODEL: "bold #6fcf73",
+    Origin.NGRAM: "bold #5fb3f0",
+    Origin.TARGET: "",
+}
+ORIGIN_LABELS: dict[Origin, str] = {
+    Origin.DRAFT_MODEL: "draft model",
+    Origin.NGRAM: "n-gram",
+    Origin.TARGET: "target",
+}
+
+
+class LiveStats:
+    """Running figures for the panel, fed every event of every answer."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.answer = GenerationStats()
+        self.chat = GenerationStats()
+        self.recent: deque[float] = deque(maxlen=SPARK_ROUNDS)
+        self.last_round: RoundCompleted | None = None
+        self.prompt_tokens = 0  # prompt of the latest answer, the conversation so far
+        self.context_tokens = 0
+
+    def begin_answer(self) -> None:
+        self.answer = GenerationStats()
+        self.last_round = None
+
+    def observe(self, event: object) -> None:
+        self.answer.observe(event)
+        self.chat.observe(event)
+        if isinstance(event, PrefillDone):
+            self.prompt_tokens = event.prompt_tokens
+            self.context_tokens = event.prompt_tokens
+        elif isinstance(event, TokenEmitted):
+            self.context_tokens = self.prompt_tokens + self.answer.generated_tokens
+        elif isinstance(event, RoundCompleted):
+            self.last_round = event
+            if event.drafted:
+                self.recent.append(event.accepted / event.drafted)
+
+
+def sparkline(values: Iterable[float]) -> str:
+    """Bars for values in [0, 1] on a fixed scale, so 90% never looks like 0%."""
+    top = len(SPARK_CHARS) - 1
+    return "".join(SPARK_CHARS[round(min(max(v, 0.0), 1.0) * top)] for v in values)
+
+
+def speedup(stats: GenerationStats, plain_tokens_per_s: float | None) -> str:
+    if not plain_tokens_per_s or not stats.decode_s:
+        return "n/a"
+    return f"{stats.decode_tokens_per_s / plain_tokens_per_s:.2f}x"
+
+
+def _rate(stats: GenerationStats) -> str:
+    return f"{stats.acceptance_rate:.0%}" if stats.drafted else "–"
+
+
+def _tau(stats: GenerationStats) -> str:
+    return f"{stats.mean_accepted_length:.2f}" if stats.rounds else "–"
+
+
+def _tps(stats: GenerationStats) -> str:
+    return f"{stats.decode_tokens_per_s:.1f}" if stats.decode_s else "–"
+
+
+def _drafter_cell(stats: GenerationStats, key: str) -> str:
+    d = stats.by_drafter.get(key)
+    if d is None:
+        return "–"
+    if key == PLAIN:
+        return f"{d.rounds} steps"
+    return f"{d.accepted}/{d.drafted} {d.acceptance_rate:.0%}" if d.drafted else "0/0"
+
+
+def legend(colour: bool) -> Text:
+    text = Text()
+    for origin, label in ORIGIN_LABELS.items():
+        style = ORIGIN_STYLES[origin] if colour else ""
+        text.append("■ " if colour else "□ ", style=style or "dim")
+        text.append(label, style=style)
+        text.append("  ")
+    if not colour:
+        text.append("(off)", style="dim")
+    return text
+
+
+def render_stats(live: LiveStats, plain_tokens_per_s: float | None, n_ctx: int) -> Group:
+    answer, chat = live.answer, live.chat
+    figures = Table.grid(padding=(0, 1), expand=True)
+    figures.add_column(ratio=1)
+    figures.add_column(justify="right")
+    figures.add_column(justify="right")
+    figures.add_row(Text("", style="bold"), Text("answer", "bold"), Text("chat", "bold"))
+    figures.add_row("decode tok/s", _tps(answer), _tps(chat))
+    plain = f"{plain_tokens_per_s:.1f}" if plain_tokens_per_s else "n/a"
+    figures.add_row("plain tok/s", "", plain)
+    figures.add_row(
+        "speedup", speedup(answer, plain_tokens_per_s), speedup(chat, plain_tokens_per_s)
+    )
+    figures.add_row("acceptance", _rate(answer), _rate(chat))
+    figures.add_row("tokens/pass", _tau(answer), _tau(chat))
+    figures.add_row("tokens", str(answer.generated_tokens), str(chat.generated_tokens))
+    figures.add_row("target passes", str(answer.rounds), str(chat.rounds))
+
+    drafters = Table.grid(padding=(0, 1), expand=True)
+    drafters.add_column(ratio=1)
+    drafters.add_column(justify="right")
+    drafters.add_column(justify="right")
+    drafters.add_row(Text("accepted/drafted", "bold"), "", "")
+    for key in sorted(chat.by_drafter, key=lambda k: (k == PLAIN, k)):
+        label = "plain" if key == PLAIN else key
+        drafters.add_row(label, _drafter_cell(answer, key), _drafter_cell(chat, key))
+
+    parts: list[RenderableType] = [figures, Text(""), drafters, Text("")]
+    parts.append(_last_round(live.last_round))
+    parts.append(Text.assemble(("acceptance, last rounds", "bold")))
+    parts.append(Text(sparkline(live.recent) or "–", style="#6fcf73"))
+    parts.append(Text(""))
+    parts.append(_context(live.context_tokens, n_ctx))
+    return Group(*parts)
+
+
+def _last_round(last: RoundCompleted | None) -> Text:
+    text = Text.assemble(("draft length ", "bold"))
+    if last is None:
+        text.append("–")
+    elif not last.drafter:
+        text.append("0 (plain step)")
+    else:
+        text.append(f"{last.drafted} ({last.drafter}, {last.accepted} accepted)")
+    if last is not None and last.reason:
+        text.append(f"\n{last.reason}", style="dim")
+    return text
+
+
+def _context(used: int, n_ctx: int) -> Text:
+    if not n_ctx:  # no session yet
+        return Text.assemble(("context ", "bold"), "–")
+    share = used / n_ctx if n_ctx else 0.0
+    width = 20
+    filled = min(width, round(share * width))
+    style = "red" if share > 0.9 else "yellow" if share > 0.75 else "green"
+    text = Text.assemble(("context ", "bold"), f"{used} / {n_ctx} tokens\n")
+    text.append("━" * filled, style=style)
+    text.append("━" * (width - filled), style="dim")
+    return text
+
+
+class StatsPanel(Static):
+    """The right-hand panel: legend, figures, per-drafter counts, sparkline, context."""
+
+    def show(
+        self,
+        live: LiveStats,
+        plain_tokens_per_s: float | None,
+        n_ctx: int,
+        colour: bool,
+    ) -> None:
+        self.group = Group(legend(colour), Text(""), render_stats(live, plain_tokens_per_s, n_ctx))
+        self.update(self.group)

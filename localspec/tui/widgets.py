@@ -1,0 +1,172 @@
+"""Widgets of the chat screen: the input box, the transcript and its messages.
+
+``ChatInput`` sends on Enter and inserts a newline on Shift+Enter or Ctrl+J.
+``AssistantMessage`` keeps the answer as spans of (text, origin) so it can be drawn with or
+without the origin colours at any time; ``finalize`` makes the spans agree with the text the
+engine reports in ``Finished`` (a stop string is not part of the answer).
+"""
+
+from __future__ import annotations
+
+import re
+
+from rich.text import Text
+from textual import events
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import LoadingIndicator, Static, TextArea
+
+from localspec.events import Origin
+from localspec.tui.conversation import Turn, answer_note
+from localspec.tui.stats_panel import ORIGIN_STYLES
+
+_PERCENT = re.compile(r"\s\d+(?:\.\d+)?%")
+REDRAW_INTERVAL_S = 1 / 30
+NEWLINE_KEYS = frozenset({"shift+enter", "ctrl+j", "newline"})
+
+
+class ChatInput(TextArea):
+    """Multi-line message box: Enter sends, Shift+Enter or Ctrl+J starts a new line."""
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, **kwargs)  # type: ignore[arg-type]
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Submitted(self.text))
+            return
+        if event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+
+def turn_class(turn: Turn) -> str:
+    return f"turn-{turn.id}"
+
+
+class UserMessage(Static):
+    def __init__(self, turn: Turn) -> None:
+        super().__init__(Text(turn.user), classes=f"message user {turn_class(turn)}")
+        self.border_title = "You"
+
+
+class AssistantMessage(Static):
+    """An answer as it streams; each span remembers which drafter (if any) produced it."""
+
+    def __init__(self, turn: Turn, colour: bool = True) -> None:
+        super().__init__(classes=f"message assistant {turn_class(turn)}")
+        self.border_title = "Assistant"
+        self.turn = turn
+        self.spans: list[tuple[str, Origin | None]] = []
+        self.colour = colour
+        self.note = ""
+        self._redraw_due = False
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.spans)
+
+    def on_mount(self) -> None:
+        self.redraw()
+
+    def append(self, text: str, origin: Origin) -> None:
+        if not text:
+            return
+        self.spans.append((text, origin))
+        # Redrawing re-renders the whole answer: do it at most once per interval, not per token.
+        if not self._redraw_due:
+            self._redraw_due = True
+            self.set_timer(REDRAW_INTERVAL_S, self.redraw)
+
+    def set_colour(self, colour: bool) -> None:
+        self.colour = colour
+        self.redraw()
+
+    def finalize(self, text: str | None = None) -> None:
+        """Settle the spans on the final text and show how the answer ended."""
+        if text is not None and text != self.text:
+            self.spans = _truncate(self.spans, text) if self.text.startswith(text) else []
+            if not self.spans and text:
+                self.spans = [(text, None)]
+        self.note = answer_note(self.turn)
+        self.redraw()
+
+    def redraw(self) -> None:
+        self._redraw_due = False
+        self.update(self.body())
+
+    def body(self) -> Text:
+        body = Text()
+        for text, origin in self.spans:
+            style = ORIGIN_STYLES[origin] if (self.colour and origin is not None) else ""
+            body.append(text, style=style)
+        if not self.spans and not self.turn.done:
+            body.append("…", style="dim")
+        if self.note:
+            body.append(f"\n{self.note}", style="dim italic")
+        return body
+
+
+def _truncate(spans: list[tuple[str, Origin | None]], text: str) -> list[tuple[str, Origin | None]]:
+    out: list[tuple[str, Origin | None]] = []
+    left = len(text)
+    for span, origin in spans:
+        if left <= 0:
+            break
+        out.append((span[:left], origin))
+        left -= len(span)
+    return out
+
+
+class Notice(Static):
+    """A line from the app itself in the transcript (ready, errors, dropped turns)."""
+
+    def __init__(self, text: str | Text, kind: str = "info") -> None:
+        super().__init__(text, classes=f"notice {kind}")
+
+
+class LoadingPanel(Vertical):
+    """Shown while the models load: a spinner and the latest progress lines."""
+
+    MAX_LINES = 6
+
+    def __init__(self) -> None:
+        super().__init__(id="loading")
+        self.lines: list[str] = []
+
+    def compose(self):  # type: ignore[no-untyped-def]
+        yield Static("Loading the models…", id="loading-title")
+        yield LoadingIndicator()
+        yield Static("", id="loading-lines")
+
+    def add_line(self, line: str) -> None:
+        # Download progress repeats the same line with a new percentage: replace, not append.
+        key = _progress_key(line)
+        if key and self.lines and key == _progress_key(self.lines[-1]):
+            self.lines[-1] = line
+        else:
+            self.lines.append(line)
+        del self.lines[: -self.MAX_LINES]
+        self.query_one("#loading-lines", Static).update(Text("\n".join(self.lines)))
+
+
+def _progress_key(line: str) -> str | None:
+    match = _PERCENT.search(line)
+    return line[: match.start()] if match else None
+
+
+class Transcript(VerticalScroll):
+    """The conversation; stays scrolled to the end while answers stream in."""
+
+    def on_mount(self) -> None:
+        self.anchor()

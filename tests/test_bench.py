@@ -1,0 +1,383 @@
+"""The bench's bookkeeping: prompt sets, run order, records, summary arithmetic, report files,
+native output parsing, and the two commands over the tiny GGUF pair. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from localspec import bench, bench_report
+from localspec.bench_cli import bench_command, calibrate_command, format_costs
+from localspec.controller import CostProfile
+from localspec.engine import SpecDecoder
+from localspec.errors import BackendError, UsageError
+from localspec.native import NativeRunner, parse_native_output
+from tests.fakes import FakeModel
+
+# -- prompt sets ---------------------------------------------------------------------------
+
+
+def test_every_shipped_category_has_ten_sourced_prompts():
+    prompts = bench.load_prompts()
+    for category in bench.CATEGORIES:
+        mine = [p for p in prompts if p.category == category]
+        assert len(mine) >= 10, category
+        assert len({p.id for p in mine}) == len(mine), f"duplicate ids in {category}"
+        for p in mine:
+            assert p.prompt.strip() and p.source.strip(), (category, p.id)
+
+
+def test_load_prompts_limit_and_errors(tmp_path):
+    assert len(bench.load_prompts(["math", "chat_qa"], limit=2)) == 4
+    with pytest.raises(UsageError, match="unknown category: poetry"):
+        bench.load_prompts(["poetry"])
+    with pytest.raises(UsageError, match="--limit"):
+        bench.load_prompts(["math"], limit=0)
+    (tmp_path / "math.jsonl").write_text('{"id": "a", "prompt": "1+1"}\n')
+    with pytest.raises(Exception, match="line 1"):
+        bench.load_prompts(["math"], directory=tmp_path)
+
+
+def test_parse_modes_always_runs_the_baseline_first():
+    assert bench.parse_modes("ngram,auto") == ("none", "ngram", "auto")
+    assert bench.parse_modes("auto, none") == ("none", "auto")
+    with pytest.raises(UsageError, match="unknown fast"):
+        bench.parse_modes("none,fast")
+
+
+def test_run_order_interleaves_modes_per_prompt_and_rotates_them():
+    prompts = [bench.BenchPrompt("math", str(i), "p", "s") for i in range(4)]
+    order = bench.run_order(prompts, ("none", "ngram", "auto"))
+    assert order == [
+        (0, "none"), (0, "ngram"), (0, "auto"),
+        (1, "ngram"), (1, "auto"), (1, "none"),
+        (2, "auto"), (2, "none"), (2, "ngram"),
+        (3, "none"), (3, "ngram"), (3, "auto"),
+    ]  # fmt: skip
+
+
+# -- runner over fake models ---------------------------------------------------------------
+
+
+class TimedFake(FakeModel):
+    """A fake that times its evaluations, like LlamaModel's ``compute_seconds``."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.compute_seconds = 0.0
+        self.resets = 0
+
+    def _evaluate(self, tokens, n_logits):
+        t0 = time.perf_counter()
+        rows = super()._evaluate(tokens, n_logits)
+        self.compute_seconds += time.perf_counter() - t0
+        return rows
+
+    def reset(self):
+        self.resets += 1
+        super().reset()
+
+
+class FakeBenchSession:
+    def __init__(self):
+        self.target = TimedFake(n_vocab=24, n_ctx=512, seed=3)
+        self.draft = TimedFake(n_vocab=24, n_ctx=512, seed=3, noise=0.6)
+        costs = CostProfile(plain_s=1.0, verify_s={1: 1.2, 4: 1.5, 15: 2.5}, draft_step_s=0.1)
+        self.decoder = SpecDecoder(self.target, self.draft, costs)
+        self.costs = costs
+
+    def text_tokens(self, text, *, raw):
+        return [ord(c) % 24 for c in text]
+
+    def generate(self, tokens, params, cancel=None):
+        return self.decoder.generate(tokens, params, cancel)
+
+
+def fake_prompts():
+    return [
+        bench.BenchPrompt("code_rewrite", "r1", "abcabcabcabd abcabc", "test"),
+        bench.BenchPrompt("code_rewrite", "r2", "hello hello hello", "test"),
+        bench.BenchPrompt("math", "m1", "one plus two is three", "test"),
+    ]
+
+
+def test_runner_records_every_prompt_in_every_mode_from_a_fresh_context():
+    session = FakeBenchSession()
+    config = bench.BenchConfig(modes=bench.ENGINE_MODES, max_tokens=20)
+    seen = []
+    records = bench.BenchRunner(session, config).run(
+        fake_prompts(), lambda r, done, total: seen.append((done, total))
+    )
+    assert len(records) == 3 * 4 and seen[-1] == (12, 12)
+    expected = bench.run_order(fake_prompts(), bench.ENGINE_MODES)
+    ids = [p.id for p in fake_prompts()]
+    assert [(ids.index(r["prompt_id"]), r["mode"]) for r in records] == expected
+    # Warm-up (4 runs) plus 12 runs, each resetting both models first.
+    assert session.target.resets == session.draft.resets == 16
+    for r in records:
+        assert r["engine"] == "localspec"
+        assert r["generated_tokens"] == len(r["token_ids"]) == 20
+        assert r["drafted"] >= r["accepted"] >= 0
+        assert 0.0 <= r["outside_share"] <= 1.0
+        assert r["compute_s"] > 0
+        json.dumps(r)  # a JSONL line
+        if r["mode"] == "none":
+            assert r["drafted"] == 0 and r["acceptance_rate"] is None
+    # Greedy output of the fakes does not depend on batching: every mode agrees with none.
+    summary = bench.summarize(records, bench.ENGINE_MODES, greedy=True)
+    for mode in bench.ENGINE_MODES:
+        assert summary["overall"][mode]["agreement"]["identical"] == 1.0
+    assert summary["overall"]["none"]["ratio_to_none"] == pytest.approx(1.0)
+
+
+def test_runner_refuses_model_mode_without_a_draft_and_native_without_binary():
+    session = FakeBenchSession()
+    session.draft = None
+    with pytest.raises(UsageError, match="draft"):
+        bench.BenchRunner(session, bench.BenchConfig(modes=("none", "model")))
+    with pytest.raises(UsageError, match="llama.cpp binary"):
+        bench.BenchRunner(session, bench.BenchConfig(modes=("none", "native-ngram")))
+
+
+def test_measure_ceiling_restores_an_empty_cache():
+    model = TimedFake(n_vocab=24, n_ctx=512)
+    ceiling = bench.measure_ceiling(model, list(range(20)))
+    assert ceiling["batch"] == 16 and ceiling["tokens_per_s"] > 0
+    assert model.cached == []
+    assert (16, 16) in {(n, k) for _, n, k in model.calls}
+
+
+# -- summary arithmetic --------------------------------------------------------------------
+
+
+def rec(cat, pid, mode, tps, tokens, *, drafted=0, accepted=0, rounds=None, compute=None, ids=()):
+    decode_s = tokens / tps
+    return {
+        "category": cat,
+        "prompt_id": pid,
+        "mode": mode,
+        "generated_tokens": tokens,
+        "decode_s": decode_s,
+        "decode_tokens_per_s": tps,
+        "drafted": drafted,
+        "accepted": accepted,
+        "rounds": rounds if rounds is not None else tokens,
+        "compute_s": compute,
+        "token_ids": list(ids),
+    }
+
+
+def test_summary_ratios_are_paired_geometric_means_and_agreement_counts_prefixes():
+    records = [
+        rec("a", "1", "none", 10.0, 100, compute=9.0, ids=[1, 2, 3, 4]),
+        rec("a", "1", "ngram", 20.0, 100, drafted=80, accepted=60, rounds=40, compute=4.5,
+            ids=[1, 2, 3, 4]),
+        rec("a", "2", "none", 20.0, 100, compute=4.0, ids=[5, 6, 7, 8]),
+        rec("a", "2", "ngram", 10.0, 100, drafted=20, accepted=0, rounds=100, compute=4.0,
+            ids=[5, 6, 9, 9]),
+        rec("b", "1", "none", 10.0, 50, ids=[1]),
+        rec("b", "1", "ngram", 40.0, 50, drafted=0, ids=[2]),
+    ]  # fmt: skip
+    s = bench.summarize(records, ("none", "ngram"), greedy=True)
+    a = s["categories"]["a"]["ngram"]
+    assert a["ratio_to_none"] == pytest.approx(1.0)  # 2x and 0.5x
+    assert a["decode_tokens_per_s"] == pytest.approx(
+        200 / 15, abs=1e-3
+    )  # pooled: 200 tokens, 5 + 10 s
+    assert a["acceptance_rate"] == pytest.approx(60 / 100)
+    assert a["mean_accepted_length"] == pytest.approx(1 + 60 / 140, abs=1e-4)
+    assert a["outside_share"] == pytest.approx(1 - 8.5 / 15, abs=1e-4)
+    assert a["agreement"] == {
+        "identical": 0.5,
+        "mean_common_prefix": 3.0,
+        "mean_baseline_length": 4.0,
+    }
+    # Overall: geometric mean of 2, 0.5 and 4 over all prompts (b's prompt "1" is not a's).
+    assert s["overall"]["ngram"]["ratio_to_none"] == pytest.approx(4 ** (1 / 3), rel=1e-3)
+    assert s["overall"]["ngram"]["agreement"]["identical"] == pytest.approx(1 / 3, abs=1e-4)
+    assert s["categories"]["b"]["ngram"]["acceptance_rate"] is None
+    assert s["categories"]["b"]["none"]["outside_share"] is None
+    assert (
+        bench.summarize(records, ("none", "ngram"), greedy=False)["overall"]["ngram"]["agreement"]
+        is None
+    )
+    assert bench.geometric_mean([]) is None
+    assert math.isclose(bench.geometric_mean([2.0, 8.0]), 4.0)
+
+
+def test_report_files_table_and_chart(tmp_path):
+    records = [
+        rec("math", "1", "none", 10.0, 100, ids=[1, 2]),
+        rec("math", "1", "auto", 15.0, 100, drafted=50, accepted=40, rounds=60, ids=[1, 2]),
+    ]
+    summary = bench.summarize(records, ("none", "auto"), greedy=True)
+    summary["meta"] = {"target": "tiny", "threads": 2}
+    summary["ceiling"] = {
+        "batch": 16,
+        "batch_s": 0.2,
+        "tokens_per_s": 80.0,
+        "plain_tokens_per_s": 28.0,
+        "ceiling_ratio": 2.86,
+    }
+    table = bench_report.render_table(summary)
+    assert "| math | auto | 1 | 15.0 | 1.50x | 80% |" in table
+    assert bench_report.OVERALL in table and "80.0 tok/s" in table
+    md, js = bench_report.write_summary(summary, tmp_path)
+    assert "- threads: 2" in md.read_text()
+    assert json.loads(js.read_text())["overall"]["auto"]["ratio_to_none"] == 1.5
+    png = bench_report.write_chart(summary, tmp_path / "speedup.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- native binary -------------------------------------------------------------------------
+
+# Captured from llama-speculative-simple (llama-cpp-python 0.3.36's llama.cpp), draft-simple.
+NATIVE_SAMPLE = """\
+0.01.632.273 I cmn          init: llama threadpool init, n_threads = 2
+0.04.306.383 I common_speculative_init_result: loading draft model '/work/devmodels/draft.gguf'
+0.41.918.762 I encoded   27 tokens in    2.575 seconds, speed:   10.486 t/s
+0.41.918.763 I decoded   35 tokens in   28.773 seconds, speed:    1.216 t/s
+0.41.918.763 I
+0.41.918.764 I n_draft   = 3
+0.41.918.765 I n_predict = 35
+0.41.918.765 I n_drafted = 31
+0.41.918.765 I n_accept  = 24
+0.41.918.766 I accept    = 77.419%
+0.41.918.766 I
+0.41.918.766 I draft:
+0.41.918.857 I common_perf_print:        load time =    3708.40 ms
+"""
+
+
+def test_parse_native_output():
+    r = parse_native_output(NATIVE_SAMPLE, "native-draft")
+    assert (r.prompt_tokens, r.generated_tokens, r.drafted, r.accepted) == (27, 35, 31, 24)
+    assert r.decode_s == pytest.approx(28.773) and r.decode_tokens_per_s == pytest.approx(1.216)
+    assert r.prefill_s == pytest.approx(2.575) and r.draft_max == 3
+    record = r.to_record()
+    assert record["acceptance_rate"] == pytest.approx(24 / 31, abs=1e-4)
+    assert record["token_ids"] is None and record["mode"] == "native-draft"
+    with pytest.raises(BackendError, match="timings"):
+        parse_native_output("error: failed to load model")
+
+
+def test_native_command_flags_per_mode(tmp_path):
+    runner = NativeRunner(
+        tmp_path / "bin", tmp_path / "t.gguf", tmp_path / "d.gguf", str, threads=2, n_ctx=1024
+    )
+    draft = runner.command("native-draft", "hi", 50, 0.0, None)
+    assert draft[draft.index("--spec-type") + 1] == "draft-simple"
+    assert draft[draft.index("-md") + 1] == str(tmp_path / "d.gguf")
+    assert "--no-escape" in draft and draft[draft.index("--top-k") + 1] == "1"
+    ngram = runner.command("native-ngram", "hi", 50, 0.7, 5)
+    assert ngram[ngram.index("--spec-type") + 1] == "ngram-simple"
+    assert "-md" not in ngram and ngram[ngram.index("--seed") + 1] == "5"
+    with pytest.raises(UsageError, match="not found"):
+        runner.check(["native-ngram"])
+
+
+# -- commands over the tiny GGUF pair ------------------------------------------------------
+
+
+def cli_app():
+    app = typer.Typer(add_completion=False)
+    app.command("bench")(bench_command)
+    app.command("calibrate")(calibrate_command)
+    return app
+
+
+def test_bench_command_on_the_tiny_pair(tiny_pair, tmp_path):
+    target, draft, _ = tiny_pair
+    out = tmp_path / "results"
+    args = ["bench", "--target", str(target), "--draft", str(draft), "--categories",
+            "math,translation", "--limit", "1", "--max-tokens", "8", "--out", str(out),
+            "--threads", "1", "--ctx", "1024"]  # fmt: skip
+    result = CliRunner().invoke(cli_app(), args)
+    assert result.exit_code == 0, result.output
+    lines = (out / "records.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 2 * 4
+    assert {r["mode"] for r in records} == set(bench.ENGINE_MODES)
+    for r in records:
+        assert r["generated_tokens"] >= 1 and 0.0 <= r["outside_share"] <= 1.0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["categories"]) == {"math", "translation"}
+    assert summary["ceiling"]["batch"] == 16
+    assert (out / "speedup.png").exists() and (out / "summary.md").exists()
+    assert bench_report.OVERALL in result.stdout
+    # The same folder twice would mix two runs.
+    again = CliRunner().invoke(cli_app(), args)
+    assert again.exit_code == 2 and "already holds bench results" in again.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--categories", "poetry"], "unknown category: poetry"),
+        (["--modes", "none,native-ngram"], "--native-bin"),
+        (["--native-bin", "/nonexistent/llama-speculative-simple"], "binary not found"),
+    ],
+)
+def test_bench_command_errors_are_messages(tiny_pair, tmp_path, extra, needle):
+    target, draft, _ = tiny_pair
+    args = ["bench", "--target", str(target), "--draft", str(draft), "--out",
+            str(tmp_path / "o"), "--limit", "1", *extra]  # fmt: skip
+    result = CliRunner().invoke(cli_app(), args)
+    assert result.exit_code != 0
+    assert "error: " in result.output and needle in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_calibrate_command_prints_costs(tiny_pair):
+    target, draft, _ = tiny_pair
+    args = ["calibrate", "--target", str(target), "--draft", str(draft), "--ctx", "256",
+            "--threads", "1"]  # fmt: skip
+    result = CliRunner().invoke(cli_app(), args)
+    assert result.exit_code == 0, result.output
+    for needle in ("plain target step", "k=15", "draft step", "ceiling at a batch of 16"):
+        assert needle in result.stdout
+    costs = CostProfile(plain_s=0.036, verify_s={1: 0.082, 15: 0.212}, draft_step_s=0.02)
+    text = format_costs(costs, Path("/cache/calibration"))
+    assert "75.5 tok/s" in text and "/cache/calibration" in text
+
+
+def test_native_modes_run_a_binary_and_are_summarised_beside_the_engine(tmp_path):
+    binary = tmp_path / "llama-speculative-simple"
+    sample = tmp_path / "sample.txt"
+    sample.write_text(NATIVE_SAMPLE)
+    args_log = tmp_path / "args.txt"
+    binary.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--help" ]; then\n'
+        '  echo "--spec-type none,draft-simple,ngram-simple"; exit 0\n'
+        "fi\n"
+        f'echo "$@" >> {args_log}\n'
+        f"cat {sample} >&2\n"
+    )
+    binary.chmod(0o755)
+    session = FakeBenchSession()
+    runner = NativeRunner(binary, tmp_path / "t.gguf", tmp_path / "d.gguf", lambda t: "abc")
+    runner.check(bench.NATIVE_MODES)
+    config = bench.BenchConfig(modes=("none", *bench.NATIVE_MODES), max_tokens=20)
+    records = bench.BenchRunner(session, config, runner).run(fake_prompts()[:2])
+    native = [r for r in records if r["engine"] == "llama.cpp"]
+    assert len(native) == 4 and {r["mode"] for r in native} == set(bench.NATIVE_MODES)
+    assert all(r["decode_tokens_per_s"] == pytest.approx(1.216) for r in native)
+    assert len(args_log.read_text().splitlines()) == 2 + 4  # warm-up, then one per run
+    summary = bench.summarize(records, config.modes, greedy=True)
+    assert summary["overall"]["native-ngram"]["agreement"] is None
+    assert summary["overall"]["native-draft"]["acceptance_rate"] == pytest.approx(24 / 31, abs=1e-4)
+    broken = tmp_path / "broken"
+    broken.write_text("#!/bin/sh\necho 'error: failed to load model' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    failing = NativeRunner(broken, tmp_path / "t.gguf", None, str)
+    with pytest.raises(BackendError, match="exit code 1: error: failed to load model"):
+        failing.run("native-ngram", "abc", 8, 0.0, None)
+    with pytest.raises(UsageError, match="does not offer --spec-type ngram-simple"):
+        failing.check(["native-ngram"])

@@ -1,0 +1,539 @@
+"""The chat TUI driven through Textual's Pilot over a scripted ``FakeSession``.
+
+No model, no user config or cache: the app gets a factory returning the fake, and saving
+goes to a temporary directory with a fixed clock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from textual.pilot import Pilot
+
+from localspec.errors import BackendError, ModelNotFoundError
+from localspec.events import FinishReason, Origin
+from localspec.params import GenerationParams
+from localspec.tui.app import ChatApp
+from localspec.tui.conversation import Conversation, Turn, turns_to_drop
+from localspec.tui.screens import HelpScreen, OverflowScreen
+from localspec.tui.stats_panel import ORIGIN_STYLES, StatsPanel, sparkline
+from localspec.tui.widgets import AssistantMessage, ChatInput, LoadingPanel, Notice, UserMessage
+from tests.fake_session import FakeSession, ScriptedAnswer, count_tokens, fake_factory
+
+PARAMS = GenerationParams(max_tokens=64)
+FIXED_NOW = datetime(2025, 1, 2, 3, 4, 5)
+
+# Four rounds, 12 tokens, 0.5 s of decoding: 24 tok/s, i.e. 2.40x a plain 10 tok/s.
+# Drafted 4 + 3 + 0 + 3 = 10 (model 4+3, ngram 3), accepted 3 + 2 + 0 + 3 = 8 -> 80%;
+# tokens per target pass = 1 + 8/4 = 3.00.
+SPEC_TOKENS = [
+    ("def", "model", 0), (" add", "model", 0), ("(a", "model", 0), (",", "target", 0),
+    (" b", "model", 1), ("):", "model", 1), ("\n", "target", 1),
+    ("   ", "target", 2),
+    (" return", "ngram", 3), (" a", "ngram", 3), (" +", "ngram", 3), (" b", "target", 3),
+]  # fmt: skip
+SPEC_TEXT = "".join(t for t, _, _ in SPEC_TOKENS)
+
+
+def spec_answer(**kwargs: object) -> ScriptedAnswer:
+    return ScriptedAnswer.from_tokens(SPEC_TOKENS, drafted={0: 4, 1: 3}, seconds=0.125, **kwargs)
+
+
+def make_app(session: FakeSession, tmp_path: Path | None = None, **factory_kw: object) -> ChatApp:
+    return ChatApp(
+        fake_factory(session, **factory_kw),  # type: ignore[arg-type]
+        PARAMS,
+        save_dir=tmp_path,
+        clock=lambda: FIXED_NOW,
+    )
+
+
+async def wait_for(pilot: Pilot, condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        await pilot.pause(0.01)
+    raise AssertionError("condition not reached in time")
+
+
+async def ready(pilot: Pilot) -> ChatApp:
+    app = pilot.app
+    assert isinstance(app, ChatApp)
+    await wait_for(pilot, lambda: app.session is not None or app.load_error is not None)
+    await pilot.pause()
+    return app
+
+
+async def send(pilot: Pilot, text: str, wait: bool = True) -> None:
+    app = pilot.app
+    assert isinstance(app, ChatApp)
+    gen = app._gen
+    app.query_one(ChatInput).load_text(text)
+    await pilot.press("enter")
+    if wait:
+        await wait_for(pilot, lambda: app._gen > gen and not app.generating)
+        await pilot.pause()
+
+
+def record_notifications(app: ChatApp) -> list[tuple[str, str, str]]:
+    seen: list[tuple[str, str, str]] = []
+    original = app.notify
+
+    def notify(message: str, *, title: str = "", severity: str = "information", **kw: object):
+        seen.append((message, title, severity))
+        return original(message, title=title, severity=severity, **kw)  # type: ignore[arg-type]
+
+    app.notify = notify  # type: ignore[method-assign]
+    return seen
+
+
+def panel_text(app: ChatApp) -> str:
+    console = Console(width=38, record=True, color_system=None)
+    console.print(app.query_one(StatsPanel).group)
+    return console.export_text()
+
+
+def squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def style_at(answer: AssistantMessage, offset: int) -> str:
+    body = answer.body()
+    styles = [str(s.style) for s in body.spans if s.start <= offset < s.end]
+    return styles[-1] if styles else ""
+
+
+# -- loading ------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_loading_shows_progress_then_ready() -> None:
+    gate = threading.Event()
+    session = FakeSession()
+    app = make_app(session, progress=["downloading fake.gguf 35%", "downloading fake.gguf 80%",
+                                      "loading target fake-target …"], gate=gate)  # fmt: skip
+    async with app.run_test() as pilot:
+        panel = app.query_one(LoadingPanel)
+        await wait_for(pilot, lambda: len(panel.lines) == 2)
+        # the second download line replaced the first one
+        assert panel.lines == ["downloading fake.gguf 80%", "loading target fake-target …"]
+        assert app.session is None
+        gate.set()
+        await ready(pilot)
+        assert not app.query(LoadingPanel)
+        assert "fake-target-1.5b (Q4_K_M)" in app.sub_title
+        notices = [str(n.render()) for n in app.query(Notice)]
+        assert any("Ready" in n and "context 4096" in n for n in notices)
+
+
+@pytest.mark.asyncio
+async def test_load_error_shows_message_and_hint_and_exits_1() -> None:
+    error = ModelNotFoundError("no model named 'qwen9'", hint="`localspec models` lists them")
+    app = make_app(FakeSession(), error=error)
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        shown = str(app.query_one(".notice.error", Notice).render())
+        assert "no model named 'qwen9'" in shown and "`localspec models` lists them" in shown
+        await send(pilot, "hello", wait=False)
+        assert any("did not load" in m for m, _, _ in seen)
+        await pilot.press("ctrl+q")
+    assert app.return_code == 1
+
+
+# -- streaming, styles, stats -------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_answer_streams_with_origin_styles_and_stats() -> None:
+    session = FakeSession([spec_answer()], plain_tokens_per_s=10.0)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "write add")
+        assert session.calls == [[{"role": "user", "content": "write add"}]]
+        assert app.query_one(ChatInput).text == ""
+        answer = app.query_one(AssistantMessage)
+        assert answer.text == SPEC_TEXT
+        assert style_at(answer, 0) == ORIGIN_STYLES[Origin.DRAFT_MODEL]
+        assert style_at(answer, SPEC_TEXT.index(" return")) == ORIGIN_STYLES[Origin.NGRAM]
+        assert style_at(answer, SPEC_TEXT.index(",")) == ""  # the target's own token
+        turn = app.conversation.turns[0]
+        assert (turn.answer, turn.finish) == (SPEC_TEXT, "eos")
+
+        text = squash(panel_text(app))
+        assert "decode tok/s 24.0 24.0" in text
+        assert "plain tok/s 10.0 speedup 2.40x 2.40x" in text
+        assert "acceptance 80% 80% tokens/pass 3.00 3.00 tokens 12 12 target passes 4 4" in text
+        assert "model 5/7 71% 5/7 71% ngram 3/3 100% 3/3 100% plain 1 steps 1 steps" in text
+        assert "draft length 3 (ngram, 3 accepted)" in text
+        assert sparkline([3 / 4, 2 / 3, 1.0]) in text
+        prompt = count_tokens(session.calls[0])
+        assert f"context {prompt + 12} / 4096 tokens" in text
+
+        await pilot.press("f2")  # colours off: every token plain, the legend says so
+        assert style_at(answer, 0) == ""
+        assert "(off)" in panel_text(app)
+
+
+@pytest.mark.asyncio
+async def test_conversation_totals_and_history_across_turns() -> None:
+    session = FakeSession([spec_answer(), ScriptedAnswer.plain("Sure thing.", seconds=0.1)])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        await send(pilot, "second")
+        assert session.calls[1] == [
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": SPEC_TEXT},
+            {"role": "user", "content": "second"},
+        ]
+        text = squash(panel_text(app))
+        # last answer: 2 tokens in 0.2 s; conversation: 14 tokens in 0.7 s
+        assert "decode tok/s 10.0 20.0" in text
+        assert "tokens 2 14" in text
+        assert "draft length 0 (plain step)" in text
+
+
+@pytest.mark.asyncio
+async def test_newline_keys_do_not_send() -> None:
+    session = FakeSession()
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("a", "ctrl+j", "b", "shift+enter", "c")
+        assert app.query_one(ChatInput).text == "a\nb\nc"
+        assert session.calls == [] and not app.query(UserMessage)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: bool(session.calls) and not app.generating)
+        assert session.calls[0][-1]["content"] == "a\nb\nc"
+
+
+# -- stopping -----------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("key", ["escape", "ctrl+c"])
+async def test_stop_keeps_partial_answer_and_chat_goes_on(key: str) -> None:
+    session = FakeSession([spec_answer(), ScriptedAnswer.plain("Next.")], hold_after=5)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "write add", wait=False)
+        await wait_for(pilot, session.held.is_set)
+        await pilot.press(key)
+        await wait_for(pilot, lambda: not app.generating)
+        partial = "".join(t for t, _, _ in SPEC_TOKENS[:5])
+        assert app.query_one(AssistantMessage).text == partial
+        assert "stopped" in str(app.query_one(AssistantMessage).body())
+        assert (app.conversation.turns[0].answer, app.conversation.turns[0].finish) == (
+            partial,
+            "cancelled",
+        )
+        session.hold_after = None
+        await send(pilot, "go on")
+        assert session.calls[1][1] == {"role": "assistant", "content": partial}
+        assert app.query(AssistantMessage).last().text == "Next."
+
+
+@pytest.mark.asyncio
+async def test_escape_does_nothing_harmful_when_idle() -> None:
+    app = make_app(FakeSession())
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("escape", "ctrl+c")
+        assert app.is_running and not app.generating
+
+
+# -- new conversation ---------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_new_conversation_clears_transcript_history_and_stats() -> None:
+    session = FakeSession([spec_answer(), ScriptedAnswer.plain("Hi.")])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        await pilot.press("ctrl+n")
+        assert not app.query(UserMessage) and not app.query(AssistantMessage)
+        assert app.conversation.turns == []
+        assert "tokens 0 0" in squash(panel_text(app))
+        await send(pilot, "again")
+        assert session.calls[1] == [{"role": "user", "content": "again"}]
+
+
+@pytest.mark.asyncio
+async def test_new_conversation_while_answering_drops_late_events() -> None:
+    session = FakeSession([spec_answer(), ScriptedAnswer.plain("Fresh.")], hold_after=3)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "first", wait=False)
+        await wait_for(pilot, session.held.is_set)
+        await pilot.press("ctrl+n")
+        session.hold_after = None
+        await send(pilot, "second")
+        await wait_for(pilot, lambda: len(session.calls) == 2)
+        await wait_for(pilot, lambda: app.conversation.turns[-1].done)
+        await pilot.pause()
+        assert [t.user for t in app.conversation.turns] == ["second"]
+        assert [a.text for a in app.query(AssistantMessage)] == ["Fresh."]
+        assert session.calls[1] == [{"role": "user", "content": "second"}]
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_error_before_any_token_notifies_and_restores_the_message() -> None:
+    failing = ScriptedAnswer.plain("never", seconds=0.1)
+    failing.error = BackendError("llama_decode failed (-3)", hint="lower --n-ctx")
+    session = FakeSession([failing, ScriptedAnswer.plain("Works.")])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        await send(pilot, "hello")
+        assert ("lower --n-ctx", "llama_decode failed (-3)", "error") in seen
+        assert app.conversation.turns == [] and not app.query(UserMessage)
+        assert app.query_one(ChatInput).text == "hello"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not app.generating and bool(app.conversation.turns))
+        assert app.conversation.turns[0].answer == "Works."
+
+
+@pytest.mark.asyncio
+async def test_unexpected_error_mid_answer_keeps_partial_and_shows_no_traceback() -> None:
+    session = FakeSession([spec_answer(error=RuntimeError("boom"), error_after=4)])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        await send(pilot, "hello")
+        message, title, severity = seen[-1]
+        assert (title, severity) == ("RuntimeError: boom", "error") and "bug" in message
+        turn = app.conversation.turns[0]
+        assert (turn.answer, turn.finish) == ("def add(a,", "error")
+        assert app.is_running
+
+
+@pytest.mark.asyncio
+async def test_engine_warning_is_notified() -> None:
+    session = FakeSession([spec_answer(warnings=["draft model disabled: vocab mismatch"])])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        await send(pilot, "hello")
+        assert ("draft model disabled: vocab mismatch", "", "warning") in seen
+
+
+# -- context overflow ---------------------------------------------------------------------
+
+
+def long_chat_session(**kw: object) -> FakeSession:
+    # The prompt may use n_ctx - max_tokens = 96 tokens. An exchange with a 30-word answer
+    # costs 41; the third message (24) then needs 7 + 34 + 7 + 34 + 24 + 2 = 108 tokens,
+    # and 67 without the first exchange.
+    answers = [ScriptedAnswer.plain(" ".join(["word"] * 30)) for _ in range(3)]
+    return FakeSession(answers, n_ctx=160, **kw)  # type: ignore[arg-type]
+
+
+async def overflow(pilot: Pilot) -> OverflowScreen:
+    await send(pilot, "one two three")
+    await send(pilot, "four five six")
+    await send(pilot, "seven " * 20)
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, OverflowScreen))
+    screen = pilot.app.screen
+    assert isinstance(screen, OverflowScreen)
+    return screen
+
+
+@pytest.mark.asyncio
+async def test_overflow_drop_oldest_turns() -> None:
+    session = long_chat_session()
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await overflow(pilot)
+        assert len(session.calls) == 2 and len(app.conversation.turns) == 2
+        await pilot.click("#drop")
+        await wait_for(pilot, lambda: len(session.calls) == 3 and not app.generating)
+        assert session.calls[2][0] == {"role": "user", "content": "four five six"}
+        first = app.conversation.turns[0]
+        assert first.dropped and not first.in_context
+        assert all(w.has_class("dropped") for w in app.query(f".turn-{first.id}"))
+        assert len(app.query(UserMessage)) == 3  # dropped turns stay in the transcript
+
+
+@pytest.mark.asyncio
+async def test_overflow_start_afresh_and_cancel() -> None:
+    session = long_chat_session()
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await overflow(pilot)
+        await pilot.press("escape")  # cancel: the message goes back to the input box
+        assert not isinstance(app.screen, OverflowScreen)
+        assert app.query_one(ChatInput).text == ("seven " * 20).strip()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, OverflowScreen))
+        await pilot.click("#fresh")
+        await wait_for(pilot, lambda: len(session.calls) == 3 and not app.generating)
+        assert session.calls[2] == [{"role": "user", "content": ("seven " * 20).strip()}]
+        assert len(app.query(UserMessage)) == 1
+
+
+@pytest.mark.asyncio
+async def test_message_too_long_alone_offers_only_cancel() -> None:
+    app = make_app(FakeSession(n_ctx=100))
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "word " * 80)
+        await wait_for(pilot, lambda: isinstance(app.screen, OverflowScreen))
+        assert not app.screen.query("#fresh") and not app.screen.query("#drop")
+        await pilot.click("#cancel")
+        assert app.query_one(ChatInput).text.startswith("word word")
+
+
+# -- save, help, quit ---------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_save_writes_markdown_with_timestamped_name(tmp_path: Path) -> None:
+    app = make_app(FakeSession([spec_answer()]), tmp_path)
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        await send(pilot, "write add")
+        await pilot.press("ctrl+s")
+        path = tmp_path / "localspec-chat-20250102-030405.md"
+        assert any(str(path) in m for m, _, _ in seen)
+        text = path.read_text(encoding="utf-8")
+        assert text.startswith("# localspec chat, 2025-01-02 03:04:05")
+        assert "- target: fake-target-1.5b (Q4_K_M)" in text
+        assert f"## You\n\nwrite add\n\n## Assistant\n\n{SPEC_TEXT}\n" in text
+        await pilot.press("ctrl+s")  # same second: a second file, not an overwrite
+        assert (tmp_path / "localspec-chat-20250102-030405-1.md").exists()
+
+
+@pytest.mark.asyncio
+async def test_help_opens_and_closes() -> None:
+    app = make_app(FakeSession())
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@pytest.mark.asyncio
+async def test_quit_closes_the_session() -> None:
+    session = FakeSession()
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+q")
+    assert session.closed and app.return_code == 0
+
+
+# -- headless pieces ----------------------------------------------------------------------
+
+
+def test_turns_to_drop_finds_fewest() -> None:
+    turns = [Turn(user="a " * 10, answer="b " * 10, finish="eos") for _ in range(3)]
+    full = turns_to_drop(None, turns, "q", count_tokens, 1000)
+    assert full == (0, count_tokens([{"content": "a " * 10}] * 3 + [{"content": "b " * 10}] * 3
+                                    + [{"content": "q"}]))  # fmt: skip
+    assert turns_to_drop(None, turns, "q", count_tokens, 40)[0] == 2  # type: ignore[index]
+    assert turns_to_drop(None, turns, "q " * 50, count_tokens, 40) is None
+
+
+def test_empty_and_dropped_turns_leave_the_context() -> None:
+    conv = Conversation(system="be brief")
+    conv.start("hi")
+    conv.finish("", FinishReason.CANCELLED.value)
+    conv.start("again")
+    conv.finish("hello", "eos")
+    assert conv.messages("next") == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "next"},
+    ]
+    conv.drop_oldest(1)
+    assert len(conv.messages("next")) == 2
+
+
+def test_sparkline_uses_a_fixed_scale() -> None:
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+    assert sparkline([0.9, 1.0]) == "▇█"
+
+
+# -- snapshot -----------------------------------------------------------------------------
+
+
+def test_snapshot_after_one_answer(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    session = FakeSession([spec_answer()], plain_tokens_per_s=10.0)
+    app = make_app(session)
+
+    async def run_before(pilot: Pilot) -> None:
+        await ready(pilot)
+        app.query_one(ChatInput).cursor_blink = False
+        await send(pilot, "Write a Python function that adds two numbers.")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(110, 36), run_before=run_before)
+
+
+# -- with a real Session over tiny GGUF models ---------------------------------------------
+
+
+def real_factory(target: Path, draft: Path) -> Callable[[Callable[[str], None]], object]:
+    from localspec.session import ModelOptions, open_session
+
+    options = ModelOptions(target=str(target), draft=str(draft), n_ctx=256, calibrate=False)
+    return lambda on_progress: open_session(options, on_progress)
+
+
+@pytest.mark.asyncio
+async def test_real_session_answers_and_counts(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+    target, draft, _ = tiny_pair
+    app = ChatApp(real_factory(target, draft), GenerationParams(max_tokens=16))  # type: ignore[arg-type]
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        assert app.session is not None, app.load_error
+        await send(pilot, "the cat")
+        await wait_for(pilot, lambda: not app.generating, timeout=60)
+        turn = app.conversation.turns[0]
+        assert turn.finish in ("eos", "length") and turn.stats["generated_tokens"] > 0
+        assert app.query_one(AssistantMessage).text == turn.answer
+        assert app.live.answer.generated_tokens == turn.stats["generated_tokens"]
+        assert not [s for s in seen if s[2] == "error"]
+        await send(pilot, "and the dog")
+        await wait_for(pilot, lambda: not app.generating, timeout=60)
+        assert app.conversation.turns[1].done
+        session = app.session
+    assert session is not None and app.session is None  # closed on quit
+
+
+@pytest.mark.asyncio
+async def test_real_incompatible_pair_shows_the_error_in_the_app(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+    target, _, alien = tiny_pair
+    app = ChatApp(real_factory(target, alien), PARAMS)  # type: ignore[arg-type]
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert app.session is None and app.load_error is not None
+        message, hint = app.load_error
+        assert "cannot draft for target" in message and "--drafter ngram" in hint
+        shown = str(app.query_one(".notice.error", Notice).render())
+        assert "cannot draft for target" in shown and "Traceback" not in shown
