@@ -156,6 +156,18 @@ def warn_memory(options: Any) -> None:
 DrafterOpt = Annotated[
     str, typer.Option(help="auto (cost model), model, ngram, or none (plain decoding)")
 ]
+# Options shared by complete, chat and bench.
+TemperatureOpt = Annotated[float, typer.Option(help="0 is greedy")]
+TopKOpt = Annotated[int, typer.Option(help="sampling: keep the k most likely (0: off)")]
+TopPOpt = Annotated[float, typer.Option(help="sampling: nucleus mass (1: off)")]
+MinPOpt = Annotated[float, typer.Option(help="sampling: drop below min-p x top (0: off)")]
+SeedOpt = Annotated[int | None, typer.Option(help="sampling seed")]
+DraftMaxOpt = Annotated[int, typer.Option(help="longest draft per round")]
+TargetOpt = Annotated[str | None, typer.Option(help="target: path, catalog name or repo:file")]
+DraftOpt = Annotated[str | None, typer.Option(help="draft: path, catalog name or repo:file")]
+ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")]
+CtxOpt = Annotated[int, typer.Option(help="context size in tokens")]
+GpuLayersOpt = Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")]
 
 
 @app.command()
@@ -164,27 +176,23 @@ def complete(
         str | None, typer.Argument(help="prompt file; - or nothing reads stdin")
     ] = None,
     max_tokens: Annotated[int, typer.Option(help="new tokens at most")] = 512,
-    temperature: Annotated[float, typer.Option(help="0 is greedy")] = 0.0,
-    top_k: Annotated[int, typer.Option(help="sampling: keep the k most likely (0: off)")] = 40,
-    top_p: Annotated[float, typer.Option(help="sampling: nucleus mass (1: off)")] = 0.95,
-    min_p: Annotated[float, typer.Option(help="sampling: drop below min-p x top (0: off)")] = 0.05,
-    seed: Annotated[int | None, typer.Option(help="sampling seed")] = None,
+    temperature: TemperatureOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
     drafter: DrafterOpt = "auto",
-    draft_max: Annotated[int, typer.Option(help="longest draft per round")] = 16,
+    draft_max: DraftMaxOpt = 16,
     raw: Annotated[
         bool, typer.Option(help="send the text as is, without the chat template")
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
     stats: Annotated[bool, typer.Option(help="print a summary to stderr at the end")] = False,
-    target: Annotated[
-        str | None, typer.Option(help="target: path, catalog name or repo:file")
-    ] = None,
-    draft: Annotated[
-        str | None, typer.Option(help="draft: path, catalog name or repo:file")
-    ] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")] = None,
-    ctx: Annotated[int, typer.Option(help="context size in tokens")] = 4096,
-    gpu_layers: Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")] = 0,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    threads: ThreadsOpt = None,
+    ctx: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = 0,
 ) -> None:
     """Generate a completion of FILE (or stdin): the target's own output, faster."""
     try:
@@ -268,32 +276,43 @@ def run_complete(
 @app.command()
 def chat(
     max_tokens: Annotated[int, typer.Option(help="new tokens per answer at most")] = 1024,
-    temperature: Annotated[float, typer.Option(help="0 is greedy")] = 0.0,
-    top_k: Annotated[int, typer.Option(help="sampling: keep the k most likely (0: off)")] = 40,
-    top_p: Annotated[float, typer.Option(help="sampling: nucleus mass (1: off)")] = 0.95,
-    min_p: Annotated[float, typer.Option(help="sampling: drop below min-p x top (0: off)")] = 0.05,
-    seed: Annotated[int | None, typer.Option(help="sampling seed")] = None,
+    temperature: TemperatureOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
     drafter: DrafterOpt = "auto",
-    draft_max: Annotated[int, typer.Option(help="longest draft per round")] = 16,
-    target: Annotated[str | None, typer.Option(help="target: path, catalog name or repo:file")] = None,
-    draft: Annotated[str | None, typer.Option(help="draft: path, catalog name or repo:file")] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")] = None,
-    ctx: Annotated[int, typer.Option(help="context size in tokens")] = 4096,
-    gpu_layers: Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")] = 0,
+    draft_max: DraftMaxOpt = 16,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    threads: ThreadsOpt = None,
+    ctx: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = 0,
 ) -> None:
     """Chat in the terminal, with live acceptance stats and tokens coloured by origin."""
     try:
         if drafter not in ("auto", "model", "ngram", "none"):
             raise UsageError(f"invalid --drafter {drafter!r}", "use auto, model, ngram or none")
         params = build_params(
-            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            min_p=min_p, seed=seed, drafter=drafter, draft_max=draft_max,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            drafter=drafter,
+            draft_max=draft_max,
         )
         # The speedup estimate needs this machine's plain step time, so always calibrate;
         # download bars would garble the screen, so the app shows its own progress lines.
         options = model_options(
-            drafter, target=target, draft=draft, threads=threads, n_ctx=ctx,
-            n_gpu_layers=gpu_layers, show_download_progress=False,
+            drafter,
+            target=target,
+            draft=draft,
+            threads=threads,
+            n_ctx=ctx,
+            n_gpu_layers=gpu_layers,
+            show_download_progress=False,
         ).model_copy(update={"calibrate": True})
     except LocalspecError as err:
         raise fail(err) from None
