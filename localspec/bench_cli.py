@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -95,6 +96,10 @@ def bench_command(
         Path | None,
         typer.Option(help="llama-speculative-simple to compare with (adds the native modes)"),
     ] = None,
+    native_flags: Annotated[
+        str,
+        typer.Option(help="extra flags for the native binary, e.g. '--spec-draft-n-max 8'"),
+    ] = "",
     out: Annotated[
         Path | None, typer.Option(help="output folder (default: ./bench-results/<timestamp>)")
     ] = None,
@@ -122,6 +127,7 @@ def bench_command(
             seed=seed,
             raw=raw,
             native_bin=native_bin,
+            native_flags=native_flags,
             out=out,
             chart=chart,
             warmup=warmup,
@@ -147,6 +153,10 @@ def _bench(**kw: Any) -> int:
         chosen = (*chosen, *bench.NATIVE_MODES)
     if any(m in bench.NATIVE_MODES for m in chosen) and kw["native_bin"] is None:
         raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
+    try:
+        native_args = shlex.split(kw["native_flags"])
+    except ValueError as err:
+        raise UsageError(f"invalid --native-flags: {err}", "quote it as for a shell") from None
     if kw["native_bin"] is not None:
         from localspec.native import check_binary
 
@@ -173,6 +183,8 @@ def _bench(**kw: Any) -> int:
         from localspec.cli import usage_from
 
         raise usage_from(err) from None
+    if kw["chart"]:
+        bench_report.require_matplotlib()
     out_dir = _out_dir(kw["out"])
     session = open_session(options, on_progress=_echo)
     try:
@@ -187,6 +199,7 @@ def _bench(**kw: Any) -> int:
                 _detokenizer(session.target),
                 threads=kw["threads"],
                 n_ctx=kw["ctx"],
+                extra_args=native_args,
             )
             native.check(chosen)
         runner = bench.BenchRunner(session, config, native)

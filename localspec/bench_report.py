@@ -98,8 +98,8 @@ def write_summary(summary: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     return md, js
 
 
-def write_chart(summary: dict[str, Any], path: Path) -> Path:
-    """A grouped bar chart of the ratio to ``none``, per category and mode."""
+def require_matplotlib() -> Any:
+    """pyplot on the Agg backend, or a clear error; callers check before a long run."""
     try:
         import matplotlib
 
@@ -110,6 +110,12 @@ def write_chart(summary: dict[str, Any], path: Path) -> Path:
             "the chart needs matplotlib, which is not installed",
             "pip install 'localspec[bench]' (or matplotlib), or pass --no-chart",
         ) from None
+    return plt
+
+
+def write_chart(summary: dict[str, Any], path: Path) -> Path:
+    """A grouped bar chart of the ratio to ``none``, per category and mode."""
+    plt = require_matplotlib()
     groups = {**summary["categories"], OVERALL: summary["overall"]}
     modes = list(dict.fromkeys(m for g in groups.values() for m in g))
     width = 0.8 / max(len(modes), 1)

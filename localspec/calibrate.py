@@ -32,9 +32,14 @@ def measure_costs(
     context: Sequence[int],
     *,
     k_max: int = 16,
-    reps: int = 2,
+    sweeps: int = 3,
 ) -> CostProfile:
-    """``context``: a few dozen real tokens; the measurement appends copies of them."""
+    """``context``: a few dozen real tokens; the measurement appends copies of them.
+
+    Every size is measured once per sweep, sweeps interleaved, keeping each size's
+    minimum: a burst of other work then spoils one sample of many sizes rather than every
+    sample of one size, and the minimum discards it.
+    """
     base = list(context)
     extra = (base * (k_max // max(len(base), 1) + 2))[: k_max + 1]
 
@@ -43,16 +48,35 @@ def measure_costs(
         return _timed(lambda: model.forward(base + extra[:n], n))
 
     step(target, 4)  # warm-up: first batches allocate and choose kernels
-    plain = min(step(target, 1) for _ in range(reps + 2))
-    verify = {k: min(step(target, k + 1) for _ in range(reps)) for k in range(1, k_max + 1)}
-    draft_step = None
+    draft_prefill = None
     if draft is not None:
         step(draft, 2)
-        draft_step = min(step(draft, 1) for _ in range(reps + 2))
+        draft.truncate(0)
+        draft_prefill = _timed(lambda: draft.forward(base, 0)) / len(base)
+    best: dict[int, float] = {}
+    draft_best = float("inf")
+    for _ in range(sweeps):
+        for k in range(0, k_max + 1):
+            t = step(target, k + 1)
+            best[k] = min(best.get(k, float("inf")), t)
+        if draft is not None:
+            draft_best = min(draft_best, *(step(draft, 1) for _ in range(3)))
     target.truncate(0)
     if draft is not None:
         draft.truncate(0)
-    return CostProfile(plain_s=plain, verify_s=verify, draft_step_s=draft_step)
+    plain = best.pop(0)
+    return CostProfile(
+        plain_s=plain,
+        verify_s=best,
+        draft_step_s=draft_best if draft is not None else None,
+        draft_prefill_s=draft_prefill,
+    )
+
+
+def looks_disturbed(costs: CostProfile) -> bool:
+    """A batch of k+1 tokens cannot really be much cheaper than one token; if it measured
+    so, other work was competing for the cores while measuring."""
+    return any(t < 0.8 * costs.plain_s for t in costs.verify_s.values())
 
 
 def machine_key(*parts: object) -> str:
@@ -82,8 +106,11 @@ class CostCache:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
     def load(self, key: str) -> CostProfile | None:
-        path = self.directory / f"{key}.json"
+        path = self.path(key)
         try:
             return CostProfile.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError):
@@ -93,4 +120,4 @@ class CostCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f"{key}.json.tmp"
         tmp.write_text(json.dumps(costs.to_dict(), indent=1))
-        tmp.replace(self.directory / f"{key}.json")
+        tmp.replace(self.path(key))

@@ -9,6 +9,7 @@ a traceback. Ctrl-C stops generation after the current round (a second one exits
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -323,8 +324,11 @@ def chat(
 
 
 def _mount_subcommands() -> None:
+    from localspec.bench_cli import bench_command, calibrate_command
     from localspec.models_cli import models_app
 
+    app.command("bench")(bench_command)
+    app.command("calibrate")(calibrate_command)
     app.add_typer(models_app, name="models", help="list, pull, check and optimize models")
 
 
@@ -332,7 +336,18 @@ _mount_subcommands()
 
 
 def main() -> None:
-    app()
+    """Console entry point. An unexpected exception is a bug: say so in one line (the
+    traceback only with LOCALSPEC_DEBUG=1) rather than dump it on a user."""
+    try:
+        app(standalone_mode=True)
+    except SystemExit:
+        raise
+    except Exception as err:  # noqa: BLE001 - the last line of defence
+        if os.environ.get("LOCALSPEC_DEBUG") == "1":
+            raise
+        typer.echo(f"error: internal error: {type(err).__name__}: {err}", err=True)
+        typer.echo("hint: this is a bug; LOCALSPEC_DEBUG=1 shows the traceback", err=True)
+        sys.exit(70)
 
 
 if __name__ == "__main__":

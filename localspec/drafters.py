@@ -32,6 +32,7 @@ class Draft:
     tokens: list[int]
     probs: list[np.ndarray] | None  # q for each token; None means one-hot (deterministic)
     seconds: float = 0.0
+    steps: int = 0  # draft-model forward passes it took
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,10 @@ class ModelDrafter:
         drafted: list[int] = []
         probs: list[np.ndarray] = []
         context = list(tokens)
+        steps = 0
         for i in range(k):
             logits = self.model.forward(context, 1)[0]
+            steps += 1
             if params.greedy:
                 if i > 0 and p_min > 0.0 and top_probability(logits) < p_min:
                     break
@@ -119,4 +122,4 @@ class ModelDrafter:
             context.append(tok)
             if self.is_eog(tok):
                 break
-        return Draft(MODEL, drafted, None if params.greedy else probs)
+        return Draft(MODEL, drafted, None if params.greedy else probs, steps=steps)

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from localspec.cached_model import CachedModel
+from localspec.cached_model import CachedModel, common_prefix_length
 from localspec.controller import Controller, CostProfile, Plan
 from localspec.drafters import MODEL, NGRAM, Draft, ModelDrafter, NgramDrafter
 from localspec.errors import ContextOverflowError
@@ -73,6 +73,9 @@ class SpecDecoder:
         self.draft = ModelDrafter(draft, target.is_eog) if draft is not None else None
         self.costs = costs or DEFAULT_COSTS
         self._controllers: dict[tuple, Controller] = {}
+
+    def controllers(self) -> list[Controller]:
+        return list(self._controllers.values())
 
     def controller_for(self, params: GenerationParams) -> Controller:
         """One controller per mode, kept across calls so acceptance estimates carry over."""
@@ -131,6 +134,7 @@ class SpecDecoder:
         generated: list[int] = []
         reason: FinishReason | None = None
         round_index = 0
+        streak = False  # the last round was an n-gram draft accepted whole
         while reason is None:
             if cancel is not None and cancel.is_set():
                 reason = FinishReason.CANCELLED
@@ -146,6 +150,8 @@ class SpecDecoder:
                 ngram_n=match.n if match else None,
                 ngram_available=match.available if match else 0,
                 remaining=min(params.max_tokens - len(generated) - 1, room),
+                ngram_streak=streak,
+                model_catch_up=self._draft_lag(committed),
             )
             draft = self._draft(plan, committed, params, rng, ngram, match)
             t_verify = time.perf_counter()
@@ -174,12 +180,12 @@ class SpecDecoder:
                     break
             ngram.extend(committed)
             drafter = draft.source if draft.tokens else None
-            controller.observe(
-                drafter,
-                match.n if match and drafter == NGRAM else None,
-                len(draft.tokens),
-                verdict.accepted,
+            controller.observe_timing(
+                len(draft.tokens), t_done - t_verify, draft.steps, t_verify - t_round
             )
+            ngram_n = match.n if match and drafter == NGRAM else None
+            controller.observe(drafter, ngram_n, len(draft.tokens), verdict.accepted, streak)
+            streak = drafter == NGRAM and verdict.accepted == len(draft.tokens)
             yield emit(
                 RoundCompleted(
                     index=round_index,
@@ -197,6 +203,12 @@ class SpecDecoder:
         # Held-back text that never became a stop string is still part of the answer.
         tail = text.finish()
         yield Finished(reason, text.text, tuple(generated), stats.to_dict(), tail=tail)
+
+    def _draft_lag(self, committed: list[int]) -> int:
+        """Tokens the draft model would have to evaluate before drafting."""
+        if self.draft is None:
+            return 0
+        return len(committed) - common_prefix_length(self.draft.model.cached, committed)
 
     def _draft(
         self,
@@ -216,7 +228,7 @@ class SpecDecoder:
             draft = self.draft.propose(committed, plan.k, params, rng, p_min)
         if draft is None:
             return Draft(NGRAM, [], None)
-        return Draft(draft.source, draft.tokens, draft.probs, time.perf_counter() - t0)
+        return Draft(draft.source, draft.tokens, draft.probs, time.perf_counter() - t0, draft.steps)
 
     @staticmethod
     def _verify(

@@ -123,6 +123,7 @@ class NativeRunner:
         threads: int | None = None,
         n_ctx: int = 4096,
         timeout_s: float = 900.0,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.binary = Path(binary)
         self.target = Path(target)
@@ -131,6 +132,7 @@ class NativeRunner:
         self.threads = threads or os.cpu_count() or 1
         self.n_ctx = n_ctx
         self.timeout_s = timeout_s
+        self.extra_args = list(extra_args)  # appended last, so they override the defaults
         self.last_command: list[str] = []
 
     def check(self, modes: Sequence[str]) -> None:
@@ -165,7 +167,7 @@ class NativeRunner:
         cmd += ["--spec-type", SPEC_TYPES[mode]]
         if mode == "native-draft":
             cmd += ["-md", str(self.draft), "-td", threads, "-tbd", threads]
-        return cmd
+        return cmd + self.extra_args
 
     def run(
         self, mode: str, prompt: str, max_tokens: int, temperature: float, seed: int | None

@@ -20,7 +20,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.backend import LlamaModel, LoadOptions
-from localspec.calibrate import CostCache, file_identity, machine_key, measure_costs
+from localspec.calibrate import (
+    CostCache,
+    file_identity,
+    looks_disturbed,
+    machine_key,
+    measure_costs,
+)
 from localspec.chat_template import render_chat
 from localspec.compat import check_vocabularies
 from localspec.controller import CostProfile
@@ -58,8 +64,10 @@ class Session:
         target: LlamaModel,
         draft: LlamaModel | None,
         costs: CostProfile | None,
+        costs_file: Path | None = None,
     ) -> None:
         self.target = target
+        self.costs_file = costs_file
         self.draft = draft
         self.costs = costs
         self.decoder = SpecDecoder(target, draft, costs)
@@ -133,7 +141,19 @@ class Session:
     def plain_tokens_per_s(self) -> float | None:
         return 1.0 / self.costs.plain_s if self.costs else None
 
+    def forget_stale_costs(self) -> None:
+        """Drop the cached calibration when live plain steps ran far from it, so the next
+        session measures again (the live correction already served this one)."""
+        if self.costs_file is None:
+            return
+        for controller in self.decoder.controllers():
+            drift = controller.costs.plain_drift()
+            if drift is not None and not 0.67 < drift < 1.5:
+                self.costs_file.unlink(missing_ok=True)
+                return
+
     def close(self) -> None:
+        self.forget_stale_costs()
         self.target.close()
         if self.draft is not None:
             self.draft.close()
@@ -182,13 +202,13 @@ def open_session(options: ModelOptions, on_progress: Progress | None = None) -> 
                     "pick a draft of the target's model family (localspec models list), "
                     "or run without one: --drafter ngram",
                 )
-        costs = _costs(options, target, draft, target_path, draft_path, on_progress)
+        costs, costs_file = _costs(options, target, draft, target_path, draft_path, on_progress)
     except BaseException:
         target.close()
         if draft is not None:
             draft.close()
         raise
-    return Session(target, draft, costs)
+    return Session(target, draft, costs, costs_file)
 
 
 def _costs(
@@ -198,9 +218,9 @@ def _costs(
     target_path: Path,
     draft_path: Path | None,
     on_progress: Progress | None,
-) -> CostProfile | None:
+) -> tuple[CostProfile | None, Path | None]:
     if not options.calibrate:
-        return None
+        return None, None
     from localspec.paths import cache_root
 
     threads = options.threads or os.cpu_count()
@@ -216,6 +236,14 @@ def _costs(
     costs = None if options.recalibrate else cache.load(key)
     if costs is None:
         _report(on_progress, "measuring this machine's step costs (once per model pair)")
-        costs = measure_costs(target, draft, target.tokenize(CALIBRATION_TEXT, add_special=False))
-        cache.save(key, costs)
-    return costs
+        # A few hundred tokens of context, as in a typical answer: attention cost grows
+        # with it, so a near-empty context would flatter every step.
+        room = max(8, min(320, target.n_ctx - 40))  # leave room for the k+1 verified tokens
+        context = target.tokenize(CALIBRATION_TEXT * 8, add_special=False)[:room]
+        costs = measure_costs(target, draft, context)
+        if looks_disturbed(costs):
+            _report(on_progress, "the machine looked busy while measuring; measuring again")
+            costs = measure_costs(target, draft, context)
+        if not looks_disturbed(costs):  # never keep a measurement spoilt by other work
+            cache.save(key, costs)
+    return costs, cache.path(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from localspec import bench, bench_report
+from localspec import bench, bench_cli, bench_report
 from localspec.bench_cli import bench_command, calibrate_command, format_costs
 from localspec.controller import CostProfile
 from localspec.engine import SpecDecoder
@@ -381,3 +382,20 @@ def test_native_modes_run_a_binary_and_are_summarised_beside_the_engine(tmp_path
         failing.run("native-ngram", "abc", 8, 0.0, None)
     with pytest.raises(UsageError, match="does not offer --spec-type ngram-simple"):
         failing.check(["native-ngram"])
+
+
+def test_chart_without_matplotlib_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(UsageError, match="needs matplotlib"):
+        bench_report.require_matplotlib()
+
+
+def test_ctrl_c_keeps_the_runs_already_recorded(tmp_path):
+    class Interrupted:
+        def run(self, prompts, on_record):
+            on_record(rec("math", "1", "none", 10.0, 5, ids=[1]), 1, 4)
+            raise KeyboardInterrupt
+
+    records, code = bench_cli._run(Interrupted(), [], tmp_path, 4)
+    assert code == 130 and len(records) == 1
+    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 1
