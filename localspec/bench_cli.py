@@ -21,6 +21,14 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from localspec.cli_options import (
+    CtxOpt,
+    DraftOpt,
+    GpuLayersOpt,
+    TargetOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+)
 from localspec.errors import LocalspecError, UsageError
 
 EXIT_CANCELLED = 130
@@ -89,7 +97,7 @@ def bench_command(
         typer.Option(help="comma-separated: none, ngram, model, auto, native-draft, native-ngram"),
     ] = "none,ngram,model,auto",
     max_tokens: Annotated[int, typer.Option(help="new tokens per run at most")] = 200,
-    temperature: Annotated[float, typer.Option(help="0 is greedy")] = 0.0,
+    temperature: TemperatureOpt = 0.0,
     seed: Annotated[int | None, typer.Option(help="sampling seed (prompt i uses seed+i)")] = None,
     raw: Annotated[bool, typer.Option(help="send prompts without the chat template")] = False,
     native_bin: Annotated[
@@ -105,14 +113,10 @@ def bench_command(
     ] = None,
     chart: Annotated[bool, typer.Option(help="draw speedup.png (needs matplotlib)")] = True,
     warmup: Annotated[bool, typer.Option(help="one short unrecorded run per mode first")] = True,
-    target: Annotated[
-        str | None, typer.Option(help="target: path, catalog name or repo:file")
-    ] = None,
-    draft: Annotated[
-        str | None, typer.Option(help="draft: path, catalog name or repo:file")
-    ] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")] = None,
-    ctx: Annotated[int, typer.Option(help="context size in tokens")] = 4096,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    threads: ThreadsOpt = None,
+    ctx: CtxOpt = 4096,
 ) -> None:
     """Measure plain and speculative decoding by prompt category, side by side."""
     from localspec.cli import fail
@@ -278,15 +282,11 @@ def _meta(session: Any, config: Any, kw: dict, native: Any, n_prompts: int) -> d
 
 
 def calibrate_command(
-    target: Annotated[
-        str | None, typer.Option(help="target: path, catalog name or repo:file")
-    ] = None,
-    draft: Annotated[
-        str | None, typer.Option(help="draft: path, catalog name or repo:file")
-    ] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")] = None,
-    ctx: Annotated[int, typer.Option(help="context size in tokens")] = 4096,
-    gpu_layers: Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")] = 0,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    threads: ThreadsOpt = None,
+    ctx: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = 0,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
 ) -> None:
     """Measure this machine's step costs for the pair again (the auto drafter uses them)."""

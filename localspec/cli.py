@@ -21,6 +21,20 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from localspec.cli_options import (
+    CtxOpt,
+    DrafterOpt,
+    DraftMaxOpt,
+    DraftOpt,
+    GpuLayersOpt,
+    MinPOpt,
+    SeedOpt,
+    TargetOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+)
 from localspec.errors import InputError, LocalspecError, UsageError
 from localspec.events import Finished, TokenEmitted, Warning
 from localspec.params import GenerationParams
@@ -120,6 +134,13 @@ def human_stats(stats: dict[str, Any], reason: str) -> str:
     return "\n".join(lines)
 
 
+def parse_generation(drafter: str, sampling: dict[str, Any], models: dict[str, Any]):
+    """Validate the options every generating command shares -> (params, model options)."""
+    if drafter not in ("auto", "model", "ngram", "none"):
+        raise UsageError(f"invalid --drafter {drafter!r}", "use auto, model, ngram or none")
+    return build_params(drafter=drafter, **sampling), model_options(drafter, **models)
+
+
 def build_params(**kwargs: Any) -> GenerationParams:
     try:
         return GenerationParams(**{k: v for k, v in kwargs.items() if v is not None})
@@ -136,39 +157,6 @@ def model_options(drafter: str, **kwargs: Any):  # -> ModelOptions
         )
     except ValidationError as err:
         raise usage_from(err) from None
-
-
-def warn_memory(options: Any) -> None:
-    """Resolve the pair (downloading if needed) and warn when it may not fit in memory."""
-    from localspec.resources import estimate_memory
-    from localspec.session import resolve_pair
-
-    target, draft = resolve_pair(options)
-    needed, available = estimate_memory(target, draft, options.n_ctx)
-    if available is not None and needed > available:
-        gib = 1024**3
-        typer.echo(
-            f"warning: the models and their KV caches need about {needed / gib:.1f} GiB, "
-            f"but only {available / gib:.1f} GiB of memory is available",
-            err=True,
-        )
-
-
-DrafterOpt = Annotated[
-    str, typer.Option(help="auto (cost model), model, ngram, or none (plain decoding)")
-]
-# Options shared by complete, chat and bench.
-TemperatureOpt = Annotated[float, typer.Option(help="0 is greedy")]
-TopKOpt = Annotated[int, typer.Option(help="sampling: keep the k most likely (0: off)")]
-TopPOpt = Annotated[float, typer.Option(help="sampling: nucleus mass (1: off)")]
-MinPOpt = Annotated[float, typer.Option(help="sampling: drop below min-p x top (0: off)")]
-SeedOpt = Annotated[int | None, typer.Option(help="sampling seed")]
-DraftMaxOpt = Annotated[int, typer.Option(help="longest draft per round")]
-TargetOpt = Annotated[str | None, typer.Option(help="target: path, catalog name or repo:file")]
-DraftOpt = Annotated[str | None, typer.Option(help="draft: path, catalog name or repo:file")]
-ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")]
-CtxOpt = Annotated[int, typer.Option(help="context size in tokens")]
-GpuLayersOpt = Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")]
 
 
 @app.command()
@@ -197,28 +185,20 @@ def complete(
 ) -> None:
     """Generate a completion of FILE (or stdin): the target's own output, faster."""
     try:
-        if drafter not in ("auto", "model", "ngram", "none"):
-            raise UsageError(f"invalid --drafter {drafter!r}", "use auto, model, ngram or none")
-        params = build_params(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            drafter=drafter,
-            draft_max=draft_max,
-        )
-        options = model_options(
+        params, options = parse_generation(
             drafter,
-            target=target,
-            draft=draft,
-            threads=threads,
-            n_ctx=ctx,
-            n_gpu_layers=gpu_layers,
+            dict(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                min_p=min_p,
+                seed=seed,
+                draft_max=draft_max,
+            ),
+            dict(target=target, draft=draft, threads=threads, n_ctx=ctx, n_gpu_layers=gpu_layers),
         )
         prompt = read_prompt(file)
-        warn_memory(options)
         code = run_complete(prompt, params, options, raw=raw, json_out=json_out, stats=stats)
     except LocalspecError as err:
         raise fail(err) from None
@@ -228,12 +208,18 @@ def complete(
     raise typer.Exit(code)
 
 
+def print_warnings(progress_line: str) -> None:
+    """Keep stderr quiet during loading except for warnings (e.g. not enough memory)."""
+    if progress_line.startswith("warning: "):
+        typer.echo(progress_line, err=True)
+
+
 def run_complete(
     prompt: str, params: GenerationParams, options: Any, *, raw: bool, json_out: bool, stats: bool
 ) -> int:
     from localspec.session import open_session
 
-    session = open_session(options, on_progress=lambda m: None)
+    session = open_session(options, on_progress=print_warnings)
     out = sys.stdout
     finished: Finished | None = None
     from localspec.stats import GenerationStats
@@ -292,29 +278,29 @@ def chat(
 ) -> None:
     """Chat in the terminal, with live acceptance stats and tokens coloured by origin."""
     try:
-        if drafter not in ("auto", "model", "ngram", "none"):
-            raise UsageError(f"invalid --drafter {drafter!r}", "use auto, model, ngram or none")
-        params = build_params(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            drafter=drafter,
-            draft_max=draft_max,
-        )
         # The speedup estimate needs this machine's plain step time, so always calibrate;
         # download bars would garble the screen, so the app shows its own progress lines.
-        options = model_options(
+        params, options = parse_generation(
             drafter,
-            target=target,
-            draft=draft,
-            threads=threads,
-            n_ctx=ctx,
-            n_gpu_layers=gpu_layers,
-            show_download_progress=False,
-        ).model_copy(update={"calibrate": True})
+            dict(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                min_p=min_p,
+                seed=seed,
+                draft_max=draft_max,
+            ),
+            dict(
+                target=target,
+                draft=draft,
+                threads=threads,
+                n_ctx=ctx,
+                n_gpu_layers=gpu_layers,
+                show_download_progress=False,
+            ),
+        )
+        options = options.model_copy(update={"calibrate": True})
     except LocalspecError as err:
         raise fail(err) from None
     from localspec.session import open_session

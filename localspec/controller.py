@@ -180,6 +180,11 @@ class AcceptanceEstimate:
             out.append(total)
         return out
 
+    def shrink(self, keep: float) -> None:
+        """Keep only a share of the evidence, so new data outweighs old sooner."""
+        self.hits = [h * keep for h in self.hits]
+        self.tries = [t * keep for t in self.tries]
+
     def observe(self, drafted: int, accepted: int) -> None:
         while len(self.tries) < drafted:
             self.hits.append(0.0)
@@ -295,6 +300,14 @@ class Controller:
         c = self.costs
         marginal = (c.draft_step_s or 0.0) + max(c.verify(2) - c.verify(1), 0.0)
         return min(0.95, max(0.05, marginal / (marginal + c.plain_s)))
+
+    def new_generation(self, keep: float = 0.1) -> None:
+        """A new prompt may be a different kind of text (code vs prose), whose acceptance
+        differs a lot: keep what was learned, but let the new prompt's rounds outweigh it
+        within a few rounds. Costs are properties of the machine and are kept whole."""
+        self.model.shrink(keep)
+        for est in self.ngram.values():
+            est.shrink(keep)
 
     def observe_timing(
         self, k: int, verify_s: float, model_steps: int = 0, draft_s: float = 0.0

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -41,6 +42,17 @@ from localspec.sampling import warp
 from localspec.stats import GenerationStats
 from localspec.text import TextAssembler
 from localspec.verify import Verdict, verify_greedy, verify_sampled
+
+
+@dataclass
+class _Run:
+    """The state of one generation that rounds extend."""
+
+    committed: list[int]  # prompt + generated
+    generated: list[int]
+    text: TextAssembler
+    params: GenerationParams
+    emit: Callable[[Event], Event]
 
 
 class TargetModel(Protocol):
@@ -127,11 +139,11 @@ class SpecDecoder:
 
         rng = np.random.default_rng(params.seed)
         controller = self.controller_for(params)
+        controller.new_generation()
         ngram = NgramDrafter(params.ngram_min, params.ngram_max)
         ngram.begin(prompt)
-        text = TextAssembler(params.stop)
-        committed = prompt
-        generated: list[int] = []
+        run = _Run(prompt, [], TextAssembler(params.stop), params, emit)
+        committed, generated, text = run.committed, run.generated, run.text
         reason: FinishReason | None = None
         round_index = 0
         streak = False  # the last round was an n-gram draft accepted whole
@@ -155,29 +167,11 @@ class SpecDecoder:
             )
             draft = self._draft(plan, committed, params, rng, ngram, match)
             t_verify = time.perf_counter()
-            rows = self.target.forward(committed + draft.tokens, len(draft.tokens) + 1)
-            verdict = self._verify(rows, draft, params, rng)
-            # Keep [last, accepted drafts] in the cache: committed[:-1] of the next round.
-            self.target.truncate(len(committed) + verdict.accepted)
+            verdict = self._verify_round(committed, draft, params, rng)
             t_done = time.perf_counter()
 
-            emitted = 0
-            for i, tok in enumerate(verdict.tokens(draft.tokens)):
-                if self.target.is_eog(tok):
-                    reason = FinishReason.EOS
-                    break
-                origin = Origin(draft.source) if i < verdict.accepted else Origin.TARGET
-                piece = text.push(self.target.token_bytes(tok))
-                committed.append(tok)
-                generated.append(tok)
-                emitted += 1
-                yield emit(TokenEmitted(tok, piece, origin, len(generated) - 1))
-                if text.stopped:
-                    reason = FinishReason.STOP
-                elif len(generated) >= params.max_tokens:
-                    reason = FinishReason.LENGTH
-                if reason is not None:
-                    break
+            outcome = yield from self._emit_round(verdict, draft, run)
+            emitted, paused, reason = outcome
             ngram.extend(committed)
             drafter = draft.source if draft.tokens else None
             controller.observe_timing(
@@ -193,7 +187,7 @@ class SpecDecoder:
                     drafted=len(draft.tokens),
                     accepted=verdict.accepted,
                     emitted=emitted,
-                    seconds=time.perf_counter() - t_round,
+                    seconds=time.perf_counter() - t_round - paused,
                     draft_seconds=t_verify - t_round,
                     verify_seconds=t_done - t_verify,
                     reason=plan.reason,
@@ -203,6 +197,28 @@ class SpecDecoder:
         # Held-back text that never became a stop string is still part of the answer.
         tail = text.finish()
         yield Finished(reason, text.text, tuple(generated), stats.to_dict(), tail=tail)
+
+    def _emit_round(
+        self, verdict: Verdict, draft: Draft, run: _Run
+    ) -> Generator[Event, None, tuple[int, float, FinishReason | None]]:
+        """Emit the round's tokens; return (emitted, seconds the consumer held us, reason)."""
+        emitted, paused = 0, 0.0
+        for i, tok in enumerate(verdict.tokens(draft.tokens)):
+            if self.target.is_eog(tok):
+                return emitted, paused, FinishReason.EOS
+            origin = Origin(draft.source) if i < verdict.accepted else Origin.TARGET
+            piece = run.text.push(self.target.token_bytes(tok))
+            run.committed.append(tok)
+            run.generated.append(tok)
+            emitted += 1
+            t_yield = time.perf_counter()
+            yield run.emit(TokenEmitted(tok, piece, origin, len(run.generated) - 1))
+            paused += time.perf_counter() - t_yield  # the consumer's time is not ours
+            if run.text.stopped:
+                return emitted, paused, FinishReason.STOP
+            if len(run.generated) >= run.params.max_tokens:
+                return emitted, paused, FinishReason.LENGTH
+        return emitted, paused, None
 
     def _draft_lag(self, committed: list[int]) -> int:
         """Tokens the draft model would have to evaluate before drafting."""
@@ -229,6 +245,20 @@ class SpecDecoder:
         if draft is None:
             return Draft(NGRAM, [], None)
         return Draft(draft.source, draft.tokens, draft.probs, time.perf_counter() - t0, draft.steps)
+
+    def _verify_round(
+        self,
+        committed: list[int],
+        draft: Draft,
+        params: GenerationParams,
+        rng: np.random.Generator,
+    ) -> Verdict:
+        """Evaluate ``[last, drafts]`` in one target batch, verify, and roll the target's
+        cache back so that it holds ``committed[:-1]`` of the next round."""
+        rows = self.target.forward(committed + draft.tokens, len(draft.tokens) + 1)
+        verdict = self._verify(rows, draft, params, rng)
+        self.target.truncate(len(committed) + verdict.accepted)
+        return verdict
 
     @staticmethod
     def _verify(

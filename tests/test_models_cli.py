@@ -17,17 +17,7 @@ from tests.tiny_gguf import write_tiny_llama
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-
-    def no_pip(package, version, directory):
-        raise AssertionError("pip was called")
-
-    monkeypatch.setattr(fetch, "_pip_download", no_pip)
+pytestmark = pytest.mark.usefixtures("no_pip")
 
 
 @pytest.fixture

@@ -153,3 +153,42 @@ def test_cost_interpolation_between_measured_sizes():
     assert CPU.verify(2) == pytest.approx((0.082 + 0.104) / 2)
     assert CPU.verify(4) == 0.116
     assert CostProfile.from_dict(CPU.to_dict()) == CPU
+
+
+def test_draft_catch_up_cost_keeps_a_lagging_draft_model_idle():
+    costs = CostProfile(plain_s=0.06, verify_s={4: 0.12}, draft_step_s=0.005, draft_prefill_s=0.004)
+    c = Controller(costs, allow=(MODEL,))
+    for _ in range(20):
+        c.observe(MODEL, None, 4, 4)
+    assert c.plan(ngram_n=None, ngram_available=0, remaining=50).drafter == MODEL
+    lagging = c.plan(ngram_n=None, ngram_available=0, remaining=50, model_catch_up=400)
+    assert lagging.drafter is None  # 1.6 s of catching up does not pay for one round
+
+
+def test_live_costs_follow_what_rounds_take():
+    c = Controller(CPU)
+    for _ in range(10):
+        c.observe_timing(0, 0.072)  # plain steps now take twice the calibrated time
+        c.observe_timing(4, 0.232)
+    assert c.costs.plain_s == pytest.approx(0.072)
+    assert c.costs.verify(4) == pytest.approx(0.232)
+    assert c.costs.verify(8) == pytest.approx(CPU.verify(8) * 2, rel=0.01)  # unseen: scaled
+    assert c.costs.plain_drift() is None or c.costs.plain_drift() == pytest.approx(2.0)
+
+
+def test_calibration_disturbed_by_other_work_is_recognised():
+    from localspec.calibrate import looks_disturbed
+
+    assert not looks_disturbed(CPU)
+    assert looks_disturbed(CostProfile(plain_s=2.8, verify_s={1: 2.8, 4: 0.42}))
+
+
+def test_a_new_generation_relearns_acceptance_quickly():
+    c = Controller(CPU, allow=(NGRAM,))
+    for _ in range(200):  # a long stretch of code being copied: n-gram drafts always accepted
+        c.observe(NGRAM, 3, 8, 8)
+    assert c.plan(ngram_n=3, ngram_available=16, remaining=100).drafter == NGRAM
+    c.new_generation()
+    for _ in range(6):  # prose: the same matches now fail at once
+        c.observe(NGRAM, 3, 4, 0)
+    assert c.plan(ngram_n=3, ngram_available=16, remaining=100).drafter is None

@@ -537,3 +537,20 @@ async def test_real_incompatible_pair_shows_the_error_in_the_app(tiny_pair) -> N
         assert "cannot draft for target" in message and "--drafter ngram" in hint
         shown = str(app.query_one(".notice.error", Notice).render())
         assert "cannot draft for target" in shown and "Traceback" not in shown
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_real_default_pair_answers_one_short_turn(real_pair_home) -> None:  # type: ignore[no-untyped-def]
+    _, target, draft = real_pair_home
+    app = ChatApp(real_factory(target, draft), GenerationParams(max_tokens=24))  # type: ignore[arg-type]
+    async with app.run_test(size=(140, 45)) as pilot:
+        await wait_for(pilot, lambda: app.session is not None or app.load_error is not None, 180)
+        assert app.session is not None, app.load_error
+        await send(pilot, "Write a one-line Python expression that sums the squares of 1..10.")
+        await wait_for(pilot, lambda: not app.generating, timeout=180)
+        turn = app.conversation.turns[0]
+        assert turn.finish in ("eos", "length") and turn.stats["generated_tokens"] > 0
+        assert app.query_one(AssistantMessage).text == turn.answer
+        origins = turn.stats["tokens_by_origin"]
+        assert sum(origins.values()) == turn.stats["generated_tokens"]
