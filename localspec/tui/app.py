@@ -58,6 +58,7 @@ from localspec.tui.worker import (
     run_generation,
 )
 
+STATS_INTERVAL_S = 0.25  # stats panel redraws at most this often during an answer
 CLOSE_TIMEOUT_S = 30.0  # how long quitting waits for a stopped answer to release the session
 
 
@@ -97,6 +98,7 @@ class ChatApp(App[int]):
         self.colour = True
         self.generating = False
         self.plain_tokens_per_s: float | None = None
+        self._stats_due = False  # a stats redraw is scheduled
         self._gen = 0
         self._cancel = threading.Event()
         self._session_lock = threading.Lock()
@@ -137,6 +139,7 @@ class ChatApp(App[int]):
         self._set_status("Enter sends · Shift+Enter or Ctrl+J new line · F1 help")
 
     def _refresh_stats(self) -> None:
+        self._stats_due = False
         n_ctx = self.session.n_ctx if self.session else 0
         self.query_one(StatsPanel).show(self.live, self.plain_tokens_per_s, n_ctx, self.colour)
 
@@ -240,7 +243,13 @@ class ChatApp(App[int]):
             self._answer.finalize(event.text)
             if event.reason.value == "cancelled":
                 self.notify("Stopped; the partial answer is kept.")
-        self._refresh_stats()
+            self._refresh_stats()
+            return
+        # Rounds come 15-30 times a second; redrawing the panel for each would take CPU
+        # time from decoding, so rounds schedule one redraw per interval.
+        if not self._stats_due:
+            self._stats_due = True
+            self.set_timer(STATS_INTERVAL_S, self._refresh_stats)
 
     def on_turns_dropped(self, message: TurnsDropped) -> None:
         if message.gen != self._gen:

@@ -21,7 +21,9 @@ from localspec.tui.conversation import Turn, answer_note
 from localspec.tui.stats_panel import ORIGIN_STYLES
 
 _PERCENT = re.compile(r"\s\d+(?:\.\d+)?%")
-REDRAW_INTERVAL_S = 1 / 30
+# The UI shares the CPU with llama.cpp's threads: every redraw is time taken from decoding,
+# so the answer is redrawn a few times a second rather than at the terminal's frame rate.
+REDRAW_INTERVAL_S = 1 / 8
 NEWLINE_KEYS = frozenset({"shift+enter", "ctrl+j", "newline"})
 
 
