@@ -209,8 +209,9 @@ def complete(
 
 
 def print_warnings(progress_line: str) -> None:
-    """Keep stderr quiet during loading except for warnings (e.g. not enough memory)."""
-    if progress_line.startswith("warning: "):
+    """Keep stderr quiet during loading except for warnings (e.g. not enough memory) and
+    the one-time measurement of this machine, which is a noticeable wait."""
+    if progress_line.startswith(("warning: ", "measuring ", "the machine looked busy")):
         typer.echo(progress_line, err=True)
 
 

@@ -233,7 +233,7 @@ class Controller:
         self._idle = {MODEL: 0, NGRAM: 0}
 
     def _ngram_estimate(self, n: int, streak: bool = False) -> AcceptanceEstimate:
-        prior = 0.85 if streak else min(0.9, 0.35 + 0.12 * n)
+        prior = 0.8 if streak else min(0.85, 0.25 + 0.1 * n)
         return self.ngram.setdefault((min(n, 6), streak), AcceptanceEstimate(prior=prior))
 
     def plan(
