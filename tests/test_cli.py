@@ -38,7 +38,11 @@ def assert_clean_error(proc, *needles):
     err = proc.stderr.decode()
     assert proc.returncode != 0
     assert "Traceback" not in err
-    assert err.startswith("error: ")
+    # Progress lines (e.g. the one-time machine measurement) may come first; the failure
+    # itself is one "error:" line, followed at most by a "hint:" line.
+    lines = err.strip().splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    assert len(errors) == 1 and all(x.startswith("hint: ") for x in lines[errors[0] + 1 :])
     for needle in needles:
         assert needle in err, err
 

@@ -141,7 +141,9 @@ class ChatApp(App[int]):
     def _refresh_stats(self) -> None:
         self._stats_due = False
         n_ctx = self.session.n_ctx if self.session else 0
-        self.query_one(StatsPanel).show(self.live, self.plain_tokens_per_s, n_ctx, self.colour)
+        # A redraw scheduled during an answer may fire while the app is closing.
+        for panel in self.query(StatsPanel):
+            panel.show(self.live, self.plain_tokens_per_s, n_ctx, self.colour)
 
     def _notice(self, text: str | Text, kind: str = "info") -> None:
         self.query_one(Transcript).mount(Notice(text, kind))
