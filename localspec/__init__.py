@@ -1,8 +1,12 @@
 """localspec: local speculative decoding over GGUF models with llama-cpp-python.
 
-The package is split into a pure core (events, sampling, verify, stats, drafters,
-controller, engine) that never touches a terminal, and front ends (cli, tui, bench)
-that consume the engine's event stream.
+Layers, each importing only from the ones before it (``tests/test_layers.py`` enforces it):
+
+- ``errors``: typed errors with hints, usable everywhere;
+- ``core``: events, params, sampling, verify, text, stats, drafters, controller, engine;
+- ``backend`` (llama.cpp) and ``models`` (catalog, fetching, files), side by side;
+- ``session``: a loaded pair, its chat template and cost calibration;
+- front ends: ``bench``, ``tui``, then ``cli`` (which mounts them all).
 """
 
 __version__ = "0.1.0"

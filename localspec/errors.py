@@ -6,6 +6,8 @@ Every error carries a one-line ``hint`` that says what to do next, so a front en
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LocalspecError(Exception):
     """Base class: ``str(err)`` is the message, ``err.hint`` the next step (may be empty)."""
@@ -60,3 +62,28 @@ class ContextOverflowError(LocalspecError):
 
 class BackendError(LocalspecError):
     """llama.cpp refused an operation (decode failure, out of memory for the KV cache)."""
+
+
+# Exit codes every front end uses.
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70  # an unexpected exception: a bug
+EXIT_CANCELLED = 130  # Ctrl-C, as a shell reports SIGINT
+
+BUG_HINT = "this is a bug in localspec; LOCALSPEC_DEBUG=1 shows the traceback"
+
+
+def describe(error: BaseException) -> tuple[str, str, int]:
+    """``(message, hint, exit code)`` for any exception: a typed error keeps its own; any
+    other exception is a bug, named by its type so that no front end shows a traceback."""
+    if isinstance(error, LocalspecError):
+        return error.message, error.hint, error.exit_code
+    text = str(error).strip()
+    message = f"internal error: {type(error).__name__}" + (f": {text}" if text else "")
+    return message, BUG_HINT, EXIT_INTERNAL
+
+
+def validation_problem(error: Any) -> tuple[str, str]:
+    """The first problem of a pydantic ``ValidationError``: ``(dotted location, message)``."""
+    first = error.errors()[0]
+    return ".".join(str(x) for x in first["loc"]), first["msg"]

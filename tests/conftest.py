@@ -26,7 +26,7 @@ def isolated_home(tmp_path, monkeypatch):
 @pytest.fixture
 def no_hub(monkeypatch):
     """Fail any test that would reach the Hugging Face Hub."""
-    from localspec import fetch
+    from localspec.models import fetch
 
     def refuse(**kwargs):
         raise AssertionError("the Hub was called")
@@ -37,7 +37,7 @@ def no_hub(monkeypatch):
 @pytest.fixture
 def no_pip(monkeypatch):
     """Fail any test that would download from the package index."""
-    from localspec import fetch
+    from localspec.models import fetch
 
     def refuse(package, version, directory):
         raise AssertionError("pip was called")
@@ -60,7 +60,7 @@ def tiny_pair(tmp_path_factory):
 @pytest.fixture(scope="session")
 def real_pair_home():
     """LOCALSPEC_HOME holding the real default pair (downloaded once per test cache)."""
-    from localspec.catalog import resolve_model
+    from localspec.models.catalog import resolve_model
 
     old = os.environ.get("LOCALSPEC_HOME")
     os.environ["LOCALSPEC_HOME"] = str(TEST_MODEL_HOME)

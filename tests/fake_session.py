@@ -1,4 +1,4 @@
-"""A scripted stand-in for ``localspec.session.Session``, for front-end tests.
+"""A scripted stand-in for ``localspec.session.session.Session``, for front-end tests.
 
 ``FakeSession`` plays a queue of ``ScriptedAnswer``s, one per ``chat`` call, as the engine's
 event stream: ``PrefillDone``, then per round its ``TokenEmitted`` and ``RoundCompleted``
@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from localspec.errors import ContextOverflowError
-from localspec.events import (
+from localspec.core.events import (
+    EngineWarning,
     Event,
     Finished,
     FinishReason,
@@ -29,9 +29,9 @@ from localspec.events import (
     RoundCompleted,
     TokenEmitted,
 )
-from localspec.events import Warning as EngineWarning
-from localspec.params import GenerationParams
-from localspec.stats import GenerationStats
+from localspec.core.params import GenerationParams
+from localspec.core.stats import GenerationStats
+from localspec.errors import ContextOverflowError
 
 HOLD_TIMEOUT_S = 10.0  # a held answer gives up waiting, so a broken test cannot hang
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.cached_model import CachedModel
+from localspec.core.cached_model import CachedModel
 
 
 class FakeModel(CachedModel):

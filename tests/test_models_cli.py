@@ -10,8 +10,8 @@ import gguf
 import pytest
 from typer.testing import CliRunner
 
-from localspec import catalog, fetch, paths
-from localspec.models_cli import models_app
+from localspec.cli.models import models_app
+from localspec.models import catalog, fetch, paths
 from tests.tiny_gguf import write_tiny_llama
 
 runner = CliRunner()
@@ -103,7 +103,7 @@ def test_rm_asks_unless_yes(tiny):
 
 
 def _fake_compat(monkeypatch, compatible: bool):
-    module = types.ModuleType("localspec.compat")
+    module = types.ModuleType("localspec.backend.compat")
 
     def check_pair(target_path, draft_path):
         assert Path(target_path).is_file() and Path(draft_path).is_file()
@@ -111,7 +111,7 @@ def _fake_compat(monkeypatch, compatible: bool):
         return types.SimpleNamespace(compatible=compatible, reasons=reasons)
 
     module.check_pair = check_pair
-    monkeypatch.setitem(sys.modules, "localspec.compat", module)
+    monkeypatch.setitem(sys.modules, "localspec.backend.compat", module)
 
 
 @pytest.mark.parametrize("compatible", [True, False])

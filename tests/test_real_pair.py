@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.engine import run_to_completion
-from localspec.params import GenerationParams
+from localspec.core.engine import run_to_completion
+from localspec.core.params import GenerationParams
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ NEAR_TIE = 1.0  # logits; batch-size differences measured here reach about 0.5
 
 @pytest.fixture(scope="module")
 def session(real_pair_home):
-    from localspec.session import ModelOptions, open_session
+    from localspec.session.session import ModelOptions, open_session
 
     _, target, draft = real_pair_home
     s = open_session(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.params import GenerationParams
-from localspec.sampling import sample, top_probability, warp
+from localspec.core.params import GenerationParams
+from localspec.core.sampling import sample, top_probability, warp
 
 LOGITS = np.log(np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04]))
 

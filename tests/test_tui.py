@@ -15,9 +15,9 @@ import pytest
 from rich.console import Console
 from textual.pilot import Pilot
 
+from localspec.core.events import FinishReason, Origin
+from localspec.core.params import GenerationParams
 from localspec.errors import BackendError, ModelNotFoundError
-from localspec.events import FinishReason, Origin
-from localspec.params import GenerationParams
 from localspec.tui.app import ChatApp
 from localspec.tui.conversation import Conversation, Turn, turns_to_drop
 from localspec.tui.screens import HelpScreen, OverflowScreen
@@ -318,7 +318,10 @@ async def test_unexpected_error_mid_answer_keeps_partial_and_shows_no_traceback(
         await ready(pilot)
         await send(pilot, "hello")
         message, title, severity = seen[-1]
-        assert (title, severity) == ("RuntimeError: boom", "error") and "bug" in message
+        assert (title, severity) == (
+            "internal error: RuntimeError: boom",
+            "error",
+        ) and "bug" in message
         turn = app.conversation.turns[0]
         assert (turn.answer, turn.finish) == ("def add(a,", "error")
         assert app.is_running
@@ -498,7 +501,7 @@ def test_snapshot_after_one_answer(snap_compare) -> None:  # type: ignore[no-unt
 
 
 def real_factory(target: Path, draft: Path) -> Callable[[Callable[[str], None]], object]:
-    from localspec.session import ModelOptions, open_session
+    from localspec.session.session import ModelOptions, open_session
 
     options = ModelOptions(target=str(target), draft=str(draft), n_ctx=256, calibrate=False)
     return lambda on_progress: open_session(options, on_progress)
@@ -523,7 +526,8 @@ async def test_real_session_answers_and_counts(tiny_pair) -> None:  # type: igno
         await wait_for(pilot, lambda: not app.generating, timeout=60)
         assert app.conversation.turns[1].done
         session = app.session
-    assert session is not None and app.session is None  # closed on quit
+    assert session is not None and app.session is None
+    assert session.closed and session.target._ctx is None  # its models were freed on quit
 
 
 @pytest.mark.asyncio

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.verify import Verdict, verify_greedy, verify_sampled
+from localspec.core.verify import Verdict, verify_greedy, verify_sampled
 
 
 def rows_choosing(*choices: int, n_vocab: int = 8) -> np.ndarray:

@@ -27,9 +27,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Static
 
-from localspec.events import Finished, TokenEmitted
-from localspec.events import Warning as EngineWarning
-from localspec.params import GenerationParams
+from localspec.core.events import EngineWarning, Finished, TokenEmitted
+from localspec.core.params import GenerationParams
 from localspec.tui.conversation import Conversation, Turn, describe_params, save_markdown
 from localspec.tui.screens import HelpScreen, OverflowScreen
 from localspec.tui.stats_panel import LiveStats, StatsPanel

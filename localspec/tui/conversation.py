@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from localspec.params import GenerationParams
+from localspec.core.params import GenerationParams
 
 Message = dict[str, str]
 

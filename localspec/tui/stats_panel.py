@@ -17,8 +17,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from localspec.events import Origin, PrefillDone, RoundCompleted, TokenEmitted
-from localspec.stats import PLAIN, GenerationStats
+from localspec.core.events import Origin, PrefillDone, RoundCompleted, TokenEmitted
+from localspec.core.stats import PLAIN, GenerationStats
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 SPARK_ROUNDS = 32  # drafting rounds shown in the sparkline

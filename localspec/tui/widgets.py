@@ -16,7 +16,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import LoadingIndicator, Static, TextArea
 
-from localspec.events import Origin
+from localspec.core.events import Origin
 from localspec.tui.conversation import Turn, answer_note
 from localspec.tui.stats_panel import ORIGIN_STYLES
 

@@ -7,8 +7,8 @@ ends with ``GenerationEnded``. Neither touches a widget: they only call ``post``
 ``App.post_message`` (thread-safe). Every message of a generation carries its number, so the
 UI can ignore a stopped generation's late events after a new conversation started.
 
-Errors become messages here: a ``LocalspecError`` keeps its message and hint; anything else
-is reported with its type, so the UI never shows a traceback.
+Errors become messages here, worded by ``localspec.errors.describe`` as in the CLI, so the UI
+never shows a traceback.
 """
 
 from __future__ import annotations
@@ -20,19 +20,17 @@ from typing import Any, Protocol
 
 from textual.message import Message
 
-from localspec.errors import ContextOverflowError, LocalspecError
-from localspec.events import Event, Finished, RoundCompleted
-from localspec.params import GenerationParams
+from localspec.core.events import Event, Finished, RoundCompleted
+from localspec.core.params import GenerationParams
+from localspec.errors import ContextOverflowError, describe
 from localspec.tui.conversation import Turn, build_messages, turns_to_drop
 
 # Room an answer needs at least: a prompt that leaves less is reported as an overflow.
 MIN_ANSWER_ROOM = 128
 
-BUG_HINT = "This is a bug in localspec; please report it with the steps that led to it."
-
 
 class ChatSession(Protocol):
-    """The part of ``localspec.session.Session`` the TUI uses."""
+    """The part of ``localspec.session.session.Session`` the TUI uses."""
 
     target_label: str
     draft_label: str | None
@@ -115,9 +113,9 @@ class GenerationEnded(Message):
 
 
 def describe_error(error: BaseException) -> tuple[str, str]:
-    if isinstance(error, LocalspecError):
-        return error.message, error.hint
-    return f"{type(error).__name__}: {error}", BUG_HINT
+    """Message and hint, as every front end words them (``localspec.errors.describe``)."""
+    message, hint, _ = describe(error)
+    return message, hint
 
 
 def load_session(factory: SessionFactory, post: Post, closing: threading.Event) -> None:

@@ -1,0 +1,247 @@
+"""The one module that imports llama_cpp: load a GGUF model and drive it token by token.
+
+``LlamaModel`` is a ``CachedModel``: ``forward`` evaluates a batch on sequence 0 and returns
+logits only for the positions asked for (prefill asks for none), and rolls the KV cache
+back with ``llama_memory_seq_rm``. It also tokenizes, turns tokens into bytes, reads GGUF
+metadata (chat template) and describes its vocabulary for the compatibility check.
+
+llama.cpp's own log lines are captured, not printed; the last ones explain a failed load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from localspec.core.cached_model import CachedModel
+from localspec.errors import BackendError, ModelFileError
+
+_LOG_TAIL: deque[str] = deque(maxlen=40)
+_VERBOSE = os.environ.get("LOCALSPEC_LLAMA_LOG") == "1"
+
+
+@llama_cpp.llama_log_callback
+def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _LOG_TAIL.append(line)
+    if _VERBOSE:
+        os.write(2, text)
+
+
+llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+def recent_llama_log(lines: int = 6) -> str:
+    tail = [s.strip() for s in list(_LOG_TAIL)[-lines:] if s.strip()]
+    return " | ".join(tail)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 4096
+    n_threads: int | None = None  # None: all cores
+    n_threads_batch: int | None = None
+    n_gpu_layers: int = 0
+    n_batch: int = 512
+    n_ubatch: int = 512
+    flash_attn: bool = True
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    vocab_type: int
+    n_tokens: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+
+
+class LlamaModel(CachedModel):
+    def __init__(
+        self, path: Path, options: LoadOptions = LoadOptions(), *, vocab_only: bool = False
+    ) -> None:
+        """Load weights and create a context; ``vocab_only`` loads just the tokenizer."""
+        super().__init__()
+        self.compute_seconds = 0.0  # time inside llama_decode and the logits copy (bench)
+        self.path = Path(path)
+        if not self.path.is_file():  # the models layer checks the header before a load
+            raise ModelFileError(f"model file not found: {self.path}", "check the path")
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = options.n_gpu_layers
+        mparams.vocab_only = vocab_only
+        _LOG_TAIL.clear()
+        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            raise ModelFileError(
+                f"llama.cpp could not load {self.path}: {recent_llama_log() or 'no reason given'}",
+                "the file may be truncated or corrupt; download it again",
+            )
+        self._model = model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        if vocab_only:
+            self.n_ctx = 0
+            return
+        threads = options.n_threads or os.cpu_count() or 1
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = options.n_ctx
+        cparams.n_batch = min(options.n_batch, options.n_ctx)
+        cparams.n_ubatch = min(options.n_ubatch, cparams.n_batch)
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = options.n_threads_batch or threads
+        cparams.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if options.flash_attn
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            self.close()
+            raise BackendError(
+                f"llama.cpp could not create a context of {options.n_ctx} tokens for "
+                f"{self.path.name}: {recent_llama_log() or 'no reason given'}",
+                "try a smaller --ctx",
+            )
+        self._ctx = ctx
+        self._memory = llama_cpp.llama_get_memory(ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(ctx)
+        self.n_batch = cparams.n_batch
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+
+    # -- evaluation ---------------------------------------------------------------------
+
+    def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
+        rows: list[np.ndarray] = []
+        start = len(self.cached)
+        total = len(tokens)
+        for off in range(0, total, self.n_batch):
+            chunk = tokens[off : off + self.n_batch]
+            first_logit = total - n_logits  # index in ``tokens`` of the first logits row
+            b = self._batch
+            b.n_tokens = len(chunk)
+            want = 0
+            for j, tok in enumerate(chunk):
+                i = off + j
+                b.token[j] = tok
+                b.pos[j] = start + i
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = 0
+                b.logits[j] = i >= first_logit
+                want += i >= first_logit
+            t0 = time.perf_counter()
+            rc = llama_cpp.llama_decode(self._ctx, b)
+            if rc != 0:
+                # Drop whatever part of the batch made it in, so the cache matches ``cached``.
+                llama_cpp.llama_memory_seq_rm(self._memory, 0, start, -1)
+                del self.cached[start:]
+                raise BackendError(
+                    f"llama.cpp decode failed (code {rc}) at position {start + off}: "
+                    f"{recent_llama_log(2)}",
+                    "the context may be full; try a larger --ctx or a shorter prompt",
+                )
+            if want:
+                ptr = llama_cpp.llama_get_logits(self._ctx)
+                arr = np.ctypeslib.as_array(ptr, shape=(want, self.n_vocab))
+                rows.append(arr.copy())
+            self.compute_seconds += time.perf_counter() - t0
+        if not rows:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _remove_from(self, n: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
+
+    # -- vocabulary ---------------------------------------------------------------------
+
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(
+            self._vocab, data, len(data), buf, cap, add_special, parse_special
+        )
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), buf, cap, add_special, parse_special
+            )
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def vocab_info(self) -> VocabInfo:
+        v = self._vocab
+        return VocabInfo(
+            vocab_type=llama_cpp.llama_vocab_type(v),
+            n_tokens=self.n_vocab,
+            bos=llama_cpp.llama_vocab_bos(v),
+            eos=llama_cpp.llama_vocab_eos(v),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
+            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
+        )
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
+        if n < 0:
+            return None
+        if n >= 256:
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, n + 1)
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        return self.metadata("tokenizer.chat_template")
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(128)
+        llama_cpp.llama_model_desc(self._model, buf, 128)
+        name = self.metadata("general.name") or self.path.stem
+        return f"{name} ({buf.value.decode(errors='replace')})"
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter shutdown llama_cpp may be gone
+            self.close()

@@ -1,0 +1,68 @@
+"""``localspec chat``: the terminal chat (see ``localspec.tui``) with the shared options."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from localspec.cli.common import (
+    CtxOpt,
+    DrafterOpt,
+    DraftMaxOpt,
+    DraftOpt,
+    GpuLayersOpt,
+    MinPOpt,
+    SeedOpt,
+    TargetOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    cli_errors,
+    parse_generation,
+)
+
+
+def chat(
+    max_tokens: Annotated[int, typer.Option(help="new tokens per answer at most")] = 1024,
+    temperature: TemperatureOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    drafter: DrafterOpt = "auto",
+    draft_max: DraftMaxOpt = 16,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    threads: ThreadsOpt = None,
+    ctx: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = 0,
+) -> None:
+    """Chat in the terminal, with live acceptance stats and tokens coloured by origin."""
+    with cli_errors():
+        # The speedup estimate needs this machine's plain step time, so always calibrate;
+        # download bars would garble the screen, so the app shows its own progress lines.
+        params, options = parse_generation(
+            drafter,
+            dict(
+                target=target,
+                draft=draft,
+                threads=threads,
+                n_ctx=ctx,
+                n_gpu_layers=gpu_layers,
+                show_download_progress=False,
+            ),
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            draft_max=draft_max,
+        )
+        options = options.model_copy(update={"calibrate": True})
+    from localspec.session.session import open_session
+    from localspec.tui import run_chat
+
+    raise typer.Exit(run_chat(lambda progress: open_session(options, progress), params))

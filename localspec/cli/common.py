@@ -1,0 +1,100 @@
+"""What every command shares: option definitions, and the one place where errors become
+``error:`` / ``hint:`` lines on stderr and an exit code (``fail``, ``cli_errors``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from localspec.core.params import DrafterMode, GenerationParams
+from localspec.errors import (
+    EXIT_CANCELLED,
+    LocalspecError,
+    UsageError,
+    describe,
+    validation_problem,
+)
+
+
+def echo_error(error: BaseException) -> int:
+    """Print ``error:`` and ``hint:`` lines on stderr; return the exit code to use."""
+    message, hint, code = describe(error)
+    typer.echo(f"error: {message}", err=True)
+    if hint:
+        typer.echo(f"hint: {hint}", err=True)
+    return code
+
+
+def fail(error: LocalspecError) -> typer.Exit:
+    return typer.Exit(echo_error(error))
+
+
+def usage_from(error: Any, command: str = "complete") -> UsageError:
+    """A pydantic ``ValidationError`` of option values as a ``UsageError``."""
+    where, msg = validation_problem(error)
+    return UsageError(
+        f"invalid --{where.replace('_', '-')}: {msg}", f"see localspec {command} --help"
+    )
+
+
+@contextlib.contextmanager
+def cli_errors(interrupted: str = "\ninterrupted") -> Iterator[None]:
+    """Typed errors become messages and exit codes; Ctrl-C says ``interrupted`` and exits 130."""
+    try:
+        yield
+    except LocalspecError as err:
+        raise fail(err) from None
+    except KeyboardInterrupt:
+        typer.echo(interrupted, err=True)
+        raise typer.Exit(EXIT_CANCELLED) from None
+
+
+DrafterOpt = Annotated[
+    str, typer.Option(help="auto (cost model), model, ngram, or none (plain decoding)")
+]
+# Options shared by complete, chat and bench.
+TemperatureOpt = Annotated[float, typer.Option(help="0 is greedy")]
+TopKOpt = Annotated[int, typer.Option(help="sampling: keep the k most likely (0: off)")]
+TopPOpt = Annotated[float, typer.Option(help="sampling: nucleus mass (1: off)")]
+MinPOpt = Annotated[float, typer.Option(help="sampling: drop below min-p x top (0: off)")]
+SeedOpt = Annotated[int | None, typer.Option(help="sampling seed")]
+DraftMaxOpt = Annotated[int, typer.Option(help="longest draft per round")]
+TargetOpt = Annotated[str | None, typer.Option(help="target: path, catalog name or repo:file")]
+DraftOpt = Annotated[str | None, typer.Option(help="draft: path, catalog name or repo:file")]
+ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")]
+CtxOpt = Annotated[int, typer.Option(help="context size in tokens")]
+GpuLayersOpt = Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")]
+
+
+def parse_generation(
+    drafter: str, models: dict[str, Any], **sampling: Any
+) -> tuple[GenerationParams, Any]:
+    """Validate the options every generating command shares -> (params, ModelOptions).
+    ``sampling`` holds the GenerationParams fields (max_tokens, temperature, ...)."""
+    if drafter not in tuple(DrafterMode):
+        raise UsageError(f"invalid --drafter {drafter!r}", "use auto, model, ngram or none")
+    return build_params(drafter=drafter, **sampling), model_options(drafter, **models)
+
+
+def build_params(**kwargs: Any) -> GenerationParams:
+    try:
+        return GenerationParams(**{k: v for k, v in kwargs.items() if v is not None})
+    except ValidationError as err:
+        raise usage_from(err) from None
+
+
+def model_options(drafter: str, **kwargs: Any):  # -> ModelOptions
+    from localspec.session.session import ModelOptions
+
+    try:
+        return ModelOptions(
+            use_draft=drafter in (DrafterMode.AUTO, DrafterMode.MODEL),
+            calibrate=drafter == DrafterMode.AUTO,
+            **kwargs,
+        )
+    except ValidationError as err:
+        raise usage_from(err) from None

@@ -1,0 +1,204 @@
+"""``localspec complete``: stream a completion of a file or stdin to stdout.
+
+stdout carries only the generated text, streamed as it comes; progress, warnings and
+``--stats`` go to stderr; ``--json`` replaces the stream with one JSON object. The first
+Ctrl-C stops generation after the current round and still reports; a second one stops at
+once. Exit codes: 0, 130 when cancelled, a typed error's own code otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from localspec.cli.common import (
+    CtxOpt,
+    DrafterOpt,
+    DraftMaxOpt,
+    DraftOpt,
+    GpuLayersOpt,
+    MinPOpt,
+    SeedOpt,
+    TargetOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    cli_errors,
+    parse_generation,
+)
+from localspec.core.events import EngineWarning, Finished, TokenEmitted
+from localspec.core.params import GenerationParams
+from localspec.core.stats import GenerationStats
+from localspec.errors import EXIT_CANCELLED, InputError
+
+
+def read_prompt(file: str | None) -> str:
+    if file in (None, "-"):
+        if sys.stdin is None:
+            raise InputError("no input: stdin is closed", "pass a FILE argument")
+        if sys.stdin.isatty():
+            typer.echo("reading the prompt from the terminal; end it with Ctrl-D", err=True)
+        data = sys.stdin.buffer.read()
+        source = "stdin"
+    else:
+        path = Path(file)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise InputError(f"input file not found: {path}", "check the path") from None
+        except IsADirectoryError:
+            raise InputError(f"input is a directory: {path}", "pass a text file") from None
+        except OSError as err:
+            raise InputError(
+                f"cannot read {path}: {err.strerror}", "check its permissions"
+            ) from None
+        source = str(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{source} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
+            "convert it first, e.g. iconv -f latin1 -t utf-8",
+        ) from None
+    if not text.strip():
+        raise InputError(f"the input from {source} is empty", "give a prompt on stdin or as a FILE")
+    return text
+
+
+@contextmanager
+def ctrl_c_cancels() -> Iterator[threading.Event]:
+    """First Ctrl-C asks the engine to stop after this round; a second one interrupts."""
+    cancel = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def human_stats(stats: dict[str, Any], reason: str) -> str:
+    lines = [
+        f"finish: {reason}; prompt {stats['prompt_tokens']} tokens in {stats['prefill_s']:.2f}s; "
+        f"generated {stats['generated_tokens']} tokens in {stats['decode_s']:.2f}s "
+        f"({stats['decode_tokens_per_s']:.1f} tok/s)",
+        f"drafted {stats['drafted']}, accepted {stats['accepted']} "
+        f"(acceptance {stats['acceptance_rate']:.0%}); {stats['rounds']} target passes, "
+        f"{stats['mean_accepted_length']:.2f} tokens per pass",
+    ]
+    origin = stats.get("tokens_by_origin", {})
+    lines.append("tokens by origin: " + ", ".join(f"{k} {v}" for k, v in origin.items()))
+    for name, d in stats.get("by_drafter", {}).items():
+        pos = " ".join(f"{x:.2f}" for x in d["per_position_acceptance"][:8])
+        lines.append(
+            f"  {name:6} rounds {d['rounds']:4}  drafted {d['drafted']:5}  accepted "
+            f"{d['accepted']:5}  rate {d['acceptance_rate']:.2f}  "
+            f"tau {d['mean_accepted_length']:.2f}" + (f"  per-position {pos}" if pos else "")
+        )
+    return "\n".join(lines)
+
+
+def complete(
+    file: Annotated[
+        str | None, typer.Argument(help="prompt file; - or nothing reads stdin")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="new tokens at most")] = 512,
+    temperature: TemperatureOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    drafter: DrafterOpt = "auto",
+    draft_max: DraftMaxOpt = 16,
+    raw: Annotated[
+        bool, typer.Option(help="send the text as is, without the chat template")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
+    stats: Annotated[bool, typer.Option(help="print a summary to stderr at the end")] = False,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    threads: ThreadsOpt = None,
+    ctx: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = 0,
+) -> None:
+    """Generate a completion of FILE (or stdin): the target's own output, faster."""
+    with cli_errors():
+        params, options = parse_generation(
+            drafter,
+            dict(target=target, draft=draft, threads=threads, n_ctx=ctx, n_gpu_layers=gpu_layers),
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            draft_max=draft_max,
+        )
+        prompt = read_prompt(file)
+        code = run_complete(prompt, params, options, raw=raw, json_out=json_out, stats=stats)
+    raise typer.Exit(code)
+
+
+def print_warnings(progress_line: str) -> None:
+    """Keep stderr quiet during loading except for warnings (e.g. not enough memory) and
+    the one-time measurement of this machine, which is a noticeable wait."""
+    if progress_line.startswith(("warning: ", "measuring ", "the machine looked busy")):
+        typer.echo(progress_line, err=True)
+
+
+def run_complete(
+    prompt: str, params: GenerationParams, options: Any, *, raw: bool, json_out: bool, stats: bool
+) -> int:
+    from localspec.session.session import open_session
+
+    session = open_session(options, on_progress=print_warnings)
+    out = sys.stdout
+    finished: Finished | None = None
+    running = GenerationStats()
+    with ctrl_c_cancels() as cancel:
+        try:
+            for event in session.complete(prompt, params, raw=raw, cancel=cancel):
+                running.observe(event)
+                if isinstance(event, TokenEmitted) and not json_out:
+                    out.write(event.text)
+                    out.flush()
+                elif isinstance(event, EngineWarning):
+                    typer.echo(f"warning: {event.message}", err=True)
+                elif isinstance(event, Finished):
+                    finished = event
+        except KeyboardInterrupt:
+            pass  # second Ctrl-C: report what was gathered
+    reason = finished.reason.value if finished else "cancelled"
+    summary = finished.stats if finished else running.to_dict()
+    if json_out:
+        record = {
+            "text": finished.text if finished else "",
+            "token_ids": list(finished.token_ids) if finished else [],
+            "finish_reason": reason,
+            "stats": summary,
+        }
+        out.write(json.dumps(record) + "\n")
+    else:
+        if finished and finished.tail:
+            out.write(finished.tail)
+        if out.isatty():
+            out.write("\n")
+        out.flush()
+    if stats:
+        typer.echo(human_stats(summary, reason), err=True)
+    session.close()
+    return EXIT_CANCELLED if reason == "cancelled" else 0

@@ -1,0 +1,209 @@
+"""``localspec models ...``: list, pull, remove, locate, check and requantize models.
+
+Contract: ``models_app`` is a Typer sub-app. Every command turns a ``LocalspecError`` into
+``error: <message>`` and ``hint: <hint>`` on stderr and exits with the error's
+``exit_code``; an interrupted pull exits 130 and says how to resume. Tables and paths go to
+stdout, so ``localspec models path NAME`` composes with other commands.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from localspec.cli.common import cli_errors
+from localspec.errors import ModelNotFoundError
+from localspec.models import catalog, paths
+from localspec.models.resources import human
+
+models_app = typer.Typer(
+    name="models",
+    help="Manage GGUF models: the catalog of known target/draft pairs, downloads, checks.",
+    no_args_is_help=True,
+)
+
+
+def _cli_errors():
+    return cli_errors("interrupted; run the same command again to resume")
+
+
+def _role_of(name: str) -> catalog.Role:
+    entry = catalog.load_catalog().get(name)
+    return entry.role if entry is not None else "target"
+
+
+@models_app.command("list")
+def list_models() -> None:
+    """Show the catalog, what is on disk, and GGUF files in the Hugging Face cache."""
+    with _cli_errors():
+        cat = catalog.load_catalog()
+        out = Console(highlight=False, soft_wrap=False)
+        table = Table(title="catalog (localspec models pull NAME)", title_justify="left")
+        table.add_column("name", no_wrap=True)
+        table.add_column("role", no_wrap=True)
+        table.add_column("size", no_wrap=True, justify="right")
+        table.add_column("on disk", no_wrap=True)
+        table.add_column("description", ratio=1)
+        on_disk: dict[str, Path] = {}
+        for entry in cat.models.values():
+            where = catalog.locate_model(entry.name)
+            if where is not None:
+                on_disk[entry.name] = where
+            default = entry.name in (cat.defaults.target, cat.defaults.draft)
+            table.add_row(
+                entry.name + (" *" if default else ""),
+                entry.role,
+                human(entry.size),
+                "yes" if where else "-",
+                entry.description + (f" (draft: {entry.draft})" if entry.draft else ""),
+            )
+        out.print(table)
+        out.print("* default pair")
+        for name, where in on_disk.items():
+            out.print(f"{name}: {where}", soft_wrap=True)
+        registry = catalog.load_registry()
+        if registry:
+            local = Table(title="made on this machine", title_justify="left")
+            for col in ("name", "from", "quant", "path"):
+                local.add_column(col, overflow="fold")
+            for name, info in sorted(registry.items()):
+                local.add_row(
+                    name, str(info.get("base")), str(info.get("quant")), str(info.get("path"))
+                )
+            out.print(local)
+        found = catalog.find_hf_cache_ggufs()
+        if found:
+            hf = Table(
+                title="in the Hugging Face cache (use as repo_id:filename)", title_justify="left"
+            )
+            for col in ("reference", "size", "path"):
+                hf.add_column(col, overflow="fold")
+            for item in found:
+                hf.add_row(f"{item.repo_id}:{item.filename}", human(item.size), str(item.path))
+            out.print(hf)
+
+
+@models_app.command()
+def pull(
+    names: Annotated[list[str], typer.Argument(help="catalog names or repo_id:file.gguf")],
+) -> None:
+    """Download models (resumes an interrupted download), then print their paths."""
+    with _cli_errors():
+        for name in names:
+            path = catalog.resolve_model(name, _role_of(name), progress=True)
+            typer.echo(str(path))
+
+
+@models_app.command()
+def path(name: Annotated[str, typer.Argument(help="catalog name, local name or file")]) -> None:
+    """Print where a model is on disk (never downloads)."""
+    with _cli_errors():
+        found = catalog.locate_model(name)
+        if found is None:
+            if catalog.load_catalog().get(name) is None and not catalog.load_registry().get(name):
+                raise catalog.not_found(name)
+            raise ModelNotFoundError(
+                f"{name} is not on this machine yet", f"localspec models pull {name}"
+            )
+        typer.echo(str(found))
+
+
+@models_app.command()
+def rm(
+    name: Annotated[str, typer.Argument(help="catalog name or a model made by optimize")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+) -> None:
+    """Delete a downloaded or optimized model from localspec's cache."""
+    with _cli_errors():
+        local = catalog.load_registry().get(name)
+        if local is not None:
+            target = Path(local.get("path", ""))
+        elif catalog.load_catalog().get(name) is not None:
+            target = catalog.cached_path(name)
+        else:
+            raise catalog.not_found(name)
+        leftovers = paths.downloads_dir(name)
+        if not target.exists() and not leftovers.exists() and local is None:
+            raise ModelNotFoundError(
+                f"{name} is not in localspec's cache ({target})",
+                "`localspec models list` shows what is on disk",
+            )
+        size = target.stat().st_size if target.exists() else 0
+        if not yes and not typer.confirm(f"delete {target} ({human(size)})?"):
+            typer.echo("nothing deleted")
+            raise typer.Exit(1)
+        target.unlink(missing_ok=True)
+        target.with_name(target.name + ".partial").unlink(missing_ok=True)
+        shutil.rmtree(leftovers, ignore_errors=True)
+        if local is not None:
+            catalog.unregister_local(name)
+        typer.echo(f"deleted {target}")
+        hf_copy = catalog.locate_model(name) if local is None else None
+        if hf_copy is not None:
+            typer.echo(f"note: a copy remains in the Hugging Face cache: {hf_copy}")
+
+
+@models_app.command()
+def check(
+    target: Annotated[str, typer.Argument(help="target: name, repo_id:file or path")],
+    draft: Annotated[str, typer.Argument(help="draft: name, repo_id:file or path")],
+) -> None:
+    """Check that a draft can serve a target (same vocabulary); exit 1 if it cannot."""
+    with _cli_errors():
+        from localspec.backend.compat import check_pair
+
+        target_path = catalog.resolve_model(target, "target")
+        draft_path = catalog.resolve_model(draft, "draft")
+        report = check_pair(target_path, draft_path)
+        if report.compatible:
+            typer.echo(f"compatible: {draft} can draft for {target}")
+            for reason in report.reasons:
+                typer.echo(f"  note: {reason}")
+            return
+        typer.echo(f"not compatible: {draft} cannot draft for {target}", err=True)
+        for reason in report.reasons:
+            typer.echo(f"  - {reason}", err=True)
+        raise typer.Exit(1)
+
+
+@models_app.command()
+def optimize(
+    name: Annotated[str, typer.Argument(help="catalog name, local name or .gguf path")],
+    qtype: Annotated[
+        str, typer.Option("--type", "-t", help="llama.cpp quantization type")
+    ] = "Q4_0",
+    threads: Annotated[int, typer.Option(help="threads for llama.cpp; 0 picks")] = 0,
+    verbose: Annotated[bool, typer.Option("--verbose", help="show llama.cpp's log")] = False,
+) -> None:
+    """Requantize a model (Q4_0 runs fastest on many CPUs) and register it as NAME-q4_0."""
+    with _cli_errors():
+        from localspec.backend.quantize import ftype_for, quantize
+
+        ftype_for(qtype)  # reject a bad type before any download
+        src = catalog.resolve_model(name, _role_of(name))
+        base = (
+            name
+            if catalog.load_catalog().get(name) or catalog.load_registry().get(name)
+            else src.stem
+        )
+        new_name = f"{base}-{qtype.lower()}"
+        dst = paths.ensure_dir(paths.models_dir()) / f"{new_name}.gguf"
+        typer.echo(f"quantizing {src} to {qtype.upper()} ...", err=True)
+        quantize(src, dst, qtype, threads=threads, verbose=verbose)
+        catalog.register_local(new_name, dst, base=base, quant=qtype.upper())
+        typer.echo(f"{new_name}: {dst} ({human(dst.stat().st_size)})")
+        typer.echo(f"it now resolves by name: {new_name}", err=True)
+
+
+def main() -> None:  # pragma: no cover - for `python -m localspec.cli.models`
+    models_app(prog_name="localspec models")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

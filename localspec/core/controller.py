@@ -1,0 +1,280 @@
+"""The cost model that chooses, each round, the drafter and draft length (or none).
+
+Inputs: what each drafter offers this round (``drafters.Offer``), this machine's costs
+(``costs.LiveCosts``) and running estimates of conditional acceptance per draft position:
+one for the draft model, and for n-gram drafts one per bucket of matched suffix length and
+streak (a long match is nearly always a copy; a 2-token match is weak evidence). For every
+candidate (plain step; each offer with k = 1..available) it computes
+
+    E[tokens] = 1 + sum_{j=1..k} prod_{i<=j} alpha_i        (the +1 is the target's token)
+    seconds   = verify(k) + draft set-up + k * draft step   (n-gram drafts cost no steps)
+
+and picks the highest expected tokens per second, so a plain step wins whenever speculating
+is not expected to pay. A drafter that could pay if its acceptance were high, but has not
+been tried for a long while, is probed with a short draft so its estimate can recover.
+
+What was learned can be exported (``learned``) and restored (``restore``) so that the next
+process starts warm; restored evidence is discounted so that new rounds soon outweigh it.
+Pure arithmetic: no clocks, no model calls, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from localspec.core.costs import CostProfile, LiveCosts
+from localspec.core.drafters import Offer
+from localspec.core.params import DrafterKind
+
+# n-gram match-length buckets: (smallest length, prior conditional acceptance). Priors are
+# cautious for short matches, which rarely pay for a verify batch on a small CPU.
+NGRAM_BUCKETS = ((1, 0.2), (2, 0.3), (3, 0.4), (4, 0.5), (6, 0.6), (8, 0.7), (12, 0.8), (16, 0.88))
+STREAK_PRIOR = 0.85  # the previous n-gram draft was accepted whole: the copy likely goes on
+MODEL_PRIOR = 0.6
+OPTIMISTIC_ALPHA = 0.9  # acceptance a probe hopes for; no probe if even that would not pay
+FIXED_MODEL_P_MIN = 0.75  # llama.cpp's default draft confidence cut-off
+
+
+def ngram_bucket(n: int) -> int:
+    """The smallest length of the bucket that a match of ``n`` tokens falls in."""
+    return max(lo for lo, _ in NGRAM_BUCKETS if lo <= max(n, 1))
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Decayed Beta estimates of P(accept position i | positions before it accepted)."""
+
+    prior: float
+    prior_weight: float = 2.0
+    decay: float = 0.97
+    hits: list[float] = field(default_factory=list)
+    tries: list[float] = field(default_factory=list)
+
+    def alphas(self, k: int) -> list[float]:
+        """Conditional acceptance for positions 1..k. Each position's estimate shrinks
+        toward the one before it (not toward the prior), since acceptance varies smoothly
+        with depth and deep positions are tried less often."""
+        out: list[float] = []
+        anchor = self.prior
+        for i in range(k):
+            h = self.hits[i] if i < len(self.hits) else 0.0
+            t = self.tries[i] if i < len(self.tries) else 0.0
+            anchor = (h + anchor * self.prior_weight) / (t + self.prior_weight)
+            out.append(anchor)
+        return out
+
+    def expected_accepted(self, k: int) -> list[float]:
+        """Cumulative expected accepted tokens for draft lengths 1..k."""
+        out, reach, total = [], 1.0, 0.0
+        for a in self.alphas(k):
+            reach *= a
+            total += reach
+            out.append(total)
+        return out
+
+    @property
+    def evidence(self) -> float:
+        return self.tries[0] if self.tries else 0.0
+
+    def shrink(self, keep: float) -> None:
+        """Keep only a share of the evidence, so new data outweighs old sooner."""
+        self.hits = [h * keep for h in self.hits]
+        self.tries = [t * keep for t in self.tries]
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        while len(self.tries) < drafted:
+            self.hits.append(0.0)
+            self.tries.append(0.0)
+        for i in range(len(self.tries)):
+            self.hits[i] *= self.decay
+            self.tries[i] *= self.decay
+        for i in range(min(drafted, accepted + 1)):  # positions actually tested
+            self.tries[i] += 1.0
+            if i < accepted:
+                self.hits[i] += 1.0
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {
+            "hits": [round(h, 4) for h in self.hits],
+            "tries": [round(t, 4) for t in self.tries],
+        }
+
+    def load(self, data: Any, keep: float) -> None:
+        """Take ``keep`` of saved evidence; ``ValueError`` unless it is well formed."""
+        hits, tries = data["hits"], data["tries"]
+        if not (isinstance(hits, list) and isinstance(tries, list) and len(hits) == len(tries)):
+            raise ValueError("hits and tries must be lists of one length")
+        pairs = [(float(h), float(t)) for h, t in zip(hits, tries, strict=True)]
+        if any(not (0 <= h <= t and math.isfinite(t)) for h, t in pairs):
+            raise ValueError("hits must lie between 0 and tries")
+        self.hits = [h * keep for h, _ in pairs]
+        self.tries = [t * keep for _, t in pairs]
+
+
+@dataclass(frozen=True)
+class Plan:
+    drafter: DrafterKind | None  # None: a plain step
+    k: int
+    expected_tokens_per_s: float
+    reason: str
+    p_min: float = 0.0
+    match: int = 0  # the n-gram match length the plan drafts from (0: none)
+
+
+class Controller:
+    def __init__(
+        self,
+        costs: CostProfile,
+        *,
+        allow: tuple[DrafterKind, ...] = (DrafterKind.NGRAM, DrafterKind.MODEL),
+        draft_max: int = 16,
+        ngram_draft_max: int = 64,
+        draft_min: int = 1,
+        probe_every: int = 64,
+        fixed: bool = False,
+    ) -> None:
+        """``fixed`` drafts ``draft_max`` tokens whenever a drafter can (no cost model)."""
+        self.costs = LiveCosts(costs)
+        self.allow = tuple(
+            a for a in allow if a != DrafterKind.MODEL or costs.draft_step_s is not None
+        )
+        self.limits = {
+            DrafterKind.MODEL: draft_max,
+            DrafterKind.NGRAM: draft_max if fixed else ngram_draft_max,
+        }
+        self.draft_min = draft_min
+        self.probe_every = probe_every
+        self.fixed = fixed
+        self.model = AcceptanceEstimate(prior=MODEL_PRIOR)
+        self.ngram: dict[tuple[int, bool], AcceptanceEstimate] = {}
+        self._idle = {kind: 0 for kind in DrafterKind}
+
+    def limit(self, kind: DrafterKind, remaining: int) -> int:
+        """The longest draft ``kind`` may propose when ``remaining`` drafts can still be used."""
+        return min(self.limits[kind], remaining)
+
+    def estimate(self, offer: Offer) -> AcceptanceEstimate:
+        if offer.kind == DrafterKind.MODEL:
+            return self.model
+        bucket = ngram_bucket(offer.match)
+        key = (bucket, offer.streak)
+        if key not in self.ngram:
+            prior = dict(NGRAM_BUCKETS)[bucket]
+            self.ngram[key] = AcceptanceEstimate(
+                prior=max(prior, STREAK_PRIOR) if offer.streak else prior
+            )
+        return self.ngram[key]
+
+    def _seconds(self, offer: Offer, k: int) -> float:
+        """Draft and verify time of a k-token draft from ``offer``."""
+        seconds = self.costs.verify(k)
+        if offer.kind == DrafterKind.MODEL:
+            step = self.costs.draft_step_s or 0.0
+            first = self.costs.catch_up(offer.catch_up) if offer.catch_up else step
+            seconds += first + (k - 1) * step
+        return seconds
+
+    def plan(self, offers: list[Offer]) -> Plan:
+        """Choose this round's drafter and draft length among ``offers`` (each already
+        bounded by ``limit``), or a plain step."""
+        offers = [o for o in offers if o.kind in self.allow and o.available >= 1]
+        if self.fixed:
+            for offer in offers:
+                p_min = FIXED_MODEL_P_MIN if offer.kind == DrafterKind.MODEL else 0.0
+                reason = f"fixed {offer.kind} draft of {offer.available}"
+                return Plan(offer.kind, offer.available, 0.0, reason, p_min, offer.match)
+        best = Plan(None, 0, 1.0 / self.costs.plain_s, "plain step")
+        for offer in offers:
+            acc = self.estimate(offer).expected_accepted(offer.available)
+            for k in range(self.draft_min, offer.available + 1):
+                rate = (1.0 + acc[k - 1]) / self._seconds(offer, k)
+                if rate > best.expected_tokens_per_s:
+                    what = f"{offer.kind} k={k}" + (
+                        f" (match {offer.match})" if offer.match else ""
+                    )
+                    best = Plan(offer.kind, k, rate, f"{what}: {rate:.1f} tok/s expected")
+        if best.drafter is None:
+            return self._probe(offers) or best
+        offer = next(o for o in offers if o.kind == best.drafter)
+        p_min = self._p_min() if best.drafter == DrafterKind.MODEL else 0.0
+        return Plan(
+            best.drafter, best.k, best.expected_tokens_per_s, best.reason, p_min, offer.match
+        )
+
+    def _probe(self, offers: list[Offer]) -> Plan | None:
+        """A short draft from a drafter left idle for long, if it could pay at all: a probe
+        that could never win would only cost time."""
+        plain_rate = 1.0 / self.costs.plain_s
+        for offer in offers:
+            if self._idle[offer.kind] < self.probe_every:
+                continue
+            k = min(3, offer.available)
+            hoped = sum(OPTIMISTIC_ALPHA**j for j in range(k + 1))
+            if hoped / self._seconds(offer, k) <= plain_rate:
+                continue
+            p_min = self._p_min() if offer.kind == DrafterKind.MODEL else 0.0
+            return Plan(offer.kind, k, 0.0, f"probe {offer.kind} k={k}", p_min, offer.match)
+        return None
+
+    def _p_min(self) -> float:
+        """Draft confidence below which one more draft token does not pay.
+
+        One more token costs a draft step and a longer verify batch; it pays only when
+        its acceptance chance times a plain step's worth of time exceeds that cost.
+        """
+        c = self.costs
+        marginal = (c.draft_step_s or 0.0) + max(c.verify(2) - c.verify(1), 0.0)
+        return min(0.95, max(0.05, marginal / (marginal + c.plain_s)))
+
+    def new_generation(self, keep: float = 0.1) -> None:
+        """A new prompt may be a different kind of text (code vs prose), whose acceptance
+        differs a lot: keep what was learned, but let the new prompt's rounds outweigh it
+        within a few rounds. Costs are properties of the machine and are kept whole."""
+        self.model.shrink(keep)
+        for est in self.ngram.values():
+            est.shrink(keep)
+
+    def observe_timing(self, k: int, verify_s: float, draft: Any = None) -> None:
+        """What a round took: verifying k drafts, and the draft model's passes if it drafted."""
+        self.costs.observe_verify(k, verify_s)
+        if draft is not None:
+            self.costs.observe_draft(draft.steps, draft.step_seconds)
+            self.costs.observe_catch_up(draft.catch_up_tokens, draft.catch_up_seconds)
+
+    def observe(self, plan: Plan, offer: Offer | None, drafted: int, accepted: int) -> None:
+        """Fold in a finished round: ``offer`` is the one the plan drafted from."""
+        for kind in self._idle:
+            self._idle[kind] = 0 if kind == plan.drafter else self._idle[kind] + 1
+        if offer is not None and drafted > 0:
+            self.estimate(offer).observe(drafted, accepted)
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def learned(self) -> dict[str, Any]:
+        """The acceptance evidence, as plain data (see ``restore``)."""
+        return {
+            "model": self.model.to_dict(),
+            "ngram": {
+                f"{bucket}{'s' if streak else ''}": est.to_dict()
+                for (bucket, streak), est in sorted(self.ngram.items())
+            },
+        }
+
+    def restore(self, data: Any, keep: float = 0.5) -> None:
+        """Start from evidence saved by ``learned`` (discounted to ``keep``). Raises
+        ``ValueError``/``KeyError``/``TypeError`` on malformed data, changing nothing."""
+        model = AcceptanceEstimate(prior=MODEL_PRIOR)
+        model.load(data["model"], keep)
+        ngram: dict[tuple[int, bool], AcceptanceEstimate] = {}
+        for key, value in data["ngram"].items():
+            streak = key.endswith("s")
+            bucket = int(key.rstrip("s"))
+            if bucket not in dict(NGRAM_BUCKETS):
+                raise ValueError(f"unknown n-gram bucket {key!r}")
+            prior = dict(NGRAM_BUCKETS)[bucket]
+            est = AcceptanceEstimate(prior=max(prior, STREAK_PRIOR) if streak else prior)
+            est.load(value, keep)
+            ngram[(bucket, streak)] = est
+        self.model, self.ngram = model, ngram

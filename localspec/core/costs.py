@@ -1,0 +1,166 @@
+"""What speculation costs on this machine: a calibrated profile, corrected as rounds run.
+
+``CostProfile`` holds seconds measured for the loaded pair: a plain target step, a target
+batch verifying k drafts (k+1 tokens, logits for each) for the measured k, a draft-model
+step and the draft model's catch-up cost per token. Verify costs are used as measured: on
+CPUs the curve is not monotonic (kernels change with the batch size), so between measured
+sizes the cost is interpolated but never smoothed over a measured point.
+
+``LiveCosts`` corrects the profile with what rounds actually take, so a machine that got
+busier or quieter since calibrating is judged by its present speed. Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+def _positive(value: Any) -> float:
+    x = float(value)
+    if not math.isfinite(x) or x <= 0:
+        raise ValueError(f"not a positive duration: {value!r}")
+    return x
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Seconds measured on this machine. ``verify_s[k]`` verifies k drafts (k+1 tokens)."""
+
+    plain_s: float
+    verify_s: dict[int, float]
+    draft_step_s: float | None = None  # None when there is no draft model
+    draft_prefill_s: float | None = None  # per token, when the draft catches up in a batch
+
+    def verify(self, k: int) -> float:
+        if k == 0:
+            return self.plain_s
+        if k in self.verify_s:
+            return self.verify_s[k]
+        known = sorted(self.verify_s)
+        if not known:
+            return self.plain_s * (1 + k)
+        below = [x for x in known if x < k]
+        above = [x for x in known if x > k]
+        if below and above:  # linear between the nearest measured sizes
+            lo, hi = below[-1], above[0]
+            w = (k - lo) / (hi - lo)
+            return self.verify_s[lo] * (1 - w) + self.verify_s[hi] * w
+        if below:  # past the largest measured size: at that size's cost per token
+            edge = below[-1]
+            return self.verify_s[edge] * (k + 1) / (edge + 1)
+        return self.plain_s + (self.verify_s[above[0]] - self.plain_s) * k / above[0]
+
+    @property
+    def largest_measured(self) -> int:
+        return max(self.verify_s, default=0)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "plain_s": self.plain_s,
+            "verify_s": {str(k): v for k, v in sorted(self.verify_s.items())},
+            "draft_step_s": self.draft_step_s,
+            "draft_prefill_s": self.draft_prefill_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CostProfile:
+        """Raises ``ValueError`` (or ``TypeError``/``KeyError``) unless every value is a
+        finite positive duration and every key a positive draft length."""
+        if not isinstance(data, dict) or not isinstance(data.get("verify_s"), dict):
+            raise ValueError("not a cost profile")
+        verify = {}
+        for k, v in data["verify_s"].items():
+            if int(k) < 1:
+                raise ValueError(f"bad draft length {k!r}")
+            verify[int(k)] = _positive(v)
+        if not verify:
+            raise ValueError("no verify costs")
+        step, prefill = data.get("draft_step_s"), data.get("draft_prefill_s")
+        return cls(
+            plain_s=_positive(data["plain_s"]),
+            verify_s=verify,
+            draft_step_s=None if step is None else _positive(step),
+            draft_prefill_s=None if prefill is None else _positive(prefill),
+        )
+
+
+@dataclass
+class _Ema:
+    value: float = 0.0
+    count: int = 0
+
+    def add(self, x: float, weight: float) -> None:
+        self.value = x if self.count == 0 else (1 - weight) * self.value + weight * x
+        self.count += 1
+
+
+class LiveCosts:
+    """A calibrated ``CostProfile`` corrected by the time rounds actually take.
+
+    A batch size seen at least ``min_obs`` times costs its running average; other sizes
+    cost their calibrated time times the typical observed/calibrated ratio, so a machine
+    that is uniformly slower than at calibration is modelled as such.
+    """
+
+    def __init__(self, base: CostProfile, *, weight: float = 0.15, min_obs: int = 3) -> None:
+        self.base = base
+        self.weight, self.min_obs = weight, min_obs
+        self._verify: dict[int, _Ema] = {}
+        self._draft = _Ema()
+        self._catch_up = _Ema()  # seconds per token of the draft model's catch-up pass
+
+    def observe_verify(self, k: int, seconds: float) -> None:
+        self._verify.setdefault(k, _Ema()).add(seconds, self.weight)
+
+    def observe_draft(self, steps: int, seconds: float) -> None:
+        if steps > 0:
+            self._draft.add(seconds / steps, self.weight)
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self._catch_up.add(seconds / tokens, self.weight)
+
+    def scale(self) -> float:
+        """Geometric mean of observed/calibrated over well-observed batch sizes (1: none)."""
+        logs = [
+            math.log(e.value / self.base.verify(k))
+            for k, e in self._verify.items()
+            if e.count >= self.min_obs and e.value > 0
+        ]
+        return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+    def verify(self, k: int) -> float:
+        e = self._verify.get(k)
+        if e is not None and e.count >= self.min_obs:
+            return e.value
+        return self.base.verify(k) * self.scale()
+
+    @property
+    def plain_s(self) -> float:
+        return self.verify(0)
+
+    @property
+    def draft_step_s(self) -> float | None:
+        if self.base.draft_step_s is None:
+            return None
+        if self._draft.count >= self.min_obs:
+            return self._draft.value
+        return self.base.draft_step_s * self.scale()
+
+    def catch_up(self, tokens: int) -> float:
+        """Seconds for the draft model's first pass over ``tokens`` it lacks, in one batch."""
+        if tokens <= 0 or self.base.draft_step_s is None:
+            return 0.0
+        if self._catch_up.count >= self.min_obs:
+            return tokens * self._catch_up.value
+        per_token = self.base.draft_prefill_s or self.base.draft_step_s / 4
+        return max(tokens * per_token, self.base.draft_step_s) * self.scale()
+
+    def plain_drift(self) -> float | None:
+        """Observed / calibrated plain step time, once plain steps were seen enough."""
+        e = self._verify.get(0)
+        if e is None or e.count < 4 * self.min_obs:
+            return None
+        return e.value / self.base.plain_s

@@ -1,0 +1,300 @@
+"""The speculative decoding loop: ``SpecDecoder.generate(prompt, params) -> Iterator[Event]``.
+
+Invariant at the start of every round: the target's cache holds ``committed[:-1]`` and the
+last committed token is still to be evaluated. A round (``_round``) then
+
+1. asks every drafter what it could draft and the controller which offer to take and how
+   far (k = 0 is a plain step);
+2. drafts ``d1..dk`` with the chosen drafter;
+3. evaluates ``[last, d1..dk]`` on the target in one batch, logits for those k+1 positions;
+4. verifies (greedy, or exact speculative sampling), rolls the target's cache back to the
+   accepted length, and emits the accepted drafts plus the target's own token.
+
+The engine prints nothing and imports no UI: front ends render the events it yields.
+Cancellation is cooperative (a ``threading.Event`` checked between rounds).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from localspec.core.cached_model import CachedModel
+from localspec.core.controller import Controller, Plan
+from localspec.core.costs import CostProfile
+from localspec.core.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, Offer
+from localspec.core.events import (
+    EngineWarning,
+    Event,
+    Finished,
+    FinishReason,
+    Origin,
+    PrefillDone,
+    RoundCompleted,
+    TokenEmitted,
+)
+from localspec.core.params import DrafterKind, DrafterMode, GenerationParams
+from localspec.core.sampling import warp
+from localspec.core.stats import GenerationStats
+from localspec.core.text import TextAssembler
+from localspec.core.verify import Verdict, verify_greedy, verify_sampled
+from localspec.errors import ContextOverflowError
+
+
+class TargetModel(Protocol):
+    """What the engine needs of the target (``CachedModel`` plus its vocabulary)."""
+
+    n_ctx: int
+    evaluated_tokens: int
+
+    def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
+    def truncate(self, n: int) -> None: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...
+
+
+# Used when no calibration is given: batch costs typical of a small CPU (see the design note).
+DEFAULT_COSTS = CostProfile(
+    plain_s=1.0,
+    verify_s={1: 2.3, 3: 2.9, 4: 3.2, 15: 5.8, 31: 11.0, 47: 14.0, 63: 17.0},
+    draft_step_s=0.5,
+)
+
+
+@dataclass
+class _Run:
+    """The state of one generation that rounds extend."""
+
+    committed: list[int]  # prompt + generated
+    params: GenerationParams
+    rng: np.random.Generator
+    controller: Controller
+    drafters: dict[DrafterKind, Drafter]
+    text: TextAssembler
+    emit: Callable[[Event], Event]
+    generated: list[int] = field(default_factory=list)
+    rounds: int = 0
+    trace: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    emitted: int
+    paused: float  # seconds the consumer held the generator while tokens were yielded
+    reason: FinishReason | None
+
+
+class SpecDecoder:
+    def __init__(
+        self,
+        target: TargetModel,
+        draft: CachedModel | None = None,
+        costs: CostProfile | None = None,
+    ) -> None:
+        self.target = target
+        self.model_drafter = ModelDrafter(draft, target.is_eog) if draft is not None else None
+        self.costs = costs or DEFAULT_COSTS
+        self._controllers: dict[tuple, Controller] = {}
+        self.restored: dict | None = None  # learned state to start every new controller from
+
+    def controllers(self) -> list[Controller]:
+        return list(self._controllers.values())
+
+    def controller_for(self, params: GenerationParams) -> Controller:
+        """One controller per mode, kept across calls so acceptance estimates carry over."""
+        key = (params.drafter, params.draft_max, params.ngram_draft_max, params.draft_min)
+        if key not in self._controllers:
+            allow = tuple(
+                k for k in params.drafter.kinds() if k != DrafterKind.MODEL or self.model_drafter
+            )
+            controller = Controller(
+                self.costs,
+                allow=allow,
+                draft_max=params.draft_max,
+                ngram_draft_max=params.ngram_draft_max,
+                draft_min=params.draft_min,
+                fixed=params.drafter in (DrafterMode.NGRAM, DrafterMode.MODEL),
+            )
+            if self.restored is not None and params.drafter == DrafterMode.AUTO:
+                controller.restore(self.restored)
+            self._controllers[key] = controller
+        return self._controllers[key]
+
+    def _check(self, prompt: list[int], params: GenerationParams) -> None:
+        n_ctx = self.target.n_ctx
+        if not prompt:
+            raise ValueError("empty prompt")
+        if len(prompt) >= n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt)} tokens but the context holds {n_ctx} "
+                f"(at most {n_ctx - 1} prompt tokens, leaving room for one new token)",
+                "shorten the input or raise --ctx",
+                n_tokens=len(prompt),
+                n_ctx=n_ctx,
+            )
+        if params.drafter == DrafterMode.MODEL and self.model_drafter is None:
+            raise ValueError("the model drafter needs a draft model")
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        params: GenerationParams,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        prompt = list(prompt)
+        self._check(prompt, params)
+        stats = GenerationStats()
+
+        def emit(event: Event) -> Event:
+            stats.observe(event)
+            return event
+
+        t0 = time.perf_counter()
+        before = self.target.evaluated_tokens
+        self.target.forward(prompt[:-1], 0)
+        evaluated = self.target.evaluated_tokens - before
+        yield emit(PrefillDone(len(prompt), evaluated, time.perf_counter() - t0))
+
+        controller = self.controller_for(params)
+        controller.new_generation()
+        drafters: dict[DrafterKind, Drafter] = {
+            DrafterKind.NGRAM: NgramDrafter(params.ngram_min, params.ngram_max)
+        }
+        if self.model_drafter is not None:
+            drafters[DrafterKind.MODEL] = self.model_drafter
+        for drafter in drafters.values():
+            drafter.begin(prompt)
+        run = _Run(
+            prompt, params, np.random.default_rng(params.seed), controller, drafters,
+            TextAssembler(params.stop), emit,
+        )  # fmt: skip
+        reason: FinishReason | None = None
+        while reason is None:
+            if cancel is not None and cancel.is_set():
+                reason = FinishReason.CANCELLED
+            elif len(run.committed) > self.target.n_ctx:
+                yield emit(EngineWarning(f"the context of {self.target.n_ctx} tokens is full"))
+                reason = FinishReason.LENGTH
+            else:
+                reason = yield from self._round(run)
+        # Held-back text that never became a stop string is still part of the answer.
+        tail = run.text.finish()
+        summary = stats.to_dict()
+        if params.trace:
+            summary["trace"] = run.trace
+        yield Finished(reason, run.text.text, tuple(run.generated), summary, tail=tail)
+
+    def _round(self, run: _Run) -> Generator[Event, None, FinishReason | None]:
+        """One draft-verify round; returns why generation ends, or None to go on."""
+        t_round = time.perf_counter()
+        room = self.target.n_ctx - len(run.committed)
+        remaining = min(run.params.max_tokens - len(run.generated) - 1, room)
+        offers: dict[DrafterKind, Offer] = {}
+        for kind, drafter in run.drafters.items():
+            if kind in run.controller.allow:
+                offer = drafter.offer(run.committed, run.controller.limit(kind, remaining))
+                if offer is not None:
+                    offers[kind] = offer
+        plan = run.controller.plan(list(offers.values()))
+        draft = self._draft(run, plan)
+        t_verify = time.perf_counter()
+        verdict = self._verify_round(run.committed, draft, run.params, run.rng)
+        t_done = time.perf_counter()
+
+        drafted = len(draft.tokens)
+        outcome = yield from self._emit(run, verdict, draft)
+        for kind, drafter in run.drafters.items():
+            mine = kind == draft.source and drafted > 0
+            drafter.observe(run.committed, drafted if mine else 0, verdict.accepted if mine else 0)
+        run.controller.observe_timing(drafted, t_done - t_verify, draft)
+        offer = offers.get(plan.drafter) if plan.drafter is not None else None
+        run.controller.observe(plan, offer, drafted, verdict.accepted)
+        event = RoundCompleted(
+            index=run.rounds,
+            drafter=draft.source if drafted else None,
+            drafted=drafted,
+            accepted=verdict.accepted,
+            emitted=outcome.emitted,
+            seconds=time.perf_counter() - t_round - outcome.paused,
+            draft_seconds=t_verify - t_round,
+            verify_seconds=t_done - t_verify,
+            reason=plan.reason,
+            match=plan.match,
+        )
+        if run.params.trace:
+            run.trace.append({k: v for k, v in asdict(event).items() if v not in ("", None)})
+        run.rounds += 1
+        yield run.emit(event)
+        return outcome.reason
+
+    def _draft(self, run: _Run, plan: Plan) -> Draft:
+        if plan.drafter is None or plan.k <= 0:
+            return Draft(DrafterKind.NGRAM, [])
+        drafter = run.drafters[plan.drafter]
+        return drafter.propose(run.committed, plan.k, run.params, run.rng, plan.p_min)
+
+    def _emit(self, run: _Run, verdict: Verdict, draft: Draft) -> Generator[Event, None, _Outcome]:
+        """Emit the round's tokens, stopping at an end of generation."""
+        emitted, paused = 0, 0.0
+        for i, tok in enumerate(verdict.tokens(draft.tokens)):
+            if self.target.is_eog(tok):
+                return _Outcome(emitted, paused, FinishReason.EOS)
+            origin = Origin(draft.source.value) if i < verdict.accepted else Origin.TARGET
+            piece = run.text.push(self.target.token_bytes(tok))
+            run.committed.append(tok)
+            run.generated.append(tok)
+            emitted += 1
+            t_yield = time.perf_counter()
+            yield run.emit(TokenEmitted(tok, piece, origin, len(run.generated) - 1))
+            paused += time.perf_counter() - t_yield  # the consumer's time is not ours
+            if run.text.stopped:
+                return _Outcome(emitted, paused, FinishReason.STOP)
+            if len(run.generated) >= run.params.max_tokens:
+                return _Outcome(emitted, paused, FinishReason.LENGTH)
+        return _Outcome(emitted, paused, None)
+
+    def _verify_round(
+        self,
+        committed: list[int],
+        draft: Draft,
+        params: GenerationParams,
+        rng: np.random.Generator,
+    ) -> Verdict:
+        """Evaluate ``[last, drafts]`` in one target batch, verify, and roll the target's
+        cache back so that it holds ``committed[:-1]`` of the next round."""
+        rows = self.target.forward(committed + draft.tokens, len(draft.tokens) + 1)
+        verdict = self._verify(rows, draft, params, rng)
+        self.target.truncate(len(committed) + verdict.accepted)
+        return verdict
+
+    @staticmethod
+    def _verify(
+        rows: np.ndarray, draft: Draft, params: GenerationParams, rng: np.random.Generator
+    ) -> Verdict:
+        if params.greedy:
+            return verify_greedy(rows, draft.tokens)
+        warped: dict[int, np.ndarray] = {}
+
+        def target_probs(i: int) -> np.ndarray:
+            if i not in warped:
+                warped[i] = warp(rows[i], params)
+            return warped[i]
+
+        return verify_sampled(target_probs, draft.tokens, draft.probs, rng)
+
+
+def run_to_completion(
+    events: Iterator[Event], on_event: Callable[[Event], None] | None = None
+) -> Finished:
+    """Drain an event stream, returning its ``Finished`` event."""
+    for event in events:
+        if on_event is not None:
+            on_event(event)
+        if isinstance(event, Finished):
+            return event
+    raise RuntimeError("the event stream ended without a Finished event")

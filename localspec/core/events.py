@@ -1,0 +1,76 @@
+"""The event stream that the engine yields and every front end consumes.
+
+``SpecDecoder.generate`` yields, in order: one ``PrefillDone``, then for every round one or
+more ``TokenEmitted`` followed by one ``RoundCompleted``, possibly ``EngineWarning`` events, and
+finally exactly one ``Finished``. Events are frozen dataclasses with plain fields, so they
+can be rendered, recorded as JSON (``dataclasses.asdict``) or compared in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from localspec.core.params import DrafterKind
+
+
+class Origin(StrEnum):
+    """Who produced an emitted token (a drafter's value, or the target)."""
+
+    DRAFT_MODEL = DrafterKind.MODEL.value  # proposed by the draft model, accepted by the target
+    NGRAM = DrafterKind.NGRAM.value  # proposed by prompt lookup and accepted by the target
+    TARGET = "target"  # the target's own token (correction, bonus, or plain step)
+
+
+class FinishReason(StrEnum):
+    EOS = "eos"  # an end-of-generation token of the target's template
+    LENGTH = "length"  # --max-tokens reached
+    STOP = "stop"  # a stop string matched
+    CANCELLED = "cancelled"  # the caller asked to stop (Ctrl-C, Escape)
+
+
+@dataclass(frozen=True)
+class PrefillDone:
+    prompt_tokens: int  # tokens in the prompt
+    evaluated_tokens: int  # tokens the target had to evaluate (less when its cache was reused)
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TokenEmitted:
+    token_id: int
+    text: str  # decoded text for this token ("" while a multi-byte character is incomplete)
+    origin: Origin
+    index: int  # 0-based position in the generated sequence
+
+
+@dataclass(frozen=True)
+class RoundCompleted:
+    index: int  # 0-based round number
+    drafter: DrafterKind | None  # who drafted; None for a plain target step
+    drafted: int  # tokens proposed this round
+    accepted: int  # drafted tokens that survived verification
+    emitted: int  # tokens emitted this round (accepted + 1, fewer if generation ended)
+    seconds: float  # wall time of the round (draft + verify + bookkeeping)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    reason: str = ""  # why the controller chose this drafter and length
+    match: int = 0  # n-gram rounds: how many suffix tokens matched the copied occurrence
+
+
+@dataclass(frozen=True)
+class EngineWarning:
+    message: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: FinishReason
+    text: str
+    token_ids: tuple[int, ...]
+    stats: dict[str, Any] = field(default_factory=dict)  # GenerationStats.to_dict()
+    tail: str = ""  # text no TokenEmitted carried (held back for a stop string): print it
+
+
+Event = PrefillDone | TokenEmitted | RoundCompleted | EngineWarning | Finished

@@ -1,0 +1,70 @@
+"""Generation parameters shared by the engine, the CLI, the TUI and the benchmark.
+
+``DrafterKind`` names who drafts (the draft model, n-gram lookup); ``DrafterMode`` is the
+user's choice of policy (``auto`` chooses per round from measured costs, ``model`` and
+``ngram`` use one drafter as llama.cpp does, ``none`` is plain decoding).
+
+``GenerationParams`` is validated once (pydantic) so the core can trust its values:
+greedy decoding is ``temperature == 0``; the warps (top-k, top-p, min-p) apply only when
+sampling, in llama.cpp's order (top-k, top-p, min-p, then temperature).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class DrafterKind(StrEnum):
+    MODEL = "model"  # the small draft model, run autoregressively
+    NGRAM = "ngram"  # prompt lookup: continuations of earlier occurrences of the suffix
+
+
+class DrafterMode(StrEnum):
+    AUTO = "auto"
+    MODEL = "model"
+    NGRAM = "ngram"
+    NONE = "none"
+
+    def kinds(self) -> tuple[DrafterKind, ...]:
+        """The drafters this mode may use."""
+        if self is DrafterMode.AUTO:
+            return (DrafterKind.NGRAM, DrafterKind.MODEL)
+        if self is DrafterMode.NONE:
+            return ()
+        return (DrafterKind(self.value),)
+
+
+class GenerationParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(512, ge=1, description="new tokens at most")
+    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 is greedy")
+    top_k: int = Field(40, ge=0, description="0 disables top-k")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="1 disables top-p")
+    min_p: float = Field(0.05, ge=0.0, lt=1.0, description="0 disables min-p")
+    seed: int | None = Field(None, ge=0, description="sampling seed; None (or -1) draws one")
+    drafter: DrafterMode = DrafterMode.AUTO
+    draft_max: int = Field(16, ge=1, le=64, description="longest draft-model draft in a round")
+    ngram_draft_max: int = Field(64, ge=1, le=128, description="longest n-gram draft in a round")
+    draft_min: int = Field(1, ge=1, description="shortest draft worth verifying")
+    ngram_min: int = Field(2, ge=1, le=8, description="shortest suffix match that may draft")
+    ngram_max: int = Field(32, ge=1, le=64, description="longest suffix match measured")
+    stop: tuple[str, ...] = ()
+    trace: bool = Field(False, description="record every round's choice in the final stats")
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _random_seed(cls, value: object) -> object:
+        return None if value == -1 else value  # llama.cpp's spelling of "draw one"
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> GenerationParams:
+        if self.ngram_min > self.ngram_max:
+            raise ValueError("ngram_min must not exceed ngram_max")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,141 @@
+"""Acceptance statistics in the field's own words (vLLM, llama.cpp).
+
+- drafted: tokens proposed; accepted: drafted tokens that survived verification.
+- acceptance rate = accepted / drafted.
+- mean accepted length (tau) = tokens emitted per target forward pass, bonus included,
+  i.e. 1 + accepted / rounds (rounds counts every target pass of the decode phase,
+  plain steps included).
+- per-position acceptance: for position i (1-based), the share of rounds that drafted at
+  least i tokens and accepted at least i.
+- decode tokens/s excludes prompt processing, which is reported as prefill_s.
+
+``GenerationStats`` is fed the engine's events and is pure arithmetic: no clocks, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from localspec.core.events import Origin, PrefillDone, RoundCompleted, TokenEmitted
+
+
+@dataclass
+class DrafterStats:
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    seconds: float = 0.0
+    drafted_at: list[int] = field(default_factory=list)  # rounds that drafted >= i+1 tokens
+    accepted_at: list[int] = field(default_factory=list)  # ... and accepted >= i+1
+
+    def observe(self, drafted: int, accepted: int, emitted: int, seconds: float) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.emitted += emitted
+        self.seconds += seconds
+        while len(self.drafted_at) < drafted:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+            if i < accepted:
+                self.accepted_at[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
+
+    def per_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at, strict=True)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "emitted": self.emitted,
+            "seconds": round(self.seconds, 6),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "per_position_acceptance": [round(x, 4) for x in self.per_position()],
+        }
+
+
+PLAIN = "none"  # key of plain target steps in by_drafter
+
+
+@dataclass
+class GenerationStats:
+    """Running totals of one generation (or, merged, of a conversation)."""
+
+    prompt_tokens: int = 0
+    prefill_evaluated: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    generated_tokens: int = 0
+    by_drafter: dict[str, DrafterStats] = field(default_factory=dict)
+    by_origin: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Origin})
+
+    def observe(self, event: object) -> None:
+        """Fold one engine event into the totals; other event kinds are ignored."""
+        if isinstance(event, PrefillDone):
+            self.prompt_tokens += event.prompt_tokens
+            self.prefill_evaluated += event.evaluated_tokens
+            self.prefill_s += event.seconds
+        elif isinstance(event, TokenEmitted):
+            self.generated_tokens += 1
+            self.by_origin[event.origin.value] += 1
+        elif isinstance(event, RoundCompleted):
+            self.decode_s += event.seconds
+            key = event.drafter or PLAIN
+            self.by_drafter.setdefault(key, DrafterStats()).observe(
+                event.drafted, event.accepted, event.emitted, event.seconds
+            )
+
+    @property
+    def rounds(self) -> int:
+        return sum(d.rounds for d in self.by_drafter.values())
+
+    @property
+    def drafted(self) -> int:
+        return sum(d.drafted for d in self.by_drafter.values())
+
+    @property
+    def accepted(self) -> int:
+        return sum(d.accepted for d in self.by_drafter.values())
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_evaluated_tokens": self.prefill_evaluated,
+            "generated_tokens": self.generated_tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "rounds": self.rounds,
+            "prefill_s": round(self.prefill_s, 6),
+            "decode_s": round(self.decode_s, 6),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
+            "tokens_by_origin": dict(self.by_origin),
+            "by_drafter": {k: v.to_dict() for k, v in sorted(self.by_drafter.items())},
+        }

@@ -1,0 +1,69 @@
+"""Verification of a draft against the target's logits, as pure functions over arrays.
+
+Given the target's logits rows for ``[last, d1 .. dK]`` (K+1 rows), a verdict says how many
+drafts survive and which token the target adds (the correction at the first rejection, or
+the bonus token when all K survive):
+
+- greedy: accept the longest prefix with ``argmax(row_i) == d_i``; add ``argmax`` of the
+  next row. The result is the target's own greedy decoding.
+- sampled (exact speculative sampling, Leviathan et al. 2023 / Chen et al. 2023): accept
+  ``d_i`` with probability ``min(1, p(d_i) / q(d_i))``; at the first rejection draw from
+  ``norm(max(0, p - q))``; if all survive draw the bonus from the last row. ``q`` is the
+  draft's warped distribution, or ``None`` for a deterministic (n-gram) draft, which is a
+  one-hot ``q``. This preserves the target's distribution exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from localspec.core.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: int  # drafted tokens that survived
+    token: int  # the target's own token appended after them
+
+    def tokens(self, draft: Sequence[int]) -> list[int]:
+        return [*draft[: self.accepted], self.token]
+
+
+def verify_greedy(target_logits: np.ndarray, draft: Sequence[int]) -> Verdict:
+    """``target_logits`` has ``len(draft) + 1`` rows."""
+    choices = np.argmax(target_logits[: len(draft) + 1], axis=-1)
+    for i, d in enumerate(draft):
+        if int(choices[i]) != d:
+            return Verdict(i, int(choices[i]))
+    return Verdict(len(draft), int(choices[len(draft)]))
+
+
+def verify_sampled(
+    target_probs: Callable[[int], np.ndarray],
+    draft: Sequence[int],
+    draft_probs: Sequence[np.ndarray] | None,
+    rng: np.random.Generator,
+) -> Verdict:
+    """Exact speculative sampling.
+
+    ``target_probs(i)`` gives the warped target distribution p at row i (lazily, so rows
+    past the first rejection are never warped); ``draft_probs[i]`` is q for ``draft[i]``,
+    or ``draft_probs`` is None for a one-hot q.
+    """
+    for i, d in enumerate(draft):
+        p = target_probs(i)
+        q_d = 1.0 if draft_probs is None else float(draft_probs[i][d])
+        if q_d > 0.0 and rng.random() * q_d < p[d]:
+            continue  # accepted with probability min(1, p/q)
+        if draft_probs is None:
+            residual = p.copy()
+            residual[d] = 0.0
+        else:
+            residual = np.maximum(p - draft_probs[i], 0.0)
+        total = residual.sum()
+        # total == 0 only when p == q, where rejection has probability 0; guard rounding.
+        return Verdict(i, sample(residual / total if total > 0 else p, rng))
+    return Verdict(len(draft), sample(target_probs(len(draft)), rng))

@@ -1,0 +1,238 @@
+"""Known model pairs, and resolution of a model reference to a GGUF file on disk.
+
+Contract:
+
+- ``load_catalog()`` reads ``data/catalog.toml`` (shipped inside this package) into a validated
+  ``Catalog``; a missing or malformed file is a ``ModelFileError``.
+- ``resolve_model(ref, role)`` is what the rest of localspec calls to get a path. ``ref`` is
+  tried as, in order: ``None`` (the catalog default for ``role``); an existing local file
+  (returned after a cheap GGUF header check); a model made on this machine by
+  ``localspec models optimize`` (the local registry); a catalog name (the verified copy in
+  the cache, else the same file already in the Hugging Face cache, else a pull through
+  ``localspec.models.fetch``, sources in catalog order); ``repo_id:filename`` on the Hub. Anything
+  else is a ``ModelNotFoundError`` that names the closest catalog names.
+- ``offline=True`` means nothing is fetched; ``None`` lets sources decide (the Hub source
+  honours ``HF_HUB_OFFLINE``).
+- ``locate_model(ref)`` answers the same question without any network: a path or ``None``.
+- A file in the cache's ``models/`` dir is complete and verified: downloads only ever reach
+  it by an atomic rename after verification, so resolution re-checks the header only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from localspec.errors import ModelFileError, ModelNotFoundError, validation_problem
+from localspec.models import fetch, paths
+from localspec.models.gguf import check_gguf
+from localspec.models.schema import Catalog, HubSource, ModelEntry, PypiSource, Role
+
+__all__ = ["Catalog", "HubSource", "ModelEntry", "PypiSource", "Role", "check_gguf"]
+
+CATALOG_PATH = Path(__file__).resolve().parent / "data" / "catalog.toml"
+_HUB_REF = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+):(?P<file>[^:]+\.gguf)$")
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> Catalog:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ModelFileError(
+            f"model catalog not found at {path}",
+            "reinstall localspec from its source tree (pip install -e .)",
+        ) from None
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ModelFileError(f"cannot read the model catalog {path}: {err}") from None
+    try:
+        return Catalog.model_validate(data)
+    except ValidationError as err:
+        where, msg = validation_problem(err)
+        raise ModelFileError(f"invalid model catalog {path}: {where}: {msg}") from None
+
+
+def load_catalog(path: Path | None = None) -> Catalog:
+    return _load(str(path or CATALOG_PATH))
+
+
+@dataclass(frozen=True)
+class HfCachedFile:
+    repo_id: str
+    filename: str
+    path: Path
+    size: int
+
+
+def find_hf_cache_ggufs() -> list[HfCachedFile]:
+    """GGUF files already in the Hugging Face cache; empty if there is no cache."""
+    try:
+        from huggingface_hub import scan_cache_dir
+    except ImportError:
+        return []
+    cache = fetch.hf_cache_dir()
+    if not cache.is_dir():
+        return []
+    try:
+        info = scan_cache_dir(cache)
+    except Exception:  # noqa: BLE001 - an unreadable cache is the same as no cache here
+        return []
+    found = []
+    for repo in info.repos:
+        if repo.repo_type != "model":
+            continue
+        for revision in repo.revisions:
+            for f in revision.files:
+                if f.file_name.endswith(".gguf"):
+                    name = str(f.file_path.relative_to(revision.snapshot_path))
+                    found.append(HfCachedFile(repo.repo_id, name, f.file_path, f.size_on_disk))
+    unique = {(f.repo_id, f.filename): f for f in found}
+    return sorted(unique.values(), key=lambda f: (f.repo_id, f.filename))
+
+
+def cached_path(name: str) -> Path:
+    """Where a catalog model lives in the cache once pulled (it may not exist yet)."""
+    return paths.models_dir() / f"{name}.gguf"
+
+
+# --- local registry: models made on this machine (``localspec models optimize``) ---
+
+
+def load_registry() -> dict[str, dict]:
+    try:
+        data = json.loads(paths.registry_path().read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        raise ModelFileError(
+            f"cannot read the local model registry {paths.registry_path()}: {err}",
+            "delete that file; re-run `localspec models optimize` for the models you need",
+        ) from None
+    return data if isinstance(data, dict) else {}
+
+
+def _write_registry(registry: dict[str, dict]) -> None:
+    target = paths.registry_path()
+    paths.ensure_dir(target.parent)
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(registry, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, target)
+
+
+def register_local(name: str, path: Path, *, base: str, quant: str) -> None:
+    registry = load_registry()
+    registry[name] = {"path": str(Path(path).resolve()), "base": base, "quant": quant}
+    _write_registry(registry)
+
+
+def unregister_local(name: str) -> None:
+    registry = load_registry()
+    if registry.pop(name, None) is not None:
+        _write_registry(registry)
+
+
+# --- resolution ---
+
+
+def default_name(role: Role) -> str:
+    return getattr(load_catalog().defaults, role)
+
+
+def pair_for(target_name: str) -> str | None:
+    """The catalog's recommended draft for a target name (or a model optimized from one)."""
+    catalog = load_catalog()
+    entry = catalog.get(target_name)
+    if entry is None:
+        base = load_registry().get(target_name, {}).get("base")
+        entry = catalog.get(base) if isinstance(base, str) else None
+    return entry.draft if entry is not None else None
+
+
+def suggestions(ref: str, n: int = 3) -> list[str]:
+    names = list(load_catalog().models) + list(load_registry())
+    close = difflib.get_close_matches(ref.lower(), names, n=n, cutoff=0.4)
+    # Substring matches ("coder-7b") are often closer to intent than edit distance.
+    close += [m for m in names if ref.lower() in m and m not in close]
+    return close[:n]
+
+
+def not_found(ref: str) -> ModelNotFoundError:
+    close = suggestions(ref)
+    msg = f"unknown model {ref!r}: not a file, not a catalog name, not repo_id:file.gguf"
+    if close:
+        msg += f"; did you mean {', '.join(close)}?"
+    return ModelNotFoundError(msg, "`localspec models list` shows the catalog")
+
+
+def _looks_like_path(ref: str) -> bool:
+    if _HUB_REF.match(ref):
+        return False
+    return ref.endswith(".gguf") or os.sep in ref or ref.startswith(("~", "."))
+
+
+def locate_model(ref: str | None, role: Role = "target") -> Path | None:
+    """The file ``ref`` names if it is already on this machine; never touches the network."""
+    ref = ref or default_name(role)
+    if Path(ref).expanduser().is_file():
+        return Path(ref).expanduser()
+    local = load_registry().get(ref)
+    if local is not None:
+        path = Path(local.get("path", ""))
+        return path if path.is_file() else None
+    entry = load_catalog().get(ref)
+    if entry is not None:
+        if cached_path(entry.name).is_file():
+            return cached_path(entry.name)
+        return fetch.find_in_hf_cache(entry)
+    match = _HUB_REF.match(ref)
+    if match:
+        return fetch.hub_cached_file(match["repo"], match["file"])
+    return None
+
+
+def resolve_model(
+    ref: str | None,
+    role: Role,
+    *,
+    progress: bool = True,
+    offline: bool | None = None,
+) -> Path:
+    """Return a local GGUF path for ``ref`` (see the module docstring), pulling if needed."""
+    ref = (ref or "").strip() or default_name(role)
+    candidate = Path(ref).expanduser()
+    if candidate.exists() or _looks_like_path(ref):
+        return check_gguf(candidate)
+
+    local = load_registry().get(ref)
+    if local is not None:
+        path = Path(local.get("path", ""))
+        if not path.is_file():
+            raise ModelFileError(
+                f"{ref} was optimized on this machine but its file {path} is gone",
+                f"run `localspec models optimize {local.get('base', '?')}` again",
+            )
+        return check_gguf(path)
+
+    entry = load_catalog().get(ref)
+    if entry is not None:
+        found = locate_model(entry.name)
+        if found is not None:
+            return check_gguf(found)
+        return check_gguf(fetch.pull(entry, progress=progress, offline=bool(offline)))
+
+    match = _HUB_REF.match(ref)
+    if match:
+        path = fetch.pull_hub_file(
+            match["repo"], match["file"], progress=progress, offline=bool(offline)
+        )
+        return check_gguf(path)
+    raise not_found(ref)

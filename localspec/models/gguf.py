@@ -1,0 +1,108 @@
+"""The one GGUF header reader: the file check every model goes through, and metadata.
+
+``check_gguf(path)`` is the cheap test that a path is a readable GGUF file (it exists, is a
+file, starts with the GGUF magic and is not truncated), raising ``ModelFileError`` with a
+hint otherwise. ``read_metadata(path, wanted)`` reads key/values straight from the header,
+in well under a second even for models with large vocabularies.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from localspec.errors import ModelFileError
+
+GGUF_MAGIC = b"GGUF"
+# A GGUF header plus one tensor is already more than this; anything smaller is truncated.
+MIN_GGUF_BYTES = 64
+
+
+def check_gguf(path: Path) -> Path:
+    """Cheap check that ``path`` is a readable GGUF file; raises ``ModelFileError``."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelFileError(
+            f"model file not found: {path}", "check the path, or use a catalog name"
+        )
+    if not path.is_file():
+        raise ModelFileError(f"not a file: {path}", "give the path of a .gguf file")
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as err:
+        raise ModelFileError(f"cannot read {path}: {err.strerror or err}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(
+            f"{path} is not a GGUF file (it starts with {magic!r})",
+            "llama.cpp models are .gguf files; convert other formats with llama.cpp's tools",
+        )
+    if size < MIN_GGUF_BYTES:
+        raise ModelFileError(f"{path} is truncated ({size} bytes)", "download it again")
+    return path
+
+
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+_STRING, _ARRAY = 8, 9
+
+
+def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, object]:
+    """GGUF key/value metadata, read straight from the header.
+
+    Much faster than ``gguf.GGUFReader`` on real models (which builds every tensor and
+    token entry): stops as soon as every ``wanted`` key is found, and skips array values
+    (they come back as ``None``; per-layer arrays of numbers are kept).
+    Raises ``ValueError`` on anything that is not a GGUF v2/v3 header.
+    """
+    out: dict[str, object] = {}
+    with open(path, "rb") as fh:
+
+        def take(fmt: str):
+            size = struct.calcsize(fmt)
+            data = fh.read(size)
+            if len(data) != size:
+                raise ValueError("truncated GGUF header")
+            return struct.unpack(fmt, data)[0]
+
+        def string() -> str:
+            return fh.read(take("<Q")).decode("utf-8", errors="replace")
+
+        def value(vtype: int):
+            if vtype in _SCALARS:
+                return take(_SCALARS[vtype])
+            if vtype == _STRING:
+                return string()
+            if vtype != _ARRAY:
+                raise ValueError(f"unknown GGUF value type {vtype}")
+            itype, count = take("<I"), take("<Q")
+            if itype in _SCALARS:
+                if count <= 4096:
+                    return [take(_SCALARS[itype]) for _ in range(count)]
+                fh.seek(count * struct.calcsize(_SCALARS[itype]), 1)
+                return None
+            for _ in range(count):
+                value(itype)
+            return None
+
+        if fh.read(4) != GGUF_MAGIC or take("<I") < 2:
+            raise ValueError("not a GGUF v2/v3 file")
+        take("<Q")  # tensor count
+        for _ in range(take("<Q")):
+            key = string()
+            out[key] = value(take("<I"))
+            if wanted is not None and wanted <= out.keys():
+                break
+    return out

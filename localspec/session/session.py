@@ -1,0 +1,267 @@
+"""A loaded target/draft pair, ready to complete text or hold a chat.
+
+``open_session(options, on_progress)`` resolves the model references (paths, catalog names,
+Hub references; the default pair when none is given), loads both models with the same
+context size, checks that the draft's vocabulary fits the target's (llama.cpp's rules),
+and measures this machine's costs for the controller once per pair (cached on disk).
+
+``Session.complete`` and ``Session.chat`` turn text or messages into tokens (the target's
+chat template, or raw) and return the engine's event stream. The models' KV caches persist
+across calls, so a chat turn evaluates only the tokens that are new.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from localspec.backend.compat import check_vocabularies
+from localspec.backend.llama import LlamaModel, LoadOptions
+from localspec.core.costs import CostProfile
+from localspec.core.engine import SpecDecoder
+from localspec.core.events import Event
+from localspec.core.params import GenerationParams
+from localspec.errors import ContextOverflowError, IncompatibleModelsError, InputError
+from localspec.session.calibrate import (
+    CostCache,
+    file_identity,
+    looks_disturbed,
+    machine_key,
+    measure_costs,
+)
+from localspec.session.chat_template import render_chat
+
+Progress = Callable[[str], None]
+
+CALIBRATION_TEXT = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
+    "fibonacci(n - 2)\n\nfor i in range(10):\n    print(i, fibonacci(i))\n"
+)
+
+
+class ModelOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target: str | None = None  # path, catalog name or repo_id:filename; None = default
+    draft: str | None = None
+    use_draft: bool = True  # False skips loading the draft model (drafter none / ngram)
+    threads: int | None = Field(None, ge=1)
+    n_ctx: int = Field(4096, ge=64)
+    n_gpu_layers: int = Field(0, ge=-1)
+    flash_attn: bool = True
+    calibrate: bool = True  # measure (or load cached) step costs for the controller
+    recalibrate: bool = False  # measure even when a cached profile exists
+    show_download_progress: bool = True
+
+
+class Session:
+    def __init__(
+        self,
+        target: LlamaModel,
+        draft: LlamaModel | None,
+        costs: CostProfile | None,
+        costs_file: Path | None = None,
+    ) -> None:
+        self.target = target
+        self.closed = False
+        self.costs_file = costs_file
+        self.draft = draft
+        self.costs = costs
+        self.decoder = SpecDecoder(target, draft, costs)
+        self.n_ctx = target.n_ctx
+        self.target_label = target.description()
+        self.draft_label = draft.description() if draft is not None else None
+        self._template = target.chat_template()
+        self._bos = (
+            target.token_text(target.vocab_info().bos) if target.vocab_info().add_bos else ""
+        )
+
+    # -- prompts --------------------------------------------------------------------------
+
+    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        text = render_chat(self._template, messages, bos_token=self._bos)
+        # A template that writes BOS itself must not get a second one from the tokenizer.
+        add_special = not (self._bos and text.startswith(self._bos))
+        return self.target.tokenize(text, add_special=add_special, parse_special=True)
+
+    def text_tokens(self, text: str, *, raw: bool) -> list[int]:
+        if not text.strip():
+            raise InputError("the input is empty", "give the prompt on stdin or as a file")
+        if raw:
+            return self.target.tokenize(text, add_special=True, parse_special=True)
+        return self.chat_tokens([{"role": "user", "content": text}])
+
+    def count_chat_tokens(self, messages: list[dict[str, str]]) -> int:
+        return len(self.chat_tokens(messages))
+
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(
+        self, tokens: list[int], params: GenerationParams, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        if params.drafter == "model" and self.draft is None:
+            raise InputError(
+                "--drafter model needs a draft model, and none is loaded",
+                "pass --draft REF, or use --drafter ngram",
+            )
+        return self.decoder.generate(tokens, params, cancel)
+
+    def complete(
+        self,
+        text: str,
+        params: GenerationParams,
+        *,
+        raw: bool = False,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        return self.generate(self.text_tokens(text, raw=raw), params, cancel)
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        params: GenerationParams,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        tokens = self.chat_tokens(messages)
+        # Checked here, before the first event, so a front end can offer to trim history.
+        if len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the conversation has {len(tokens)} tokens but the context holds {self.n_ctx}",
+                "start a new conversation or drop the oldest turns",
+                n_tokens=len(tokens),
+                n_ctx=self.n_ctx,
+            )
+        return self.generate(tokens, params, cancel)
+
+    def plain_tokens_per_s(self) -> float | None:
+        return 1.0 / self.costs.plain_s if self.costs else None
+
+    def forget_stale_costs(self) -> None:
+        """Drop the cached calibration when live plain steps ran far from it, so the next
+        session measures again (the live correction already served this one)."""
+        if self.costs_file is None:
+            return
+        for controller in self.decoder.controllers():
+            drift = controller.costs.plain_drift()
+            if drift is not None and not 0.67 < drift < 1.5:
+                self.costs_file.unlink(missing_ok=True)
+                return
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.forget_stale_costs()
+        self.target.close()
+        if self.draft is not None:
+            self.draft.close()
+
+
+def _report(on_progress: Progress | None, message: str) -> None:
+    if on_progress is not None:
+        on_progress(message)
+
+
+def resolve_pair(
+    options: ModelOptions, on_progress: Progress | None = None
+) -> tuple[Path, Path | None]:
+    from localspec.models.catalog import resolve_model
+
+    _report(on_progress, "locating the target model (fetched on first use, which can take minutes)")
+    target = resolve_model(options.target, "target", progress=options.show_download_progress)
+    draft = None
+    if options.use_draft:
+        _report(on_progress, "locating the draft model (fetched on first use)")
+        draft = resolve_model(options.draft, "draft", progress=options.show_download_progress)
+    return target, draft
+
+
+def open_session(options: ModelOptions, on_progress: Progress | None = None) -> Session:
+    target_path, draft_path = resolve_pair(options, on_progress)
+    memory_warning = _memory_warning(target_path, draft_path, options.n_ctx)
+    if memory_warning:  # said before loading, which may be what runs out of memory
+        _report(on_progress, f"warning: {memory_warning}")
+    load = LoadOptions(
+        n_ctx=options.n_ctx,
+        n_threads=options.threads,
+        n_gpu_layers=options.n_gpu_layers,
+        flash_attn=options.flash_attn,
+    )
+    _report(on_progress, f"loading target {target_path.name}")
+    target = LlamaModel(target_path, load)
+    draft = None
+    try:
+        if draft_path is not None:
+            _report(on_progress, f"loading draft {draft_path.name}")
+            draft = LlamaModel(draft_path, load)
+            _report(on_progress, "checking that the draft's vocabulary fits the target's")
+            report = check_vocabularies(target, draft)
+            if not report.compatible:
+                raise IncompatibleModelsError(
+                    f"draft {draft_path.name} cannot draft for target {target_path.name}: "
+                    + report.summary(),
+                    "pick a draft of the target's model family (localspec models list), "
+                    "or run without one: --drafter ngram",
+                )
+        costs, costs_file = _costs(options, target, draft, target_path, draft_path, on_progress)
+    except BaseException:
+        target.close()
+        if draft is not None:
+            draft.close()
+        raise
+    return Session(target, draft, costs, costs_file)
+
+
+def _memory_warning(target: Path, draft: Path | None, n_ctx: int) -> str | None:
+    from localspec.models.resources import estimate_memory
+
+    needed, available = estimate_memory(target, draft, n_ctx)
+    if available is None or needed <= available:
+        return None
+    gib = 1024**3
+    return (
+        f"the models and their KV caches need about {needed / gib:.1f} GiB, "
+        f"but only {available / gib:.1f} GiB of memory is available"
+    )
+
+
+def _costs(
+    options: ModelOptions,
+    target: LlamaModel,
+    draft: LlamaModel | None,
+    target_path: Path,
+    draft_path: Path | None,
+    on_progress: Progress | None,
+) -> tuple[CostProfile | None, Path | None]:
+    if not options.calibrate:
+        return None, None
+    from localspec.models.paths import cache_root
+
+    threads = options.threads or os.cpu_count()
+    key = machine_key(
+        file_identity(target_path),
+        file_identity(draft_path),
+        threads,
+        options.n_gpu_layers,
+        options.flash_attn,
+        options.n_ctx,
+    )
+    cache = CostCache(cache_root() / "calibration")
+    costs = None if options.recalibrate else cache.load(key)
+    if costs is None:
+        _report(on_progress, "measuring this machine's step costs (once per model pair)")
+        # A few hundred tokens of context, as in a typical answer: attention cost grows
+        # with it, so a near-empty context would flatter every step.
+        room = max(8, min(320, target.n_ctx - 40))  # leave room for the k+1 verified tokens
+        context = target.tokenize(CALIBRATION_TEXT * 8, add_special=False)[:room]
+        costs = measure_costs(target, draft, context)
+        if looks_disturbed(costs):
+            _report(on_progress, "the machine looked busy while measuring; measuring again")
+            costs = measure_costs(target, draft, context)
+        if not looks_disturbed(costs):  # never keep a measurement spoilt by other work
+            cache.save(key, costs)
+    return costs, cache.path(key)

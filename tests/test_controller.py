@@ -1,0 +1,258 @@
+"""The cost model's decisions, live costs, and what it learned, saved and restored."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.core.controller import Controller, ngram_bucket
+from localspec.core.costs import CostProfile
+from localspec.core.drafters import Offer
+from localspec.core.params import DrafterKind
+
+MODEL, NGRAM = DrafterKind.MODEL, DrafterKind.NGRAM
+
+# Verification costs shaped like a small CPU: a batch of k+1 costs far more than a step,
+# and the curve is not monotonic (a batch of 16 measured cheaper than one of 12).
+CPU = CostProfile(
+    plain_s=0.036,
+    verify_s={
+        1: 0.082,
+        3: 0.104,
+        4: 0.116,
+        8: 0.2,
+        11: 0.266,
+        15: 0.212,
+        31: 0.457,
+        47: 0.33,
+        63: 0.45,
+    },
+    draft_step_s=0.02,
+)
+
+
+def ngram(available: int, match: int = 3, streak: bool = False) -> Offer:
+    return Offer(NGRAM, available, match=match, streak=streak)
+
+
+def model(available: int, catch_up: int = 0) -> Offer:
+    return Offer(MODEL, available, catch_up=catch_up)
+
+
+def learn(c: Controller, offer: Offer, drafted: int, accepted: int, times: int) -> None:
+    for _ in range(times):
+        plan = c.plan([offer])
+        c.observe(plan, offer, drafted, accepted)
+
+
+def expected_rate(c: Controller, offer: Offer, k: int) -> float:
+    est = c.estimate(offer)
+    step = CPU.draft_step_s * k if offer.kind == MODEL else 0.0
+    return (1 + est.expected_accepted(k)[-1]) / (CPU.verify(k) + step)
+
+
+def test_never_picks_a_draft_slower_than_a_plain_step():
+    c = Controller(CPU)
+    learn(c, model(4), 4, 0, 30)  # a model drafter that is usually wrong
+    learn(c, ngram(4, 2), 4, 0, 30)
+    checked = 0
+    for _ in range(10):
+        plan = c.plan([ngram(8, 2), model(16)])
+        if plan.drafter is not None:
+            assert plan.reason.startswith("probe")
+        else:
+            assert plan.expected_tokens_per_s == pytest.approx(1 / CPU.plain_s)
+        checked += 1
+    assert checked == 10
+
+
+def test_chosen_plan_is_the_best_candidate():
+    c = Controller(CPU)
+    offer = ngram(12, 3)
+    learn(c, offer, 8, 8, 20)
+    plan = c.plan([offer])
+    assert plan.drafter == NGRAM and plan.match == 3
+    best = max(expected_rate(c, offer, k) for k in range(1, 13))
+    assert plan.expected_tokens_per_s == pytest.approx(best)
+    assert plan.expected_tokens_per_s > 1 / CPU.plain_s
+
+
+def test_draft_length_grows_with_acceptance():
+    lengths = []
+    for accept in (0.5, 0.75, 0.9, 1.0):
+        c = Controller(CPU)
+        offer = ngram(16, 3)
+        for _ in range(60):
+            c.observe(c.plan([offer]), offer, 10, int(accept * 10))
+        plan = c.plan([offer])
+        lengths.append(plan.k if plan.drafter else 0)
+    assert lengths == sorted(lengths) and lengths[-1] > lengths[0]
+
+
+def test_a_long_match_drafts_long_on_a_cold_start():
+    c = Controller(CPU)  # nothing learned yet: priors alone
+    weak = c.plan([ngram(64, match=2)])
+    assert weak.drafter is None  # a 2-token match does not pay for a verify batch here
+    strong = c.plan([ngram(64, match=20)])
+    assert strong.drafter == NGRAM and strong.k >= 8  # a long match is a copy: draft long
+    assert ngram_bucket(20) == 16 and ngram_bucket(2) == 2
+
+
+def test_prefers_draft_lengths_whose_measured_cost_per_token_is_low():
+    c = Controller(CPU)
+    offer = ngram(60, match=20)
+    learn(c, offer, 47, 47, 30)  # copies accepted whole
+    plan = c.plan([offer])
+    # 47 drafts cost 0.33 s as measured, less than 31 drafts (0.457 s): take the cheaper batch
+    assert plan.k >= 47
+
+
+def test_limit_bounds_each_drafter():
+    c = Controller(CPU, draft_max=6, ngram_draft_max=40)
+    assert c.limit(MODEL, 100) == 6
+    assert c.limit(NGRAM, 100) == 40
+    assert c.limit(NGRAM, 3) == 3
+    assert c.plan([ngram(0, 20)]).drafter is None
+
+
+def test_idle_drafter_is_probed_only_if_it_could_pay():
+    cheap = CostProfile(plain_s=0.036, verify_s={1: 0.04, 3: 0.05, 15: 0.1}, draft_step_s=0.004)
+    c = Controller(cheap, probe_every=5)
+    learn(c, model(4), 4, 0, 30)
+    plans = []
+    for _ in range(12):
+        p = c.plan([model(8)])
+        plans.append(p)
+        c.observe(p, model(8) if p.drafter else None, p.k if p.drafter else 0, 0)
+    assert any(p.drafter == MODEL and p.reason.startswith("probe") for p in plans)
+    assert sum(p.drafter is None for p in plans) >= 8
+    # On the small CPU the draft model could not pay even at 90% acceptance: never probed.
+    slow = Controller(CPU, probe_every=5)
+    learn(slow, model(4), 4, 0, 30)
+    for _ in range(12):
+        p = slow.plan([model(8)])
+        assert p.drafter is None
+        slow.observe(p, None, 0, 0)
+
+
+def test_fixed_mode_always_drafts_when_it_can():
+    c = Controller(CPU, allow=(NGRAM,), fixed=True, draft_max=6)
+    offer = ngram(c.limit(NGRAM, 100), 2)
+    learn(c, offer, 6, 0, 30)
+    assert c.plan([offer]).k == 6
+    assert c.plan([]).drafter is None
+    fixed_model = Controller(CPU, allow=(MODEL,), fixed=True)
+    assert fixed_model.plan([model(16)]).p_min == 0.75
+
+
+def test_cost_interpolation_between_measured_sizes():
+    assert CPU.verify(0) == CPU.plain_s
+    assert CPU.verify(2) == pytest.approx((0.082 + 0.104) / 2)
+    assert CPU.verify(4) == 0.116
+    assert CPU.verify(13) == pytest.approx((0.266 + 0.212) / 2)
+    assert CPU.verify(127) == pytest.approx(0.45 * 2)  # past the largest: its cost per token
+    assert CostProfile.from_dict(CPU.to_dict()) == CPU
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"plain_s": 0, "verify_s": {"1": 0.1}},
+        {"plain_s": 0.1, "verify_s": []},
+        {"plain_s": float("nan"), "verify_s": {"1": 0.1}},
+        {"plain_s": 0.1, "verify_s": {"1": -2}},
+        {"plain_s": 0.1, "verify_s": {}},
+        {"plain_s": 0.1, "verify_s": {"0": 0.1}},
+        [],
+    ],
+)
+def test_cost_profile_rejects_bad_values(bad):
+    with pytest.raises((ValueError, TypeError, KeyError)):
+        CostProfile.from_dict(bad)
+
+
+def test_draft_catch_up_cost_keeps_a_lagging_draft_model_idle():
+    costs = CostProfile(plain_s=0.06, verify_s={4: 0.12}, draft_step_s=0.005, draft_prefill_s=0.004)
+    c = Controller(costs, allow=(MODEL,))
+    learn(c, model(4), 4, 4, 20)
+    assert c.plan([model(50)]).drafter == MODEL
+    lagging = c.plan([model(50, catch_up=400)])
+    assert lagging.drafter is None  # 1.6 s of catching up does not pay for one round
+
+
+def test_catch_up_is_timed_apart_from_draft_steps():
+    class Timing:
+        steps, step_seconds = 3, 0.03
+        catch_up_tokens, catch_up_seconds = 50, 0.5
+
+    costs = CostProfile(plain_s=0.06, verify_s={4: 0.12}, draft_step_s=0.005, draft_prefill_s=0.004)
+    c = Controller(costs)
+    for _ in range(5):
+        c.observe_timing(3, 0.1, Timing())
+    assert c.costs.draft_step_s == pytest.approx(0.01)  # the catch-up pass is not a step
+    assert c.costs.catch_up(100) == pytest.approx(1.0)  # 0.01 s a token, as observed
+
+
+def test_live_costs_follow_what_rounds_take():
+    c = Controller(CPU)
+    for _ in range(12):
+        c.observe_timing(0, 0.072)  # plain steps now take twice the calibrated time
+        c.observe_timing(4, 0.232)
+    assert c.costs.plain_s == pytest.approx(0.072)
+    assert c.costs.verify(4) == pytest.approx(0.232)
+    assert c.costs.verify(8) == pytest.approx(CPU.verify(8) * 2, rel=0.01)  # unseen: scaled
+    assert c.costs.plain_drift() == pytest.approx(2.0)
+
+
+def test_calibration_disturbed_by_other_work_is_recognised():
+    from localspec.session.calibrate import looks_disturbed
+
+    assert not looks_disturbed(CPU)
+    assert looks_disturbed(CostProfile(plain_s=2.8, verify_s={1: 2.8, 4: 0.42}))
+
+
+def test_a_new_generation_relearns_acceptance_quickly():
+    c = Controller(CPU, allow=(NGRAM,))
+    offer = ngram(16, 6)
+    learn(c, offer, 8, 8, 200)  # a long stretch of code being copied: drafts always accepted
+    assert c.plan([offer]).drafter == NGRAM
+    c.new_generation()
+    for _ in range(6):  # prose: the same matches now fail at once
+        c.observe(c.plan([offer]), offer, 4, 0)
+    assert c.plan([offer]).drafter is None
+
+
+def test_learned_state_round_trips_discounted():
+    c = Controller(CPU)
+    offer = ngram(16, 6)
+    learn(c, offer, 8, 8, 50)
+    learn(c, ngram(16, 20, streak=True), 16, 10, 20)
+    learn(c, model(4), 4, 3, 10)
+    saved = c.learned()
+    fresh = Controller(CPU)
+    fresh.restore(saved, keep=1.0)
+    assert fresh.learned() == saved
+    a, b = fresh.plan([offer]), c.plan([offer])
+    assert (a.drafter, a.k) == (b.drafter, b.k)
+    assert a.expected_tokens_per_s == pytest.approx(b.expected_tokens_per_s)
+    half = Controller(CPU)
+    half.restore(saved, keep=0.5)
+    assert half.estimate(offer).evidence == pytest.approx(c.estimate(offer).evidence / 2, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},
+        {"model": {"hits": [1], "tries": [1]}, "ngram": {"5": {"hits": [1], "tries": [1]}}},
+        {"model": {"hits": [2], "tries": [1]}, "ngram": {}},
+        {"model": {"hits": [1], "tries": [1, 2]}, "ngram": {}},
+        {"model": {"hits": "x", "tries": []}, "ngram": {}},
+    ],
+)
+def test_restore_rejects_malformed_state_and_changes_nothing(bad):
+    c = Controller(CPU)
+    learn(c, ngram(16, 6), 8, 8, 5)
+    before = c.learned()
+    with pytest.raises((ValueError, KeyError, TypeError, AttributeError)):
+        c.restore(bad)
+    assert c.learned() == before

@@ -1,0 +1,112 @@
+"""The import contract: each layer imports only from the layers below it.
+
+Layers, lowest first: ``errors``; ``core``; ``backend`` and ``models`` (side by side, neither
+imports the other); ``session``; the front ends ``bench``, ``tui`` and ``serve`` (none imports
+another); ``cli``, which mounts them all. Every import in every module counts, including the
+ones inside functions. The core also stays free of I/O-heavy and UI libraries, checked both
+in its source and in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "localspec"
+RANK = {
+    "errors": 0,
+    "core": 1,
+    "backend": 2,
+    "models": 2,
+    "session": 3,
+    "bench": 4,
+    "tui": 4,
+    "serve": 4,
+    "cli": 5,
+}
+# Third-party libraries a layer must not import.
+FORBIDDEN = {
+    "core": {"textual", "typer", "rich", "llama_cpp", "huggingface_hub", "jinja2"},
+    "backend": {"textual", "typer", "huggingface_hub"},
+    "models": {"textual", "typer", "llama_cpp"},
+    "session": {"textual", "typer"},
+}
+MODULES = sorted(
+    p.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
+    for p in PACKAGE.rglob("*.py")
+)
+
+
+def layer_of(module: str) -> str | None:
+    """``core.engine`` -> ``core``; top-level modules other than ``errors`` have no layer."""
+    head = module.split(".")[0]
+    return head if head in RANK else None
+
+
+def imports_of(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+            if node.module == "localspec":
+                found += [f"localspec.{alias.name}" for alias in node.names]
+    return found
+
+
+def violations(module: str) -> list[str]:
+    path = PACKAGE / (module.replace(".", "/") + ".py")
+    mine = layer_of(module)
+    bad = []
+    for name in imports_of(path):
+        root = name.split(".")[0]
+        if root == "localspec":
+            other = layer_of(name.removeprefix("localspec.")) if name != "localspec" else None
+            if mine is None or other is None or other == mine:
+                continue
+            if RANK[other] >= RANK[mine]:
+                bad.append(f"{module} imports {name} ({other} is not below {mine})")
+        elif mine in FORBIDDEN and root in FORBIDDEN[mine]:
+            bad.append(f"{module} imports {name} ({mine} must not use {root})")
+    return bad
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_imports_only_from_lower_layers(module):
+    assert violations(module) == []
+
+
+def test_every_module_belongs_to_a_layer():
+    loose = [m for m in MODULES if layer_of(m) is None and m not in ("__init__", "__main__")]
+    assert loose == []
+
+
+def test_the_checker_catches_a_leak(tmp_path, monkeypatch):
+    """The contract test itself can fail: a core module importing a front end is caught."""
+    fake = tmp_path / "localspec"
+    (fake / "core").mkdir(parents=True)
+    (fake / "core" / "leaky.py").write_text(
+        "import llama_cpp\n\ndef f():\n    from localspec.tui.app import ChatApp\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    found = violations("core.leaky")
+    assert any("localspec.tui.app" in v for v in found)
+    assert any("llama_cpp" in v for v in found)
+
+
+def test_core_loads_no_front_end_or_backend_library():
+    core = [m for m in MODULES if layer_of(m) == "core"]
+    forbidden = sorted(FORBIDDEN["core"])
+    code = (
+        "import sys\n"
+        + "".join(f"import localspec.{m}\n" for m in core)
+        + f"print(','.join(m for m in {forbidden!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

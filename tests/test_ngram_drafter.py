@@ -1,0 +1,93 @@
+"""Prompt lookup: longest suffix match, several occurrences, long drafts, the protocol."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localspec.core.drafters import NgramDrafter
+from localspec.core.params import DrafterKind, GenerationParams
+
+GREEDY = GenerationParams()
+RNG = np.random.default_rng(0)
+
+
+def propose(d: NgramDrafter, tokens: list[int], k: int) -> list[int]:
+    return d.propose(tokens, k, GREEDY, RNG, 0.0).tokens
+
+
+def test_prefers_the_longest_suffix_match():
+    d = NgramDrafter(1, 8)
+    # "5 6" occurred before 7 8; "6" alone occurred later, before 9.
+    toks = [5, 6, 7, 8, 1, 6, 9, 2, 5, 6]
+    d.begin(toks)
+    m = d.match()
+    assert m.n == 2 and m.starts == (2,)
+    assert propose(d, toks, 2) == [7, 8]
+
+
+def test_measures_matches_far_back_and_reports_them():
+    body = list(range(100, 140))
+    toks = [1, 2, 3] + body + [7, 7] + body[:20]
+    d = NgramDrafter(2, 32)
+    d.begin(toks)
+    m = d.match()
+    assert m.n == 20  # the whole repeated stretch, not just the 4-token key
+    assert d.offer(toks, 64).match == 20
+    assert propose(d, toks, 64)[:20] == body[20:40]
+
+
+def test_match_length_is_capped_at_n_max():
+    body = list(range(100, 150))
+    toks = body + body
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    assert d.match().n == 16
+
+
+def test_follows_the_continuation_most_occurrences_share():
+    # "0 1 2 3" is followed by 4 twice and, most recently, by 9 once.
+    toks = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 8, 0, 1, 2, 3]
+    d = NgramDrafter(2, 8)
+    d.begin(toks)
+    assert propose(d, toks, 2) == [4, 5]
+
+
+def test_ties_go_to_the_most_recent_occurrence():
+    toks = [1, 2, 3, 9, 1, 2, 4, 9, 1, 2]
+    d = NgramDrafter(2, 2)
+    d.begin(toks)
+    assert propose(d, toks, 3) == [4, 9, 1]
+
+
+def test_long_draft_stops_at_the_end_of_the_text():
+    toks = [1, 2, 3, 4, 5, 6, 1, 2, 3]
+    d = NgramDrafter(2, 8)
+    d.begin(toks)
+    offer = d.offer(toks, 64)
+    assert offer.available == 6  # 4 5 6 1 2 3: everything after the occurrence
+    assert propose(d, toks, 64) == [4, 5, 6, 1, 2, 3]
+    assert d.offer(toks, 2).available == 2  # bounded by the caller's limit
+
+
+def test_no_match_incremental_extension_and_streak():
+    d = NgramDrafter(2, 8)
+    toks = [1, 2, 3, 4]
+    d.begin(toks)
+    assert d.match() is None and d.offer(toks, 8) is None
+    toks += [1, 2]
+    d.observe(toks, 0, 0)
+    offer = d.offer(toks, 8)
+    assert offer.kind == DrafterKind.NGRAM and offer.match == 2 and not offer.streak
+    assert propose(d, toks, 8) == [3, 4, 1, 2]
+    toks += [3, 4]
+    d.observe(toks, 2, 2)  # a draft accepted whole: the copy goes on
+    assert d.offer(toks, 8).streak
+    toks += [9]
+    d.observe(toks, 3, 1)
+    assert d.offer(toks, 8) is None or not d.offer(toks, 8).streak
+
+
+def test_never_matches_the_suffix_itself():
+    d = NgramDrafter(1, 2)
+    d.begin([7, 8])
+    assert d.match() is None
