@@ -43,7 +43,8 @@ def test_wheel_installed_into_a_fresh_venv_resolves_the_default_pair(tmp_path):
     model = home / "models" / "qwen2.5-coder-1.5b.gguf"
     model.write_bytes(b"GGUF" + bytes(100))
     env = {**os.environ, "LOCALSPEC_HOME": str(home), "HF_HOME": str(tmp_path / "hf")}
-    where = run([str(py), "-c", "import localspec; print(localspec.__file__)"], cwd=tmp_path, env=env)
+    probe = "import localspec; print(localspec.__file__)"
+    where = run([str(py), "-c", probe], cwd=tmp_path, env=env)
     assert where.stdout.startswith(str(venv)), where.stdout + where.stderr
 
     cli = venv / "bin" / "localspec"

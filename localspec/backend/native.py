@@ -133,7 +133,6 @@ class NativeRunner:
         self.n_ctx = n_ctx
         self.timeout_s = timeout_s
         self.extra_args = list(extra_args)  # appended last, so they override the defaults
-        self.last_command: list[str] = []
 
     def check(self, modes: Sequence[str]) -> None:
         check_binary(self.binary, modes)
@@ -173,7 +172,6 @@ class NativeRunner:
         self, mode: str, prompt: str, max_tokens: int, temperature: float, seed: int | None
     ) -> NativeResult:
         cmd = self.command(mode, prompt, max_tokens, temperature, seed)
-        self.last_command = cmd
         try:
             proc = subprocess.run(
                 cmd, capture_output=True, text=True, errors="replace", timeout=self.timeout_s

@@ -49,10 +49,6 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     return int(min(np.searchsorted(cdf, u, side="right"), len(probs) - 1))
 
 
-def greedy(logits: np.ndarray) -> int:
-    return int(np.argmax(logits))
-
-
 def top_probability(logits: np.ndarray) -> float:
     """Probability of the most likely token at temperature 1 (draft confidence)."""
     x = np.asarray(logits, dtype=np.float64)

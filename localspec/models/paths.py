@@ -9,8 +9,6 @@ Contract:
   ``downloads_dir(name)`` until the model is verified, then it is deleted.
 - ``registry_path()`` is a small JSON file naming models made on this machine (requantized
   copies) so they resolve by name like catalog entries.
-- ``config_dir()`` is ``$LOCALSPEC_HOME/config`` when ``LOCALSPEC_HOME`` is set, else the
-  platform's user config dir, so a test that sets one variable isolates both.
 """
 
 from __future__ import annotations
@@ -40,13 +38,6 @@ def downloads_dir(name: str) -> Path:
 
 def registry_path() -> Path:
     return models_dir() / "registry.json"
-
-
-def config_dir() -> Path:
-    home = os.environ.get(ENV_HOME)
-    if home:
-        return Path(home).expanduser() / "config"
-    return Path(platformdirs.user_config_dir("localspec"))
 
 
 def ensure_dir(path: Path) -> Path:
