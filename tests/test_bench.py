@@ -17,7 +17,8 @@ from localspec.backend.native import NativeRunner, parse_native_output
 from localspec.bench import report as bench_report
 from localspec.bench import runner as bench
 from localspec.cli import bench as bench_cli
-from localspec.cli.bench import bench_command, calibrate_command, format_costs
+from localspec.cli.bench import bench_command
+from localspec.cli.calibrate import calibrate_command, format_costs
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.errors import BackendError, UsageError
@@ -94,6 +95,11 @@ class FakeBenchSession:
         costs = CostProfile(plain_s=1.0, verify_s={1: 1.2, 4: 1.5, 15: 2.5}, draft_step_s=0.1)
         self.decoder = SpecDecoder(self.target, self.draft, costs)
         self.costs = costs
+        self.forgotten = 0  # forget_learning calls
+
+    def forget_learning(self):
+        self.forgotten += 1
+        self.decoder.forget_learning()
 
     def text_tokens(self, text, *, raw):
         return [ord(c) % 24 for c in text]
@@ -112,7 +118,8 @@ def fake_prompts():
 
 def test_runner_records_every_prompt_in_every_mode_from_a_fresh_context():
     session = FakeBenchSession()
-    config = bench.BenchConfig(modes=bench.ENGINE_MODES, max_tokens=20)
+    # As many tokens as a ratio needs: shorter runs are left out of the ratios.
+    config = bench.BenchConfig(modes=bench.ENGINE_MODES, max_tokens=bench.MIN_RATIO_TOKENS)
     seen = []
     records = bench.BenchRunner(session, config).run(
         fake_prompts(), lambda r, done, total: seen.append((done, total))
@@ -123,9 +130,10 @@ def test_runner_records_every_prompt_in_every_mode_from_a_fresh_context():
     assert [(ids.index(r["prompt_id"]), r["mode"]) for r in records] == expected
     # Warm-up (4 runs) plus 12 runs, each resetting both models first.
     assert session.target.resets == session.draft.resets == 16
+    assert session.forgotten == 16  # cold by default: every run starts with nothing learned
     for r in records:
-        assert r["engine"] == "localspec"
-        assert r["generated_tokens"] == len(r["token_ids"]) == 20
+        assert r["engine"] == "localspec" and "trace" not in r
+        assert r["generated_tokens"] == len(r["token_ids"]) == bench.MIN_RATIO_TOKENS
         assert r["drafted"] >= r["accepted"] >= 0
         assert 0.0 <= r["outside_share"] <= 1.0
         assert r["compute_s"] > 0
@@ -137,6 +145,9 @@ def test_runner_records_every_prompt_in_every_mode_from_a_fresh_context():
     for mode in bench.ENGINE_MODES:
         assert summary["overall"][mode]["agreement"]["identical"] == 1.0
     assert summary["overall"]["none"]["ratio_to_none"] == pytest.approx(1.0)
+    assert summary["overall"]["auto"]["short_runs"] == 0
+    assert summary["overall"]["auto"]["mean_tokens"] == bench.MIN_RATIO_TOKENS
+    assert "ratio_to_best_native" not in summary["overall"]["auto"]  # no native mode ran
 
 
 def test_runner_refuses_model_mode_without_a_draft_and_native_without_binary():
@@ -148,12 +159,29 @@ def test_runner_refuses_model_mode_without_a_draft_and_native_without_binary():
         bench.BenchRunner(session, bench.BenchConfig(modes=("none", "native-ngram")))
 
 
-def test_measure_ceiling_restores_an_empty_cache():
+def test_measure_ceiling_times_every_batch_and_restores_an_empty_cache():
     model = TimedFake(n_vocab=24, n_ctx=512)
     ceiling = bench.measure_ceiling(model, list(range(20)))
-    assert ceiling["batch"] == 16 and ceiling["tokens_per_s"] > 0
     assert model.cached == []
-    assert (16, 16) in {(n, k) for _, n, k in model.calls}
+    # 16, 32 and 64 tokens with logits for each, after the same 20-token context:
+    # one warm-up and three timed batches each.
+    batches = [(start, n, k) for start, n, k in model.calls if k > 1]
+    for size in bench.CEILING_BATCHES:
+        assert batches.count((20, size, size)) == 4
+    assert [b["batch"] for b in ceiling["by_batch"]] == list(bench.CEILING_BATCHES)
+    best = max(ceiling["by_batch"], key=lambda b: b["tokens_per_s"])
+    assert ceiling["batch"] == best["batch"] and ceiling["tokens_per_s"] == best["tokens_per_s"]
+    assert ceiling["ceiling_ratio"] == pytest.approx(
+        ceiling["tokens_per_s"] / ceiling["plain_tokens_per_s"], rel=1e-2
+    )
+
+
+def test_measure_ceiling_caps_the_batches_at_the_context_left():
+    model = TimedFake(n_vocab=24, n_ctx=60)
+    ceiling = bench.measure_ceiling(model, list(range(20)))
+    assert [b["batch"] for b in ceiling["by_batch"]] == [16, 32, 40]  # 60 - 20 tokens left
+    assert max(start + n for start, n, _ in model.calls) == 60
+    assert bench.ceiling_batches(4096, 256) == [16, 32, 64]
 
 
 # -- summary arithmetic --------------------------------------------------------------------
@@ -184,8 +212,8 @@ def test_summary_ratios_are_paired_geometric_means_and_agreement_counts_prefixes
         rec("a", "2", "none", 20.0, 100, compute=4.0, ids=[5, 6, 7, 8]),
         rec("a", "2", "ngram", 10.0, 100, drafted=20, accepted=0, rounds=100, compute=4.0,
             ids=[5, 6, 9, 9]),
-        rec("b", "1", "none", 10.0, 50, ids=[1]),
-        rec("b", "1", "ngram", 40.0, 50, drafted=0, ids=[2]),
+        rec("b", "1", "none", 10.0, 80, ids=[1]),
+        rec("b", "1", "ngram", 40.0, 80, drafted=0, ids=[2]),
     ]  # fmt: skip
     s = bench.summarize(records, ("none", "ngram"), greedy=True)
     a = s["categories"]["a"]["ngram"]
@@ -229,7 +257,8 @@ def test_report_files_table_and_chart(tmp_path):
         "ceiling_ratio": 2.86,
     }
     table = bench_report.render_table(summary)
-    assert "| math | auto | 1 | 15.0 | 1.50x | 80% |" in table
+    assert "| math | auto | 1 | 100 | 15.0 | 1.50x | 80% |" in table
+    assert "vs best native" not in table and "Note:" not in table
     assert bench_report.OVERALL in table and "80.0 tok/s" in table
     md, js = bench_report.write_summary(summary, tmp_path)
     assert "- threads: 2" in md.read_text()
@@ -311,7 +340,8 @@ def test_bench_command_on_the_tiny_pair(tiny_pair, tmp_path):
         assert r["generated_tokens"] >= 1 and 0.0 <= r["outside_share"] <= 1.0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["categories"]) == {"math", "translation"}
-    assert summary["ceiling"]["batch"] == 16
+    assert summary["ceiling"]["batch"] in bench.CEILING_BATCHES
+    assert summary["meta"]["cold"] is True
     assert (out / "speedup.png").exists() and (out / "summary.md").exists()
     assert bench_report.OVERALL in result.stdout
     # The same folder twice would mix two runs.
@@ -343,7 +373,7 @@ def test_calibrate_command_prints_costs(tiny_pair):
             "--threads", "1"]  # fmt: skip
     result = CliRunner().invoke(cli_app(), args)
     assert result.exit_code == 0, result.output
-    for needle in ("plain target step", "k=15", "draft step", "ceiling at a batch of 16"):
+    for needle in ("plain target step", "k=15", "k=63", "draft step", "ceiling (best batch"):
         assert needle in result.stdout
     costs = CostProfile(plain_s=0.036, verify_s={1: 0.082, 15: 0.212}, draft_step_s=0.02)
     text = format_costs(costs, Path("/cache/calibration"))
@@ -358,7 +388,8 @@ def test_native_modes_run_a_binary_and_are_summarised_beside_the_engine(tmp_path
     binary.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = "--help" ]; then\n'
-        '  echo "--spec-type none,draft-simple,ngram-simple"; exit 0\n'
+        '  echo "--spec-type none,draft-simple,ngram-simple --spec-ngram-simple-size-n N"\n'
+        "  exit 0\n"
         "fi\n"
         f'echo "$@" >> {args_log}\n'
         f"cat {sample} >&2\n"
@@ -370,9 +401,11 @@ def test_native_modes_run_a_binary_and_are_summarised_beside_the_engine(tmp_path
     config = bench.BenchConfig(modes=("none", *bench.NATIVE_MODES), max_tokens=20)
     records = bench.BenchRunner(session, config, runner).run(fake_prompts()[:2])
     native = [r for r in records if r["engine"] == "llama.cpp"]
-    assert len(native) == 4 and {r["mode"] for r in native} == set(bench.NATIVE_MODES)
+    assert len(native) == 6 and {r["mode"] for r in native} == set(bench.NATIVE_MODES)
     assert all(r["decode_tokens_per_s"] == pytest.approx(1.216) for r in native)
-    assert len(args_log.read_text().splitlines()) == 2 + 4  # warm-up, then one per run
+    # The sample decoded 35 tokens where 20 were asked.
+    assert all(r["overshoot"] == 15 for r in native)
+    assert len(args_log.read_text().splitlines()) == 3 + 6  # warm-up, then one per run
     summary = bench.summarize(records, config.modes, greedy=True)
     assert summary["overall"]["native-ngram"]["agreement"] is None
     assert summary["overall"]["native-draft"]["acceptance_rate"] == pytest.approx(24 / 31, abs=1e-4)

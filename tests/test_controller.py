@@ -88,18 +88,24 @@ def test_draft_length_grows_with_acceptance():
     assert lengths == sorted(lengths) and lengths[-1] > lengths[0]
 
 
-def test_a_long_match_drafts_long_on_a_cold_start():
+def test_a_long_match_drafts_on_a_cold_start_and_a_streak_drafts_longer():
     c = Controller(CPU)  # nothing learned yet: priors alone
     weak = c.plan([ngram(64, match=2)])
     assert weak.drafter is None  # a 2-token match does not pay for a verify batch here
+    medium = c.plan([ngram(64, match=12)])
+    assert medium.drafter == NGRAM and medium.k <= 16  # a copy, not yet shown: a short batch
     strong = c.plan([ngram(64, match=20)])
-    assert strong.drafter == NGRAM and strong.k >= 8  # a long match is a copy: draft long
+    assert strong.drafter == NGRAM and strong.k >= medium.k  # a long match is a copy
     assert ngram_bucket(20) == 16 and ngram_bucket(2) == 2
+    copying = Controller(CPU)
+    offer = ngram(64, match=20, streak=True)
+    learn(copying, offer, 47, 47, 20)
+    assert copying.plan([offer]).k > 16  # a copy that keeps being accepted whole: longer
 
 
 def test_prefers_draft_lengths_whose_measured_cost_per_token_is_low():
     c = Controller(CPU)
-    offer = ngram(60, match=20)
+    offer = ngram(60, match=20, streak=True)  # a copy under way: long drafts are allowed
     learn(c, offer, 47, 47, 30)  # copies accepted whole
     plan = c.plan([offer])
     # 47 drafts cost 0.33 s as measured, less than 31 drafts (0.457 s): take the cheaper batch
@@ -186,21 +192,21 @@ def test_catch_up_is_timed_apart_from_draft_steps():
 
     costs = CostProfile(plain_s=0.06, verify_s={4: 0.12}, draft_step_s=0.005, draft_prefill_s=0.004)
     c = Controller(costs)
-    for _ in range(5):
+    for _ in range(30):
         c.observe_timing(3, 0.1, Timing())
-    assert c.costs.draft_step_s == pytest.approx(0.01)  # the catch-up pass is not a step
-    assert c.costs.catch_up(100) == pytest.approx(1.0)  # 0.01 s a token, as observed
+    assert c.costs.draft_step_s == pytest.approx(0.01, rel=0.02)  # catch-up is not a step
+    assert c.costs.catch_up(100) == pytest.approx(1.0, rel=0.02)  # 0.01 s a token, as seen
 
 
 def test_live_costs_follow_what_rounds_take():
     c = Controller(CPU)
-    for _ in range(12):
+    for _ in range(30):
         c.observe_timing(0, 0.072)  # plain steps now take twice the calibrated time
         c.observe_timing(4, 0.232)
-    assert c.costs.plain_s == pytest.approx(0.072)
-    assert c.costs.verify(4) == pytest.approx(0.232)
-    assert c.costs.verify(8) == pytest.approx(CPU.verify(8) * 2, rel=0.01)  # unseen: scaled
-    assert c.costs.plain_drift() == pytest.approx(2.0)
+    assert c.costs.plain_s == pytest.approx(0.072, rel=0.01)
+    assert c.costs.verify(4) == pytest.approx(0.232, rel=0.01)
+    assert c.costs.verify(8) == pytest.approx(CPU.verify(8) * 2, rel=0.02)  # unseen: scaled
+    assert c.costs.plain_drift() == pytest.approx(2.0, rel=0.01)
 
 
 def test_calibration_disturbed_by_other_work_is_recognised():
@@ -213,6 +219,7 @@ def test_calibration_disturbed_by_other_work_is_recognised():
 def test_a_new_generation_relearns_acceptance_quickly():
     c = Controller(CPU, allow=(NGRAM,))
     offer = ngram(16, 6)
+    c.new_generation()  # the first generation starts from what was restored, kept whole
     learn(c, offer, 8, 8, 200)  # a long stretch of code being copied: drafts always accepted
     assert c.plan([offer]).drafter == NGRAM
     c.new_generation()
@@ -256,3 +263,26 @@ def test_restore_rejects_malformed_state_and_changes_nothing(bad):
     with pytest.raises((ValueError, KeyError, TypeError, AttributeError)):
         c.restore(bad)
     assert c.learned() == before
+
+
+def test_one_stalled_round_does_not_poison_the_costs():
+    """A pause of the whole process (another program) makes one round very slow: the
+    estimates move a bounded step, and plain steps stay the choice they were."""
+    c = Controller(CPU)
+    weak = ngram(8, match=2)
+    for _ in range(10):
+        c.observe_timing(0, CPU.plain_s)
+        c.observe_timing(2, CPU.verify(2))
+    before = c.plan([weak])
+    c.observe_timing(0, 40 * CPU.plain_s)  # a 1.4 s stall on a 36 ms step
+    c.observe_timing(2, 40 * CPU.verify(2))
+    assert c.costs.plain_s < 1.2 * CPU.plain_s
+    assert c.costs.verify(2) < 1.2 * CPU.verify(2)
+    assert c.plan([weak]).drafter == before.drafter is None
+
+
+def test_a_machine_that_really_slowed_down_is_followed():
+    c = Controller(CPU)
+    for _ in range(40):
+        c.observe_timing(0, 3 * CPU.plain_s)
+    assert c.costs.plain_s == pytest.approx(3 * CPU.plain_s, rel=0.05)

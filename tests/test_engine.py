@@ -218,3 +218,26 @@ def test_sampled_engine_matches_target_next_token_distribution():
     p = np.exp(logits - logits.max())
     p /= p.sum()
     assert 0.5 * np.abs(counts / n - p).sum() < 0.04
+
+
+def test_a_draft_with_a_larger_vocabulary_never_drafts_an_id_the_target_lacks():
+    """Vocabularies may differ by up to 128 tokens: the draft's extra ids are never drafted,
+    and sampled drafts stay exact (q has the target's size)."""
+    target = FakeModel(n_vocab=20, seed=13, sharpness=1.0)
+    draft = FakeModel(n_vocab=24, seed=14, sharpness=1.0)
+
+    def biased(context: list[int]) -> np.ndarray:  # the draft's favourite ids are 20..23
+        logits = FakeModel.logits_after(draft, context)
+        logits[20:] += 50.0
+        return logits
+
+    draft.logits_after = biased  # type: ignore[method-assign]
+    decoder = SpecDecoder(target, draft, CHEAP_VERIFY)
+    for temperature in (0.0, 0.9):
+        _, fin = run(
+            decoder, PROMPT, max_tokens=30, drafter="model", temperature=temperature, seed=3
+        )
+        assert len(fin.token_ids) == 30 and max(fin.token_ids) < 20
+        assert fin.stats["drafted"] > 0
+    _, greedy = run(decoder, PROMPT, max_tokens=30, drafter="model")
+    assert list(greedy.token_ids) == plain_greedy(target, PROMPT, 30)

@@ -71,23 +71,72 @@ def test_long_draft_stops_at_the_end_of_the_text():
 
 def test_no_match_incremental_extension_and_streak():
     d = NgramDrafter(2, 8)
-    toks = [1, 2, 3, 4]
+    body = list(range(10, 30))
+    toks = [1, 2, *body]
     d.begin(toks)
     assert d.match() is None and d.offer(toks, 8) is None
     toks += [1, 2]
     d.observe(toks, 0, 0)
-    offer = d.offer(toks, 8)
+    offer = d.offer(toks, 64)
     assert offer.kind == DrafterKind.NGRAM and offer.match == 2 and not offer.streak
-    assert propose(d, toks, 8) == [3, 4, 1, 2]
-    toks += [3, 4]
-    d.observe(toks, 2, 2)  # a draft accepted whole: the copy goes on
-    assert d.offer(toks, 8).streak
-    toks += [9]
-    d.observe(toks, 3, 1)
-    assert d.offer(toks, 8) is None or not d.offer(toks, 8).streak
+    assert propose(d, toks, 10) == body[:10]
+    toks += body[:11]
+    d.observe(toks, 10, 10)  # a long draft accepted whole: the copy goes on
+    assert d.offer(toks, 64).streak
+    assert propose(d, toks, 3) == body[11:14]
+    toks += [body[11], 99]
+    d.observe(toks, 3, 1)  # parted: no streak
+    after = d.offer(toks, 64)
+    assert after is None or not after.streak
 
 
 def test_never_matches_the_suffix_itself():
     d = NgramDrafter(1, 2)
     d.begin([7, 8])
     assert d.match() is None
+
+
+def _draft_and_observe(d, toks, k, answer_tokens, accepted):
+    draft = propose(d, toks, k)
+    toks += answer_tokens
+    d.observe(toks, len(draft), accepted)
+    return draft
+
+
+def test_a_parted_copy_resumes_after_a_replaced_token():
+    source = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    toks = [*source, 40, 1, 2, 3]
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    # The answer copies 4 5, then writes 77 where the source has 6 (a renamed variable).
+    draft = _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)
+    assert draft == [4, 5, 6, 7, 8]
+    toks.append(7)  # a plain step: the answer is back on the source, after the 6
+    d.observe(toks, 0, 0)
+    offer = d.offer(toks, 64)
+    assert offer.resync and offer.available == len(toks) - 7
+    assert propose(d, toks, 3) == [8, 9, 10]
+
+
+def test_a_parted_copy_resumes_after_inserted_text():
+    toks = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 40, 1, 2, 3]
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)  # 77 inserted before the 6
+    for token in (78, 6):  # more inserted text, then the source again
+        toks.append(token)
+        d.observe(toks, 0, 0)
+    offer = d.offer(toks, 64)
+    assert offer.resync
+    assert propose(d, toks, 3) == [7, 8, 9]
+
+
+def test_a_parted_copy_is_forgotten_when_the_answer_goes_elsewhere():
+    toks = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 40, 1, 2, 3]
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)
+    for token in range(100, 112):  # new text, nothing like the source
+        toks.append(token)
+        d.observe(toks, 0, 0)
+    assert d.offer(toks, 64) is None

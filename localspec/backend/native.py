@@ -2,11 +2,22 @@
 
 ``NativeRunner.run(mode, prompt_text, ...)`` runs the binary once and parses the timings it
 prints at the end (``decoded N tokens in S seconds, speed: T t/s`` and the ``n_drafted`` /
-``n_accept`` counters) with ``parse_native_output``. Modes:
+``n_accept`` counters) with ``parse_native_output``. Every mode gets the same ``-n``. Modes:
 
 - ``native-draft``: ``--spec-type draft-simple`` with the draft model (``-md``), its defaults
   for draft length and confidence;
-- ``native-ngram``: ``--spec-type ngram-simple``, no draft model.
+- ``native-ngram``: ``--spec-type ngram-simple``, no draft model;
+- ``native-none``: llama.cpp's plain decoding in the same binary. ``--spec-type none`` is
+  accepted by the option parser, but the example then exits with "failed to initialize
+  speculative decoding", so this mode runs ``ngram-simple`` pinned to a lookup it cannot
+  satisfy (a 1024-token match, drafting 1 token, checked only once the context passes 1026
+  tokens): every round verifies the last token alone, as plain decoding does. These flags
+  come after ``extra_args`` so ``--native-flags`` cannot turn drafting back on; the record's
+  ``drafted`` shows 0.
+
+The binary stops only once it has written *more* than ``-n`` tokens, so a run without an
+end-of-generation token writes at least ``-n`` + 1 (the bench records the excess as
+``overshoot``).
 
 The prompt is the bench's own token sequence turned back into text with special tokens
 spelled out, so the binary (which tokenizes with special tokens parsed) sees the same chat
@@ -26,7 +37,14 @@ from typing import Any
 
 from localspec.errors import BackendError, UsageError
 
-SPEC_TYPES = {"native-draft": "draft-simple", "native-ngram": "ngram-simple"}
+SPEC_TYPES = {
+    "native-draft": "draft-simple",
+    "native-ngram": "ngram-simple",
+    "native-none": "ngram-simple",  # pinned so that it never drafts: see NO_DRAFT_FLAGS
+}
+# ngram-simple drafts only after matching the last 1024 tokens (the most it allows) earlier
+# in the context, and looks only once the context holds more than 1024 + 1 + 1 tokens.
+NO_DRAFT_FLAGS = ("--spec-ngram-simple-size-n", "1024", "--spec-ngram-simple-size-m", "1")
 BUILD_HINT = (
     "build it with: scripts/build_native.sh DIR (then pass DIR/bin/llama-speculative-simple)"
 )
@@ -105,11 +123,15 @@ def check_binary(binary: Path, modes: Sequence[str]) -> None:
         raise UsageError(f"{binary} --help did not finish", BUILD_HINT) from None
     help_text = proc.stdout + proc.stderr
     for mode in modes:
-        if mode in SPEC_TYPES and SPEC_TYPES[mode] not in help_text:
-            raise UsageError(
-                f"{binary.name} does not offer --spec-type {SPEC_TYPES[mode]} (needed by {mode})",
-                "use the llama.cpp version vendored in llama-cpp-python 0.3.36: " + BUILD_HINT,
-            )
+        needed = [f"--spec-type {SPEC_TYPES[mode]}"] if mode in SPEC_TYPES else []
+        if mode == "native-none":
+            needed.append(NO_DRAFT_FLAGS[0])
+        for wanted in needed:
+            if wanted.split()[-1] not in help_text:
+                raise UsageError(
+                    f"{binary.name} does not offer {wanted} (needed by {mode})",
+                    "use the llama.cpp version vendored in llama-cpp-python 0.3.36: " + BUILD_HINT,
+                )
 
 
 class NativeRunner:
@@ -166,7 +188,10 @@ class NativeRunner:
         cmd += ["--spec-type", SPEC_TYPES[mode]]
         if mode == "native-draft":
             cmd += ["-md", str(self.draft), "-td", threads, "-tbd", threads]
-        return cmd + self.extra_args
+        cmd += self.extra_args
+        if mode == "native-none":
+            cmd += NO_DRAFT_FLAGS  # after the extra flags, so they cannot enable drafting
+        return cmd
 
     def run(
         self, mode: str, prompt: str, max_tokens: int, temperature: float, seed: int | None

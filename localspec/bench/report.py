@@ -1,73 +1,150 @@
 """Render a bench summary: a Markdown table, summary.md / summary.json, and a speedup chart.
 
 ``summary`` is the dict ``localspec.bench.runner.summarize`` returns, extended by the caller with
-``meta`` (models, machine, settings) and ``ceiling`` (``bench.measure_ceiling``).
-``render_table`` gives the text printed to stdout and saved as summary.md; ``write_chart``
-draws the ratio to ``none`` per category and mode with matplotlib (Agg backend, imported
-only here and only when asked for, so the rest of the bench runs without it).
+``meta`` (models, machine, settings) and ``ceiling`` (``runner.measure_ceiling``).
+``render_table`` gives the text printed to stdout and saved as summary.md: one row per
+category and mode (``vs none`` notes the short runs it left out; ``vs best native`` and
+``vs native-none`` appear only when llama.cpp's modes ran), then notes on native runs that
+wrote more tokens than asked and the ceiling line. ``write_chart`` draws the ratio to
+``none`` per category and mode with matplotlib (Agg backend, imported only here and only
+when asked for, so the rest of the bench runs without it).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from localspec.bench.runner import MIN_RATIO_TOKENS
 from localspec.errors import UsageError
 
 OVERALL = "all (geo-mean)"
+OVERSHOOT_LISTED = 6  # runs named per mode in the overshoot note; the rest are counted
 
 
 def _fmt(value: Any, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
-def _row(name: str, mode: str, g: dict[str, Any]) -> str:
+def _ratio(value: float | None) -> str:
+    return _fmt(value, ".2f") + ("x" if value is not None else "")
+
+
+def _vs_none(g: dict[str, Any]) -> str:
+    short = g.get("short_runs") or 0
+    return _ratio(g["ratio_to_none"]) + (f" ({short} short left out)" if short else "")
+
+
+def _common_prefix(g: dict[str, Any]) -> str:
     agreement = g.get("agreement") or {}
-    cells = [
-        name,
-        mode,
-        str(g["prompts"]),
-        _fmt(g["decode_tokens_per_s"], ".1f"),
-        _fmt(g["ratio_to_none"], ".2f") + ("x" if g["ratio_to_none"] is not None else ""),
-        _fmt(g["acceptance_rate"], ".0%"),
-        _fmt(g["mean_accepted_length"], ".2f"),
-        _fmt(g["outside_share"], ".1%"),
-        _fmt(agreement.get("identical"), ".0%"),
-        _fmt(agreement.get("mean_common_prefix"), ".0f")
-        + (f"/{agreement['mean_baseline_length']:.0f}" if agreement else ""),
+    return _fmt(agreement.get("mean_common_prefix"), ".0f") + (
+        f"/{agreement['mean_baseline_length']:.0f}" if agreement else ""
+    )
+
+
+def _identical(g: dict[str, Any]) -> str:
+    return _fmt((g.get("agreement") or {}).get("identical"), ".0%")
+
+
+Column = tuple[str, Callable[[dict[str, Any]], str]]  # title, cell (right-aligned)
+
+COLUMNS_BEFORE: list[Column] = [
+    ("prompts", lambda g: str(g["prompts"])),
+    ("tokens/run", lambda g: _fmt(g.get("mean_tokens"), ".0f")),
+    ("decode tok/s", lambda g: _fmt(g["decode_tokens_per_s"], ".1f")),
+    ("vs none", _vs_none),
+]
+NATIVE_COLUMNS: dict[str, Column] = {
+    "ratio_to_best_native": ("vs best native", lambda g: _ratio(g.get("ratio_to_best_native"))),
+    "ratio_to_native_none": ("vs native-none", lambda g: _ratio(g.get("ratio_to_native_none"))),
+}
+COLUMNS_AFTER: list[Column] = [
+    ("acceptance", lambda g: _fmt(g["acceptance_rate"], ".0%")),
+    ("tokens/pass", lambda g: _fmt(g["mean_accepted_length"], ".2f")),
+    ("outside llama.cpp", lambda g: _fmt(g["outside_share"], ".1%")),
+    ("identical to none", _identical),
+    ("common prefix", _common_prefix),
+]
+
+
+def _columns(summary: dict[str, Any]) -> list[Column]:
+    """The table's columns; the native ratios only when some group has them."""
+    present = {key for g in summary["overall"].values() for key in g}
+    native = [column for key, column in NATIVE_COLUMNS.items() if key in present]
+    return [*COLUMNS_BEFORE, *native, *COLUMNS_AFTER]
+
+
+def _row(name: str, mode: str, g: dict[str, Any], columns: list[Column]) -> str:
+    return "| " + " | ".join([name, mode, *(cell(g) for _, cell in columns)]) + " |"
+
+
+def _header(columns: list[Column]) -> str:
+    titles = ["category", "mode", *(title for title, _ in columns)]
+    aligns = ["---", "---", *("---:" for _ in columns)]
+    return "| " + " | ".join(titles) + " |\n| " + " | ".join(aligns) + " |"
+
+
+def _overshoot_note(summary: dict[str, Any]) -> list[str]:
+    """Which runs wrote more tokens than asked, per mode (records.jsonl has them all)."""
+    runs = summary.get("overshoot") or []
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_mode.setdefault(run["mode"], []).append(run)
+    parts = []
+    for mode, mine in by_mode.items():
+        total = (summary["overall"].get(mode) or {}).get("prompts", len(mine))
+        extra = sorted({r["overshoot"] for r in mine})
+        span = f"+{extra[0]}" + (f" to +{extra[-1]}" if len(extra) > 1 else "")
+        if len(mine) == total:
+            parts.append(f"{mode}: all {total} runs ({span})")
+            continue
+        names = [f"{r['category']}/{r['prompt_id']}" for r in mine[:OVERSHOOT_LISTED]]
+        more = len(mine) - len(names)
+        listed = ", ".join(names) + (f" and {more} more" if more else "")
+        parts.append(f"{mode}: {len(mine)} of {total} runs ({span}): {listed}")
+    if not parts:
+        return []
+    asked = runs[0]["generated_tokens"] - runs[0]["overshoot"]
+    return [
+        "",
+        f"Note: runs that wrote more tokens than the {asked} asked (their tok/s counts the "
+        "extra tokens; records.jsonl marks each with overshoot): " + "; ".join(parts) + ".",
     ]
-    return "| " + " | ".join(cells) + " |"
 
 
-HEADER = (
-    "| category | mode | prompts | decode tok/s | vs none | acceptance | tokens/pass "
-    "| outside llama.cpp | identical to none | common prefix |\n"
-    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-)
+def _ceiling_lines(ceiling: dict[str, Any]) -> list[str]:
+    others = [b for b in ceiling.get("by_batch", []) if b["batch"] != ceiling["batch"]]
+    tried = "".join(f", {b['tokens_per_s']:.1f} at {b['batch']}" for b in others)
+    lines = [
+        "",
+        f"Ceiling of this machine for the target: {ceiling['tokens_per_s']:.1f} tok/s at a "
+        f"batch of {ceiling['batch']} with logits for every position "
+        f"({ceiling['batch_s'] * 1000:.0f} ms a batch{tried}), against "
+        f"{ceiling['plain_tokens_per_s']:.1f} tok/s for a plain step: "
+        f"{ceiling['ceiling_ratio']:.2f}x is the most any lossless method can reach here.",
+    ]
+    if ceiling.get("calibrated_tokens_per_s"):
+        at = ceiling.get("calibrated_batch")
+        lines.append(
+            f"(The cached calibration says {ceiling['calibrated_tokens_per_s']:.1f} tok/s "
+            + (f"at a batch of {at}.)" if at else "at that batch.)")
+        )
+    return lines
 
 
 def render_table(summary: dict[str, Any]) -> str:
-    """The per-category table, overall geometric-mean rows last, then the ceiling."""
-    lines = [HEADER]
+    """The per-category table, overall geometric-mean rows last, then the notes and the
+    ceiling."""
+    columns = _columns(summary)
+    lines = [_header(columns)]
     for category, modes in summary["categories"].items():
-        lines += [_row(category, mode, g) for mode, g in modes.items()]
-    lines += [_row(OVERALL, mode, g) for mode, g in summary["overall"].items()]
-    ceiling = summary.get("ceiling")
-    if ceiling:
-        lines.append("")
-        lines.append(
-            f"Ceiling of this machine for the target: {ceiling['tokens_per_s']:.1f} tok/s at a "
-            f"batch of {ceiling['batch']} with logits for every position "
-            f"({ceiling['batch_s'] * 1000:.0f} ms a batch), against "
-            f"{ceiling['plain_tokens_per_s']:.1f} tok/s for a plain step: "
-            f"{ceiling['ceiling_ratio']:.2f}x is the most any lossless method can reach here."
-        )
-        if ceiling.get("calibrated_tokens_per_s"):
-            lines.append(
-                f"(The cached calibration says {ceiling['calibrated_tokens_per_s']:.1f} tok/s "
-                "at that batch.)"
-            )
+        lines += [_row(category, mode, g, columns) for mode, g in modes.items()]
+    lines += [_row(OVERALL, mode, g, columns) for mode, g in summary["overall"].items()]
+    lines += _overshoot_note(summary)
+    if summary.get("ceiling"):
+        lines += _ceiling_lines(summary["ceiling"])
     return "\n".join(lines)
 
 
@@ -78,11 +155,17 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"- {key}: {value}")
     lines += [
         "",
-        "decode tok/s: generated tokens over decode time (prefill excluded), all prompts of the "
-        "group pooled. vs none: geometric mean of per-prompt ratios to plain decoding of the "
-        "same prompt. tokens/pass: mean accepted length, bonus included. outside llama.cpp: "
-        "share of decode time spent outside llama_decode and the logits copy. identical / "
-        "common prefix: greedy agreement of the token ids with plain decoding (tokens).",
+        "tokens/run: generated tokens per run. decode tok/s: generated tokens over decode "
+        "time (prefill excluded), all prompts of the group pooled. vs none: geometric mean of "
+        "per-prompt ratios to plain decoding of the same prompt; a run of fewer than "
+        f"{MIN_RATIO_TOKENS} tokens, or whose reference run is that short, is left out of "
+        "every ratio (its tok/s is mostly noise); vs none counts them as short. "
+        "vs best native: the "
+        "same, against the faster of native-draft and native-ngram on each prompt. "
+        "vs native-none: plain decoding against llama.cpp's plain decoding. tokens/pass: "
+        "mean accepted length, bonus included. outside llama.cpp: share of decode time spent "
+        "outside llama_decode and the logits copy. identical / common prefix: greedy "
+        "agreement of the token ids with plain decoding (tokens).",
         "",
         render_table(summary),
         "",

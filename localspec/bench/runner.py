@@ -1,25 +1,37 @@
 """Benchmark: plain and speculative decoding over prompt sets, run by category.
 
 ``load_prompts`` reads the shipped sets (``prompts/<category>.jsonl``, one
-``{"id", "prompt", "source"}`` per line). ``BenchRunner.run`` drives a loaded ``Session``:
+``{"id", "prompt", "source"}`` per line); ``load_prompt_file`` reads a user's own JSONL file
+(``prompt`` required; ``id``, ``category``, ``source`` default to ``line-N``, the file's stem
+and its path). ``BenchRunner.run`` drives a loaded ``Session``:
 
 - every prompt is run in every mode before the next prompt starts (interleaved), and the
   mode order rotates from one prompt to the next, so drift on a busy machine (thermal,
   other work) falls on all modes alike instead of on whichever ran last;
 - every run starts from empty KV caches (target and draft are reset), so no run reuses
   another's prompt evaluation; a short warm-up run per mode comes first and is not recorded;
-- the engine's per-mode controller keeps its acceptance estimates from prompt to prompt, as
-  it does in a session;
-- ``native-draft`` / ``native-ngram`` run llama.cpp's ``llama-speculative-simple`` on the
-  same prompt text and models (see ``native.py``).
+- cold (the default): every engine run, warm-up included, starts with
+  ``session.forget_learning()``, so each prompt meets a controller that has learned nothing,
+  as a fresh ``localspec complete`` without saved state does; warm: the per-mode controller
+  keeps its acceptance estimates from prompt to prompt, as it does in a session;
+- ``native-draft`` / ``native-ngram`` / ``native-none`` run llama.cpp's
+  ``llama-speculative-simple`` on the same prompt text and models with the same ``-n``
+  (see ``backend/native.py``); a native run that wrote more tokens than asked keeps its
+  record and gets ``overshoot`` (the tokens beyond ``max_tokens``).
 
 Each run yields one record (a plain dict, written as a JSONL line by the caller) with the
 stats vocabulary of ``stats.py`` plus ``outside_share``: the part of the decode time spent
 outside llama.cpp (``1 - compute/decode``, compute being the models' ``compute_seconds``
-accumulated during decoding). ``summarize`` turns records into per-category and overall
-figures: decode tokens/s, the geometric mean of per-prompt ratios to ``none`` (paired on the
-same prompt), acceptance, mean accepted length, outside share, and greedy agreement with
-``none`` (identical token ids, common-prefix length). No printing here.
+accumulated during decoding), and with ``trace`` (the engine's per-round list) when the
+config asks for it. ``summarize`` turns records into per-category and overall figures:
+decode tokens/s, mean tokens per run, the geometric mean of per-prompt ratios to ``none``
+(paired on the same prompt; runs of fewer than ``MIN_RATIO_TOKENS`` tokens, or whose
+reference run is that short, are left out and counted as ``short_runs``), for the engine's
+modes the ratio to the fastest speculative native run of each prompt
+(``ratio_to_best_native``) and for ``none`` the ratio to ``native-none``, acceptance, mean
+accepted length, outside share, greedy agreement with ``none`` (identical token ids,
+common-prefix length), and the list of native runs that overshot. ``measure_ceiling`` times
+the target's best batch throughput. No printing here.
 """
 
 from __future__ import annotations
@@ -50,12 +62,17 @@ CATEGORIES = (
     "math",
 )
 ENGINE_MODES = ("none", "ngram", "model", "auto")
-NATIVE_MODES = ("native-draft", "native-ngram")
+NATIVE_SPEC_MODES = ("native-draft", "native-ngram")  # "best native" is the faster of these
+NATIVE_PLAIN = "native-none"  # llama.cpp without speculation: compared with `none`
+NATIVE_MODES = (*NATIVE_SPEC_MODES, NATIVE_PLAIN)
 BASELINE = "none"
 WARMUP_TOKENS = 16
-CEILING_BATCH = 16
+CEILING_BATCHES = (16, 32, 64)  # up to the longest draft worth verifying (n-gram copies)
+CEILING_CONTEXT = 256  # sample context the ceiling batches are verified after
+MIN_RATIO_TOKENS = 64  # shorter runs give noisy tok/s: left out of the ratio means
 
 Record = dict[str, Any]
+PROMPT_FILE_HINT = 'one JSON object per line, e.g. {"prompt": "...", "category": "mine"}'
 
 
 @dataclass(frozen=True)
@@ -72,6 +89,11 @@ def _prompt_file(category: str, directory: Path | None) -> Any:
     return resources.files("localspec.bench") / "prompts" / f"{category}.jsonl"
 
 
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise UsageError(f"invalid --limit {limit}: must be at least 1", "e.g. --limit 3")
+
+
 def load_prompts(
     categories: Sequence[str] | None = None,
     limit: int | None = None,
@@ -85,8 +107,7 @@ def load_prompts(
             f"unknown categor{'y' if len(unknown) == 1 else 'ies'}: {', '.join(unknown)}",
             f"choose among {', '.join(CATEGORIES)}",
         )
-    if limit is not None and limit < 1:
-        raise UsageError(f"invalid --limit {limit}: must be at least 1", "e.g. --limit 3")
+    _check_limit(limit)
     prompts: list[BenchPrompt] = []
     for category in chosen:
         path = _prompt_file(category, directory)
@@ -112,6 +133,85 @@ def load_prompts(
     return prompts
 
 
+def _file_prompt(path: Path, n: int, line: str) -> BenchPrompt:
+    """Line ``n`` of a user's prompt file, with the defaults filled in."""
+    try:
+        row = json.loads(line)
+    except ValueError as err:
+        raise InputError(f"{path}, line {n}: not JSON ({err})", PROMPT_FILE_HINT) from None
+    if not isinstance(row, dict):
+        raise InputError(f"{path}, line {n}: not a JSON object", PROMPT_FILE_HINT)
+    prompt = row.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InputError(f'{path}, line {n}: no non-empty string "prompt"', PROMPT_FILE_HINT)
+    category = row.get("category", path.stem)
+    if not isinstance(category, str) or not category.strip():
+        raise InputError(
+            f'{path}, line {n}: "category" must be a non-empty string', PROMPT_FILE_HINT
+        )
+    return BenchPrompt(
+        category=category,
+        id=str(row.get("id", f"line-{n}")),
+        prompt=prompt,
+        source=str(row.get("source", path)),
+    )
+
+
+def _read_prompt_file(path: Path) -> list[BenchPrompt]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise InputError(
+            f"cannot read the prompt file {path}: {err.strerror}", "check the --prompts path"
+        ) from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not UTF-8 text", PROMPT_FILE_HINT) from None
+    prompts: list[BenchPrompt] = []
+    seen: dict[tuple[str, str], int] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        prompt = _file_prompt(path, n, line)
+        key = (prompt.category, prompt.id)
+        if key in seen:  # runs are paired by (category, id): a repeat would mix two prompts
+            raise InputError(
+                f"{path}, line {n}: id {prompt.id!r} repeats line {seen[key]} "
+                f"in category {prompt.category!r}",
+                "give every prompt of a category its own id",
+            )
+        seen[key] = n
+        prompts.append(prompt)
+    if not prompts:
+        raise InputError(f"{path} holds no prompts", PROMPT_FILE_HINT)
+    return prompts
+
+
+def load_prompt_file(
+    path: Path, categories: Sequence[str] | None = None, limit: int | None = None
+) -> list[BenchPrompt]:
+    """A user's own prompts (JSONL), in file order; ``categories`` filters by the file's
+    categories, ``limit`` keeps at most that many per category."""
+    _check_limit(limit)
+    prompts = _read_prompt_file(Path(path))
+    present = list(dict.fromkeys(p.category for p in prompts))
+    if categories:
+        unknown = [c for c in categories if c not in present]
+        if unknown:
+            raise UsageError(
+                f"{path} has no prompts in categor{'y' if len(unknown) == 1 else 'ies'} "
+                f"{', '.join(unknown)}",
+                f"its categories: {', '.join(present)}",
+            )
+        prompts = [p for p in prompts if p.category in categories]
+    kept: list[BenchPrompt] = []
+    counts: dict[str, int] = {}
+    for p in prompts:
+        counts[p.category] = counts.get(p.category, 0) + 1
+        if limit is None or counts[p.category] <= limit:
+            kept.append(p)
+    return kept
+
+
 class BenchConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -121,6 +221,8 @@ class BenchConfig(BaseModel):
     seed: int | None = None
     raw: bool = False
     warmup: bool = True
+    cold: bool = True  # forget what the controllers learned before every engine run
+    trace: bool = False  # keep the engine's per-round trace in each record
 
     @property
     def greedy(self) -> bool:
@@ -169,6 +271,7 @@ class BenchRunner:
             temperature=self.config.temperature,
             seed=seed,
             drafter=cast(DrafterMode, mode),
+            trace=self.config.trace,
         )
 
     def _models(self) -> list[Any]:
@@ -186,6 +289,8 @@ class BenchRunner:
     def run_engine(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Record:
         for model in self._models():
             model.reset()  # a fresh context: nothing carried over from the previous run
+        if self.config.cold:
+            self.session.forget_learning()  # nothing learned from earlier prompts or runs
         marks: dict[str, float | None] = {}
 
         def on_event(event: object) -> None:
@@ -200,7 +305,7 @@ class BenchRunner:
         compute = None if start is None or end is None else end - start
         decode_s = stats["decode_s"]
         drafted = stats["drafted"]
-        return {
+        record: Record = {
             "engine": "localspec",
             "prompt_tokens": stats["prompt_tokens"],
             "generated_tokens": stats["generated_tokens"],
@@ -221,6 +326,9 @@ class BenchRunner:
             ),
             "token_ids": list(finished.token_ids),
         }
+        if "trace" in stats:
+            record["trace"] = stats["trace"]
+        return record
 
     def run_native(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Record:
         seed = None if self.config.seed is None else self.config.seed + index
@@ -228,11 +336,14 @@ class BenchRunner:
             mode, self.native.prompt_text(tokens), max_tokens, self.config.temperature, seed
         )
         # The binary re-tokenizes the text: a different count means it saw another prompt.
-        return {
+        record = {
             "engine": "llama.cpp",
             **result.to_record(),
             "same_prompt_tokens": result.prompt_tokens == len(tokens),
         }
+        if result.generated_tokens > max_tokens:  # it stops only after passing -n
+            record["overshoot"] = result.generated_tokens - max_tokens
+        return record
 
     def run_one(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Record:
         if mode in NATIVE_MODES:
@@ -271,14 +382,24 @@ class BenchRunner:
         return records
 
 
-def measure_ceiling(model: Any, context: Sequence[int], reps: int = 3) -> dict[str, float]:
-    """Target throughput at a batch of 16 with logits for every position, vs a plain step.
+def ceiling_batches(n_ctx: int, context_tokens: int) -> list[int]:
+    """The batch sizes ``measure_ceiling`` times: ``CEILING_BATCHES`` capped at the room the
+    sample context leaves."""
+    room = max(1, n_ctx - context_tokens)
+    return list(dict.fromkeys(min(b, room) for b in CEILING_BATCHES))
+
+
+def measure_ceiling(model: Any, context: Sequence[int], reps: int = 3) -> dict[str, Any]:
+    """The target's best throughput over batches of 16, 32 and 64 tokens with logits for
+    every position (each the fastest of ``reps`` after a warm-up), vs a plain step.
 
     This bounds any lossless speculative method on this machine: no round can emit more
-    than the batch it verified, and a batch is never cheaper per token than here.
+    than the batch it verified, and no batch worth verifying is cheaper per token than the
+    best one here. ``batch`` is the size that gave the best tokens/s; ``by_batch`` lists all.
     """
-    base = list(context)[:256]
-    extra = (base * (CEILING_BATCH // max(len(base), 1) + 2))[:CEILING_BATCH]
+    base = list(context)[: max(1, min(CEILING_CONTEXT, model.n_ctx - CEILING_BATCHES[0]))]
+    sizes = ceiling_batches(model.n_ctx, len(base))
+    extra = (base * (max(sizes) // len(base) + 2))[: max(sizes)]
 
     def timed(n: int) -> float:
         model.forward(base, 0)
@@ -286,16 +407,24 @@ def measure_ceiling(model: Any, context: Sequence[int], reps: int = 3) -> dict[s
         model.forward(base + extra[:n], n)
         return time.perf_counter() - t0
 
-    timed(CEILING_BATCH)  # warm-up
-    batch_s = min(timed(CEILING_BATCH) for _ in range(reps))
-    plain_s = min(timed(1) for _ in range(reps))
+    def fastest(n: int) -> float:
+        timed(n)  # warm-up
+        return min(timed(n) for _ in range(reps))
+
+    timings = [(size, fastest(size)) for size in sizes]
+    plain_s = fastest(1)
     model.reset()
+    batch, batch_s = max(timings, key=lambda t: t[0] / t[1])
     return {
-        "batch": CEILING_BATCH,
+        "batch": batch,
         "batch_s": round(batch_s, 6),
-        "tokens_per_s": round(CEILING_BATCH / batch_s, 3),
+        "tokens_per_s": round(batch / batch_s, 3),
         "plain_tokens_per_s": round(1 / plain_s, 3),
-        "ceiling_ratio": round(plain_s * CEILING_BATCH / batch_s, 3),
+        "ceiling_ratio": round(batch * plain_s / batch_s, 3),
+        "by_batch": [
+            {"batch": n, "batch_s": round(s, 6), "tokens_per_s": round(n / s, 3)}
+            for n, s in timings
+        ],
     }
 
 
@@ -307,34 +436,98 @@ def geometric_mean(values: Iterable[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
 
 
-def _key(record: Record) -> tuple[str, str]:
+Key = tuple[str, str]
+
+
+def _key(record: Record) -> Key:
     return record["category"], record["prompt_id"]  # ids are unique within a category
 
 
-def _group(
-    records: list[Record], baseline: dict[tuple[str, str], Record], greedy: bool
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _References:
+    """Per prompt, the runs others are compared with."""
+
+    baseline: dict[Key, Record]  # localspec's `none`
+    best_native: dict[Key, Record]  # the fastest of native-draft / native-ngram
+    native_none: dict[Key, Record]
+
+
+def _references(records: list[Record]) -> _References:
+    best: dict[Key, Record] = {}
+    for r in records:
+        if r["mode"] in NATIVE_SPEC_MODES:
+            held = best.get(_key(r))
+            if held is None or r["decode_tokens_per_s"] > held["decode_tokens_per_s"]:
+                best[_key(r)] = r
+    return _References(
+        baseline={_key(r): r for r in records if r["mode"] == BASELINE},
+        best_native=best,
+        native_none={_key(r): r for r in records if r["mode"] == NATIVE_PLAIN},
+    )
+
+
+def paired_ratios(records: list[Record], reference: dict[Key, Record]) -> tuple[list[float], int]:
+    """Per-prompt tok/s ratios of ``records`` to the reference run of the same prompt, and
+    how many pairs were left out because one of the two runs is shorter than
+    ``MIN_RATIO_TOKENS`` (too few tokens for a steady rate)."""
+    ratios: list[float] = []
+    short = 0
+    for r in records:
+        ref = reference.get(_key(r))
+        if ref is None:
+            continue
+        if min(r["generated_tokens"], ref["generated_tokens"]) < MIN_RATIO_TOKENS:
+            short += 1
+        elif ref["decode_tokens_per_s"] > 0:
+            ratios.append(r["decode_tokens_per_s"] / ref["decode_tokens_per_s"])
+    return ratios, short
+
+
+def _agreement(pairs: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+    return {
+        "identical": round(sum(a == b for a, b in pairs) / len(pairs), 4),
+        "mean_common_prefix": round(
+            sum(common_prefix_length(a, b) for a, b in pairs) / len(pairs), 2
+        ),
+        "mean_baseline_length": round(sum(len(b) for _, b in pairs) / len(pairs), 2),
+    }
+
+
+def _native_ratios(mode: str, records: list[Record], refs: _References) -> dict[str, Any]:
+    """The engine's modes against llama.cpp: the best speculative native run, and for
+    ``none`` llama.cpp's own plain decoding; empty when those did not run."""
+    out: dict[str, Any] = {}
+    if mode in ENGINE_MODES and refs.best_native:
+        out["ratio_to_best_native"] = _round(
+            geometric_mean(paired_ratios(records, refs.best_native)[0]), 4
+        )
+    if mode == BASELINE and refs.native_none:
+        out["ratio_to_native_none"] = _round(
+            geometric_mean(paired_ratios(records, refs.native_none)[0]), 4
+        )
+    return out
+
+
+def _group(mode: str, records: list[Record], refs: _References, greedy: bool) -> dict[str, Any]:
     tokens = sum(r["generated_tokens"] for r in records)
     decode = sum(r["decode_s"] for r in records)
     drafted = sum(r.get("drafted") or 0 for r in records)
     accepted = sum(r.get("accepted") or 0 for r in records)
     with_rounds = [r for r in records if r.get("rounds")]
     with_compute = [r for r in records if r.get("compute_s") is not None]
-    paired = [(r, baseline[_key(r)]) for r in records if _key(r) in baseline]
-    ratios = [
-        r["decode_tokens_per_s"] / b["decode_tokens_per_s"]
-        for r, b in paired
-        if b["decode_tokens_per_s"] > 0
-    ]
+    ratios, short = paired_ratios(records, refs.baseline)
     rounds = sum(r["rounds"] for r in with_rounds)
     compute_decode = sum(r["decode_s"] for r in with_compute)
     compute = sum(r["compute_s"] for r in with_compute)
     out: dict[str, Any] = {
         "prompts": len(records),
         "generated_tokens": tokens,
+        "mean_tokens": round(tokens / len(records), 2),
         "decode_s": round(decode, 6),
         "decode_tokens_per_s": _round(tokens / decode if decode else None, 3),
         "ratio_to_none": _round(geometric_mean(ratios), 4),
+        "short_runs": short,
+        **_native_ratios(mode, records, refs),
         "acceptance_rate": _round(accepted / drafted if drafted else None, 4),
         "mean_accepted_length": _round(
             1 + sum(r["accepted"] for r in with_rounds) / rounds if rounds else None, 4
@@ -342,15 +535,13 @@ def _group(
         "outside_share": _round(1 - compute / compute_decode if compute_decode else None, 4),
         "agreement": None,
     }
-    pairs = [(r["token_ids"], b["token_ids"]) for r, b in paired if r.get("token_ids") is not None]
+    pairs = [
+        (r["token_ids"], refs.baseline[_key(r)]["token_ids"])
+        for r in records
+        if _key(r) in refs.baseline and r.get("token_ids") is not None
+    ]
     if greedy and pairs:
-        out["agreement"] = {
-            "identical": round(sum(a == b for a, b in pairs) / len(pairs), 4),
-            "mean_common_prefix": round(
-                sum(common_prefix_length(a, b) for a, b in pairs) / len(pairs), 2
-            ),
-            "mean_baseline_length": round(sum(len(b) for _, b in pairs) / len(pairs), 2),
-        }
+        out["agreement"] = _agreement(pairs)
     return out
 
 
@@ -358,21 +549,36 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def overshoots(records: list[Record]) -> list[dict[str, Any]]:
+    """The runs that wrote more tokens than asked, in run order."""
+    return [
+        {
+            "mode": r["mode"],
+            "category": r["category"],
+            "prompt_id": r["prompt_id"],
+            "generated_tokens": r["generated_tokens"],
+            "overshoot": r["overshoot"],
+        }
+        for r in records
+        if r.get("overshoot")
+    ]
+
+
 def summarize(records: list[Record], modes: Sequence[str], greedy: bool) -> dict[str, Any]:
     """Per category and overall, per mode; ratios are paired with ``none`` per prompt."""
-    baseline = {_key(r): r for r in records if r["mode"] == BASELINE}
+    refs = _references(records)
     categories = list(dict.fromkeys(r["category"] for r in records))
     by_cat: dict[str, dict[str, Any]] = {}
     for cat in categories:
         runs = [r for r in records if r["category"] == cat]
         by_cat[cat] = {
-            mode: _group(mine, baseline, greedy)
+            mode: _group(mode, mine, refs, greedy)
             for mode in modes
             if (mine := [r for r in runs if r["mode"] == mode])
         }
     overall = {
-        mode: _group(mine, baseline, greedy)
+        mode: _group(mode, mine, refs, greedy)
         for mode in modes
         if (mine := [r for r in records if r["mode"] == mode])
     }
-    return {"categories": by_cat, "overall": overall}
+    return {"categories": by_cat, "overall": overall, "overshoot": overshoots(records)}

@@ -12,7 +12,8 @@ import sys
 
 import typer
 
-from localspec.cli.bench import bench_command, calibrate_command
+from localspec.cli.bench import bench_command
+from localspec.cli.calibrate import calibrate_command
 from localspec.cli.chat import chat
 from localspec.cli.common import echo_error
 from localspec.cli.complete import complete

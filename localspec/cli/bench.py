@@ -1,11 +1,14 @@
-"""``localspec bench`` and ``localspec calibrate``: typer command functions.
+"""``localspec bench``: the typer command function.
 
-``bench_command`` loads the pair once, measures the target's batch-16 ceiling, runs the
-prompt sets in every mode (see ``bench.py`` for the protocol), appends one JSON line per run
-to ``records.jsonl`` as it goes, then writes summary.md, summary.json and speedup.png and
-prints the table to stdout. Progress goes to stderr. Ctrl-C stops after the current run and
-still summarises what was measured. ``calibrate_command`` measures this machine's step
-costs for the pair again and prints them. Errors become ``error:`` / ``hint:`` lines.
+``bench_command`` loads the pair once, measures the target's ceiling (its best batch of
+16, 32 or 64 tokens), runs the shipped prompt sets or the user's ``--prompts`` file in every
+mode (see ``bench/runner.py`` for the protocol; ``--cold``, the default, starts every run with
+nothing learned and keeps the user's saved learning untouched, ``--warm`` lets the
+controllers learn from prompt to prompt; ``--trace`` keeps each run's rounds), appends one
+JSON line per run to ``records.jsonl`` as it goes, then writes summary.md, summary.json and
+speedup.png and prints the table to stdout. Progress goes to stderr. Ctrl-C stops after the
+current run and still summarises what was measured. Errors become ``error:`` / ``hint:``
+lines.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import os
 import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,7 +27,6 @@ from pydantic import ValidationError
 from localspec.cli.common import (
     CtxOpt,
     DraftOpt,
-    GpuLayersOpt,
     TargetOpt,
     TemperatureOpt,
     ThreadsOpt,
@@ -82,14 +85,36 @@ def bench_command(
         str | None, typer.Option(help="comma-separated categories (default: all)")
     ] = None,
     limit: Annotated[int | None, typer.Option(help="prompts per category at most")] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            help="your own prompts instead of the shipped sets: JSONL, one object a line with "
+            '"prompt" (and optional "id", "category", "source")'
+        ),
+    ] = None,
     modes: Annotated[
         str,
-        typer.Option(help="comma-separated: none, ngram, model, auto, native-draft, native-ngram"),
+        typer.Option(
+            help="comma-separated: none, ngram, model, auto, native-draft, native-ngram, "
+            "native-none"
+        ),
     ] = "none,ngram,model,auto",
     max_tokens: Annotated[int, typer.Option(help="new tokens per run at most")] = 200,
     temperature: TemperatureOpt = 0.0,
     seed: Annotated[int | None, typer.Option(help="sampling seed (prompt i uses seed+i)")] = None,
     raw: Annotated[bool, typer.Option(help="send prompts without the chat template")] = False,
+    cold: Annotated[
+        bool,
+        typer.Option(
+            "--cold/--warm",
+            help="cold: every run starts with nothing learned, as a fresh process; warm: "
+            "the controllers keep learning from prompt to prompt",
+        ),
+    ] = True,
+    trace: Annotated[
+        bool,
+        typer.Option(help="keep every round (drafter, draft, accepted, timings) in records.jsonl"),
+    ] = False,
     native_bin: Annotated[
         Path | None,
         typer.Option(help="llama-speculative-simple to compare with (adds the native modes)"),
@@ -109,112 +134,146 @@ def bench_command(
     ctx: CtxOpt = 4096,
 ) -> None:
     """Measure plain and speculative decoding by prompt category, side by side."""
+    args = BenchArgs(**locals())  # exactly the options above
     with cli_errors():
-        code = _bench(
-            categories=categories,
-            limit=limit,
-            modes=modes,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            raw=raw,
-            native_bin=native_bin,
-            native_flags=native_flags,
-            out=out,
-            chart=chart,
-            warmup=warmup,
-            target=target,
-            draft=draft,
-            threads=threads,
-            ctx=ctx,
-        )
+        code = _bench(args)
     raise typer.Exit(code)
 
 
-def _bench(
-    *,
-    categories: Any,
-    limit: Any,
-    modes: Any,
-    max_tokens: Any,
-    temperature: Any,
-    seed: Any,
-    raw: Any,
-    native_bin: Any,
-    native_flags: Any,
-    out: Any,
-    chart: Any,
-    warmup: Any,
-    target: Any,
-    draft: Any,
-    threads: Any,
-    ctx: Any,
-) -> int:
-    from localspec.bench import report as bench_report
-    from localspec.bench import runner as bench
-    from localspec.session.session import ModelOptions, open_session
+@dataclass(frozen=True)
+class BenchArgs:
+    """The options of ``localspec bench``, as typed."""
 
-    chosen = bench.parse_modes(modes)
-    if native_bin is not None and not any(m in bench.NATIVE_MODES for m in chosen):
+    categories: str | None
+    limit: int | None
+    prompts: Path | None
+    modes: str
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    raw: bool
+    cold: bool
+    trace: bool
+    native_bin: Path | None
+    native_flags: str
+    out: Path | None
+    chart: bool
+    warmup: bool
+    target: str | None
+    draft: str | None
+    threads: int | None
+    ctx: int
+
+
+def _choose_modes(args: BenchArgs) -> tuple[tuple[str, ...], list[str]]:
+    """The modes to run and the native binary's extra flags, checked before any loading."""
+    from localspec.bench import runner as bench
+
+    chosen = bench.parse_modes(args.modes)
+    if args.native_bin is not None and not any(m in bench.NATIVE_MODES for m in chosen):
         chosen = (*chosen, *bench.NATIVE_MODES)
-    if any(m in bench.NATIVE_MODES for m in chosen) and native_bin is None:
+    if any(m in bench.NATIVE_MODES for m in chosen) and args.native_bin is None:
         raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
     try:
-        native_args = shlex.split(native_flags)
+        native_args = shlex.split(args.native_flags)
     except ValueError as err:
         raise UsageError(f"invalid --native-flags: {err}", "quote it as for a shell") from None
-    if native_bin is not None:
+    if args.native_bin is not None:
         from localspec.backend.native import check_binary
 
-        check_binary(native_bin, chosen)  # before minutes of model loading
-    cats = [c.strip() for c in categories.split(",")] if categories else None
-    prompts = bench.load_prompts(cats, limit)
+        check_binary(args.native_bin, chosen)  # before minutes of model loading
+    return chosen, native_args
+
+
+def _load_prompts(args: BenchArgs) -> list:
+    from localspec.bench import runner as bench
+
+    cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    if args.prompts is not None:
+        return bench.load_prompt_file(args.prompts, cats, args.limit)
+    return bench.load_prompts(cats, args.limit)
+
+
+def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
+    from localspec.bench import runner as bench
+    from localspec.session.session import ModelOptions
+
     try:
         config = bench.BenchConfig(
             modes=chosen,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            raw=raw,
-            warmup=warmup,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            raw=args.raw,
+            warmup=args.warmup,
+            cold=args.cold,
+            trace=args.trace,
         )
         options = ModelOptions(
-            target=target,
-            draft=draft,
-            threads=threads,
-            n_ctx=ctx,
+            target=args.target,
+            draft=args.draft,
+            threads=args.threads,
+            n_ctx=args.ctx,
             use_draft=any(m in chosen for m in ("model", "auto", "native-draft")),
+            # Cold runs neither start from the user's saved learning nor overwrite it with
+            # what one bench prompt taught.
+            learn=not args.cold,
         )
     except ValidationError as err:
         raise usage_from(err, "bench") from None
-    if chart:
+    return config, options
+
+
+def _native_runner(args: BenchArgs, session: Any, chosen: tuple, native_args: list) -> Any:
+    if args.native_bin is None:
+        return None
+    from localspec.backend.native import NativeRunner
+
+    native = NativeRunner(
+        args.native_bin,
+        session.target.path,
+        session.draft.path if session.draft is not None else None,
+        _detokenizer(session.target),
+        threads=args.threads,
+        n_ctx=args.ctx,
+        extra_args=native_args,
+    )
+    native.check(chosen)
+    return native
+
+
+def _ceiling(session: Any, prompt: str, raw: bool) -> dict[str, Any]:
+    from localspec.bench import runner as bench
+
+    sizes = ", ".join(map(str, bench.CEILING_BATCHES))
+    _echo(f"measuring the target's ceiling (batches of {sizes} tokens, within the context)")
+    ceiling = bench.measure_ceiling(session.target, session.text_tokens(prompt, raw=raw))
+    verify_s = session.costs.verify_s if session.costs is not None else {}
+    if verify_s:
+        k = max(verify_s)  # k drafts: a batch of k + 1 tokens
+        ceiling["calibrated_batch"] = k + 1
+        ceiling["calibrated_tokens_per_s"] = round((k + 1) / verify_s[k], 3)
+    return ceiling
+
+
+def _bench(args: BenchArgs) -> int:
+    from localspec.bench import report as bench_report
+    from localspec.bench import runner as bench
+    from localspec.session.session import open_session
+
+    chosen, native_args = _choose_modes(args)
+    prompts = _load_prompts(args)
+    config, options = _settings(args, chosen)
+    if args.chart:
         bench_report.require_matplotlib()
-    out_dir = _out_dir(out)
+    out_dir = _out_dir(args.out)
     session = open_session(options, on_progress=_echo)
     try:
-        native = None
-        if native_bin is not None:
-            from localspec.backend.native import NativeRunner
-
-            native = NativeRunner(
-                native_bin,
-                session.target.path,
-                session.draft.path if session.draft is not None else None,
-                _detokenizer(session.target),
-                threads=threads,
-                n_ctx=ctx,
-                extra_args=native_args,
-            )
-            native.check(chosen)
+        native = _native_runner(args, session, chosen, native_args)
         runner = bench.BenchRunner(session, config, native)
-        _echo("measuring the target's ceiling (a batch of 16 tokens)")
-        ceiling = bench.measure_ceiling(
-            session.target, session.text_tokens(prompts[0].prompt, raw=raw)
-        )
-        if session.costs is not None and 15 in session.costs.verify_s:
-            ceiling["calibrated_tokens_per_s"] = round(16 / session.costs.verify_s[15], 3)
+        ceiling = _ceiling(session, prompts[0].prompt, args.raw)
         records, code = _run(runner, prompts, out_dir, len(chosen))
-        meta = _meta(session, config, threads, ctx, native, len(prompts))
+        meta = _meta(session, config, args, native, len(prompts))
     finally:
         session.close()
     summary = bench.summarize(records, chosen, config.greedy)
@@ -223,7 +282,7 @@ def _bench(
     md, js = bench_report.write_summary(summary, out_dir)
     typer.echo(bench_report.render_table(summary))
     written = [str(out_dir / "records.jsonl"), str(md), str(js)]
-    if chart and records:
+    if args.chart and records:
         written.append(str(bench_report.write_chart(summary, out_dir / "speedup.png")))
     _echo("wrote " + ", ".join(written))
     return code
@@ -252,7 +311,7 @@ def _run(runner: Any, prompts: list, out_dir: Path, n_modes: int) -> tuple[list,
 
 
 def _meta(
-    session: Any, config: Any, threads: int | None, ctx: int, native: Any, n_prompts: int
+    session: Any, config: Any, args: BenchArgs, native: Any, n_prompts: int
 ) -> dict[str, Any]:
     import llama_cpp
 
@@ -264,14 +323,17 @@ def _meta(
         "target": session.target_label,
         "draft": session.draft_label,
         "cpu": cpu_name(),
-        "threads": threads or os.cpu_count(),
-        "context": ctx,
+        "threads": args.threads or os.cpu_count(),
+        "context": args.ctx,
         "prompts": n_prompts,
+        "prompt_file": str(args.prompts) if args.prompts is not None else "shipped sets",
         "modes": ", ".join(config.modes),
         "max_tokens": config.max_tokens,
         "temperature": config.temperature,
         "seed": config.seed,
         "chat_template": not config.raw,
+        "cold": config.cold,
+        "min_ratio_tokens": bench.MIN_RATIO_TOKENS,
         "localspec": __version__,
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
     }
@@ -282,59 +344,3 @@ def _meta(
                 cmd = native.command(mode, "PROMPT", config.max_tokens, config.temperature, None)
                 meta[f"{mode} flags"] = " ".join(cmd[1:])
     return meta
-
-
-def calibrate_command(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    threads: ThreadsOpt = None,
-    ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = 0,
-    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
-) -> None:
-    """Measure this machine's step costs for the pair again (the auto drafter uses them)."""
-    with cli_errors():
-        from localspec.models.paths import cache_root
-        from localspec.session.session import ModelOptions, open_session
-
-        try:
-            options = ModelOptions(
-                target=target,
-                draft=draft,
-                threads=threads,
-                n_ctx=ctx,
-                n_gpu_layers=gpu_layers,
-                recalibrate=True,
-            )
-        except ValidationError as err:
-            raise usage_from(err, "calibrate") from None
-        session = open_session(options, on_progress=_echo)
-        costs = session.costs
-        session.close()
-        where = cache_root() / "calibration"
-    assert costs is not None  # calibrate=True always measures
-    if json_out:
-        typer.echo(json.dumps({**costs.to_dict(), "cache_dir": str(where)}))
-        return
-    typer.echo(format_costs(costs, where))
-
-
-def format_costs(costs: Any, where: Path) -> str:
-    plain = costs.plain_s
-    lines = [f"plain target step: {plain * 1000:.1f} ms ({1 / plain:.1f} tok/s)"]
-    lines.append("verify k drafts (k+1 tokens, logits for every one):")
-    for k, s in sorted(costs.verify_s.items()):
-        lines.append(
-            f"  k={k:2}: {s * 1000:7.1f} ms = {s / plain:5.2f} plain steps "
-            f"({(k + 1) / s:.1f} tok/s if all accepted)"
-        )
-    if costs.draft_step_s is not None:
-        d = costs.draft_step_s
-        lines.append(f"draft step: {d * 1000:.1f} ms = {d / plain:.2f} plain steps")
-    if 15 in costs.verify_s:
-        ceiling = 16 / costs.verify_s[15]
-        lines.append(
-            f"ceiling at a batch of 16: {ceiling:.1f} tok/s = {ceiling * plain:.2f}x a plain step"
-        )
-    lines.append(f"cached in {where} (one file per pair, settings and machine)")
-    return "\n".join(lines)

@@ -12,7 +12,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,7 +35,7 @@ from localspec.cli.common import (
     cli_errors,
     parse_generation,
 )
-from localspec.core.events import EngineWarning, Finished, TokenEmitted
+from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import EXIT_CANCELLED, InputError
@@ -127,8 +127,15 @@ def complete(
     raw: Annotated[
         bool, typer.Option(help="send the text as is, without the chat template")
     ] = False,
+    parse_special: Annotated[
+        bool,
+        typer.Option(help="let control tokens in the text (e.g. <|im_start|>) act as such"),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
     stats: Annotated[bool, typer.Option(help="print a summary to stderr at the end")] = False,
+    trace: Annotated[
+        bool, typer.Option(help="with --json: every round's drafter, length, result and timing")
+    ] = False,
     target: TargetOpt = None,
     draft: DraftOpt = None,
     threads: ThreadsOpt = None,
@@ -147,9 +154,18 @@ def complete(
             min_p=min_p,
             seed=seed,
             draft_max=draft_max,
+            trace=trace,
         )
         prompt = read_prompt(file)
-        code = run_complete(prompt, params, options, raw=raw, json_out=json_out, stats=stats)
+        code = run_complete(
+            prompt,
+            params,
+            options,
+            raw=raw,
+            parse_special=parse_special,
+            json_out=json_out,
+            stats=stats,
+        )
     raise typer.Exit(code)
 
 
@@ -161,33 +177,36 @@ def print_warnings(progress_line: str) -> None:
 
 
 def run_complete(
-    prompt: str, params: GenerationParams, options: Any, *, raw: bool, json_out: bool, stats: bool
+    prompt: str,
+    params: GenerationParams,
+    options: Any,
+    *,
+    raw: bool,
+    parse_special: bool = False,
+    json_out: bool,
+    stats: bool,
 ) -> int:
     from localspec.session.session import open_session
 
     session = open_session(options, on_progress=print_warnings)
-    out = sys.stdout
-    finished: Finished | None = None
-    running = GenerationStats()
-    with ctrl_c_cancels() as cancel:
-        try:
-            for event in session.complete(prompt, params, raw=raw, cancel=cancel):
-                running.observe(event)
-                if isinstance(event, TokenEmitted) and not json_out:
-                    out.write(event.text)
-                    out.flush()
-                elif isinstance(event, EngineWarning):
-                    typer.echo(f"warning: {event.message}", err=True)
-                elif isinstance(event, Finished):
-                    finished = event
-        except KeyboardInterrupt:
-            pass  # second Ctrl-C: report what was gathered
+    try:
+        finished, running = _stream(
+            lambda cancel: session.complete(
+                prompt, params, raw=raw, parse_special=parse_special, cancel=cancel
+            ),
+            json_out=json_out,
+        )
+        for problem in session.warnings:
+            typer.echo(f"warning: {problem}", err=True)
+    finally:
+        session.close()
     reason = finished.reason.value if finished else "cancelled"
     summary = finished.stats if finished else running.to_dict()
+    out = sys.stdout
     if json_out:
         record = {
-            "text": finished.text if finished else "",
-            "token_ids": list(finished.token_ids) if finished else [],
+            "text": finished.text if finished else running.text,
+            "token_ids": list(finished.token_ids) if finished else running.token_ids,
             "finish_reason": reason,
             "stats": summary,
         }
@@ -200,5 +219,45 @@ def run_complete(
         out.flush()
     if stats:
         typer.echo(human_stats(summary, reason), err=True)
-    session.close()
     return EXIT_CANCELLED if reason == "cancelled" else 0
+
+
+class _Running(GenerationStats):
+    """Totals as the events come, plus the text and ids, for a generation cut short."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pieces: list[str] = []
+        self.token_ids: list[int] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def _stream(
+    start: Callable[[threading.Event], Iterator[Event]], *, json_out: bool
+) -> tuple[Finished | None, _Running]:
+    """Run ``start(cancel)``'s events, printing the answer as it comes. The first Ctrl-C
+    sets ``cancel`` (the engine stops after its round); a second one stops at once with
+    what was gathered."""
+    out = sys.stdout
+    finished: Finished | None = None
+    running = _Running()
+    with ctrl_c_cancels() as cancel:
+        try:
+            for event in start(cancel):
+                running.observe(event)
+                if isinstance(event, TokenEmitted):
+                    running.pieces.append(event.text)
+                    running.token_ids.append(event.token_id)
+                    if not json_out:
+                        out.write(event.text)
+                        out.flush()
+                elif isinstance(event, EngineWarning):
+                    typer.echo(f"warning: {event.message}", err=True)
+                elif isinstance(event, Finished):
+                    finished = event
+        except KeyboardInterrupt:
+            pass  # second Ctrl-C: report what was gathered
+    return finished, running

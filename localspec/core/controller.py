@@ -10,8 +10,8 @@ candidate (plain step; each offer with k = 1..available) it computes
     seconds   = verify(k) + draft set-up + k * draft step   (n-gram drafts cost no steps)
 
 and picks the highest expected tokens per second, so a plain step wins whenever speculating
-is not expected to pay. A drafter that could pay if its acceptance were high, but has not
-been tried for a long while, is probed with a short draft so its estimate can recover.
+is not expected to pay. A draft model that could pay if its acceptance were high, but has
+not been tried for a long while, is probed with a short draft so its estimate can recover.
 
 What was learned can be exported (``learned``) and restored (``restore``) so that the next
 process starts warm; restored evidence is discounted so that new rounds soon outweigh it.
@@ -28,13 +28,38 @@ from localspec.core.costs import CostProfile, LiveCosts
 from localspec.core.drafters import Offer
 from localspec.core.params import DrafterKind
 
-# n-gram match-length buckets: (smallest length, prior conditional acceptance). Priors are
-# cautious for short matches, which rarely pay for a verify batch on a small CPU.
-NGRAM_BUCKETS = ((1, 0.2), (2, 0.3), (3, 0.4), (4, 0.5), (6, 0.6), (8, 0.7), (12, 0.8), (16, 0.88))
-STREAK_PRIOR = 0.85  # the previous n-gram draft was accepted whole: the copy likely goes on
+# n-gram match-length buckets: (smallest length, prior acceptance of the first draft token).
+# Measured over greedy answers of the default pair (code and prose, every answer position):
+# a match of 16+ tokens is a copy (0.99 per token on code, 0.92 on prose), a 2-token match
+# is right about half the time. Priors sit at the cautious end of what was measured.
+NGRAM_BUCKETS = (
+    (0, 0.5),  # RESYNC: resuming a parted copy
+    (1, 0.3),
+    (2, 0.4),
+    (3, 0.5),
+    (4, 0.65),
+    (6, 0.75),
+    (8, 0.8),
+    (12, 0.85),
+    (16, 0.95),
+)
+STREAK_PRIOR = 0.97  # the previous n-gram draft was accepted whole: the copy likely goes on
+# After a short match, a draft that survived a few tokens has found a copy and tends to go on:
+# each deeper position starts from the previous one's estimate with its failure chance
+# scaled by this. Long matches and streaks are copies already, flat with depth.
+NGRAM_DEPTH_GAIN = 0.8
+# A copy that has not yet shown itself (no streak, a match shorter than COPY_MATCH) drafts at
+# most NGRAM_FIRST_MAX tokens: long batches pay little more per accepted token, but cost many
+# plain steps when the copy parts at once. After a long draft accepted whole, or on a match
+# of COPY_MATCH tokens, the full length is allowed.
+NGRAM_FIRST_MAX = 16
+COPY_MATCH = 16
 MODEL_PRIOR = 0.6
 OPTIMISTIC_ALPHA = 0.9  # acceptance a probe hopes for; no probe if even that would not pay
 FIXED_MODEL_P_MIN = 0.75  # llama.cpp's default draft confidence cut-off
+
+
+RESYNC = 0  # the bucket of drafts that resume a parted copy (``Offer.resync``)
 
 
 def ngram_bucket(n: int) -> int:
@@ -49,19 +74,24 @@ class AcceptanceEstimate:
     prior: float
     prior_weight: float = 2.0
     decay: float = 0.97
+    depth_gain: float = 1.0  # < 1: deeper positions lean toward acceptance (copies go on)
     hits: list[float] = field(default_factory=list)
     tries: list[float] = field(default_factory=list)
 
     def alphas(self, k: int) -> list[float]:
         """Conditional acceptance for positions 1..k. Each position's estimate shrinks
-        toward the one before it (not toward the prior), since acceptance varies smoothly
-        with depth and deep positions are tried less often."""
+        toward the one before it, since acceptance varies smoothly with depth and deep
+        positions are tried less often; but never above the prior's own value at that
+        depth, so a few short successes do not vouch for positions never tried."""
         out: list[float] = []
-        anchor = self.prior
+        anchor = prior = self.prior
         for i in range(k):
             h = self.hits[i] if i < len(self.hits) else 0.0
             t = self.tries[i] if i < len(self.tries) else 0.0
-            anchor = (h + anchor * self.prior_weight) / (t + self.prior_weight)
+            if i > 0:
+                anchor = 1.0 - (1.0 - anchor) * self.depth_gain
+                prior = 1.0 - (1.0 - prior) * self.depth_gain
+            anchor = (h + min(anchor, prior) * self.prior_weight) / (t + self.prior_weight)
             out.append(anchor)
         return out
 
@@ -113,6 +143,21 @@ class AcceptanceEstimate:
         self.tries = [t * keep for _, t in pairs]
 
 
+def _ngram_estimate(bucket: int, streak: bool) -> AcceptanceEstimate:
+    prior = dict(NGRAM_BUCKETS)[bucket]
+    if streak or bucket >= 12:  # a copy under way: as likely to part at any token (measured)
+        return AcceptanceEstimate(prior=max(prior, STREAK_PRIOR) if streak else prior)
+    return AcceptanceEstimate(prior=prior, depth_gain=NGRAM_DEPTH_GAIN)
+
+
+def _evidence(offer: Offer) -> str:
+    if offer.resync:
+        return " (resuming a parted copy)"
+    if offer.match:
+        return f" (match {offer.match}{', streak' if offer.streak else ''})"
+    return ""
+
+
 @dataclass(frozen=True)
 class Plan:
     drafter: DrafterKind | None  # None: a plain step
@@ -150,6 +195,7 @@ class Controller:
         self.model = AcceptanceEstimate(prior=MODEL_PRIOR)
         self.ngram: dict[tuple[int, bool], AcceptanceEstimate] = {}
         self._idle = {kind: 0 for kind in DrafterKind}
+        self._generations = 0
 
     def limit(self, kind: DrafterKind, remaining: int) -> int:
         """The longest draft ``kind`` may propose when ``remaining`` drafts can still be used."""
@@ -158,13 +204,10 @@ class Controller:
     def estimate(self, offer: Offer) -> AcceptanceEstimate:
         if offer.kind == DrafterKind.MODEL:
             return self.model
-        bucket = ngram_bucket(offer.match)
+        bucket = RESYNC if offer.resync else ngram_bucket(offer.match)
         key = (bucket, offer.streak)
         if key not in self.ngram:
-            prior = dict(NGRAM_BUCKETS)[bucket]
-            self.ngram[key] = AcceptanceEstimate(
-                prior=max(prior, STREAK_PRIOR) if offer.streak else prior
-            )
+            self.ngram[key] = _ngram_estimate(bucket, offer.streak)
         return self.ngram[key]
 
     def _seconds(self, offer: Offer, k: int) -> float:
@@ -187,13 +230,14 @@ class Controller:
                 return Plan(offer.kind, offer.available, 0.0, reason, p_min, offer.match)
         best = Plan(None, 0, 1.0 / self.costs.plain_s, "plain step")
         for offer in offers:
-            acc = self.estimate(offer).expected_accepted(offer.available)
-            for k in range(self.draft_min, offer.available + 1):
+            top = offer.available
+            if offer.kind == DrafterKind.NGRAM and not offer.streak and offer.match < COPY_MATCH:
+                top = min(top, NGRAM_FIRST_MAX)
+            acc = self.estimate(offer).expected_accepted(top)
+            for k in range(self.draft_min, top + 1):
                 rate = (1.0 + acc[k - 1]) / self._seconds(offer, k)
                 if rate > best.expected_tokens_per_s:
-                    what = f"{offer.kind} k={k}" + (
-                        f" (match {offer.match})" if offer.match else ""
-                    )
+                    what = f"{offer.kind} k={k}{_evidence(offer)}"
                     best = Plan(offer.kind, k, rate, f"{what}: {rate:.1f} tok/s expected")
         if best.drafter is None:
             return self._probe(offers) or best
@@ -208,7 +252,9 @@ class Controller:
         that could never win would only cost time."""
         plain_rate = 1.0 / self.costs.plain_s
         for offer in offers:
-            if self._idle[offer.kind] < self.probe_every:
+            # n-gram estimates recover with every new prompt (``new_generation``) and are
+            # backed by the match length: no probe needed, and a probe costs a verify batch.
+            if offer.kind == DrafterKind.NGRAM or self._idle[offer.kind] < self.probe_every:
                 continue
             k = min(3, offer.available)
             hoped = sum(OPTIMISTIC_ALPHA**j for j in range(k + 1))
@@ -231,7 +277,11 @@ class Controller:
     def new_generation(self, keep: float = 0.1) -> None:
         """A new prompt may be a different kind of text (code vs prose), whose acceptance
         differs a lot: keep what was learned, but let the new prompt's rounds outweigh it
-        within a few rounds. Costs are properties of the machine and are kept whole."""
+        within a few rounds. Costs are properties of the machine and are kept whole. The
+        first generation keeps what was restored (already discounted) whole."""
+        self._generations += 1
+        if self._generations == 1:
+            return
         self.model.shrink(keep)
         for est in self.ngram.values():
             est.shrink(keep)
@@ -273,8 +323,7 @@ class Controller:
             bucket = int(key.rstrip("s"))
             if bucket not in dict(NGRAM_BUCKETS):
                 raise ValueError(f"unknown n-gram bucket {key!r}")
-            prior = dict(NGRAM_BUCKETS)[bucket]
-            est = AcceptanceEstimate(prior=max(prior, STREAK_PRIOR) if streak else prior)
+            est = _ngram_estimate(bucket, streak)
             est.load(value, keep)
             ngram[(bucket, streak)] = est
         self.model, self.ngram = model, ngram

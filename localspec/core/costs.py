@@ -86,12 +86,23 @@ class CostProfile:
         )
 
 
+TABLE_SIZE = 129  # draft lengths priced from a precomputed table (longer ones are rare)
+CLIP = 1.5  # one observation moves a cost estimate by at most this factor
+
+
 @dataclass
 class _Ema:
     value: float = 0.0
     count: int = 0
 
-    def add(self, x: float, weight: float) -> None:
+    def add(self, x: float, weight: float, expected: float | None = None) -> None:
+        """Fold in ``x``, first clipped to [1/CLIP, CLIP] x the value so far (or
+        ``expected`` before any): a pause of the whole process (another program, a page
+        fault storm) must not make one batch size look slow for many rounds, while a
+        machine that really slowed down moves the estimate a step at a time."""
+        ref = self.value if self.count else expected
+        if ref is not None and ref > 0:
+            x = min(max(x, ref / CLIP), ref * CLIP)
         self.value = x if self.count == 0 else (1 - weight) * self.value + weight * x
         self.count += 1
 
@@ -110,32 +121,40 @@ class LiveCosts:
         self._verify: dict[int, _Ema] = {}
         self._draft = _Ema()
         self._catch_up = _Ema()  # seconds per token of the draft model's catch-up pass
+        # The controller prices every draft length every round: interpolate once.
+        self._base = [base.verify(k) for k in range(TABLE_SIZE)]
+        self._scale: float | None = None
 
     def observe_verify(self, k: int, seconds: float) -> None:
-        self._verify.setdefault(k, _Ema()).add(seconds, self.weight)
+        self._verify.setdefault(k, _Ema()).add(seconds, self.weight, self.verify(k))
+        self._scale = None
 
     def observe_draft(self, steps: int, seconds: float) -> None:
         if steps > 0:
-            self._draft.add(seconds / steps, self.weight)
+            self._draft.add(seconds / steps, self.weight, self.draft_step_s)
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
-            self._catch_up.add(seconds / tokens, self.weight)
+            expected = self.catch_up(tokens) / tokens if self.base.draft_step_s else None
+            self._catch_up.add(seconds / tokens, self.weight, expected)
 
     def scale(self) -> float:
         """Geometric mean of observed/calibrated over well-observed batch sizes (1: none)."""
-        logs = [
-            math.log(e.value / self.base.verify(k))
-            for k, e in self._verify.items()
-            if e.count >= self.min_obs and e.value > 0
-        ]
-        return math.exp(sum(logs) / len(logs)) if logs else 1.0
+        if self._scale is None:
+            logs = [
+                math.log(e.value / self.base.verify(k))
+                for k, e in self._verify.items()
+                if e.count >= self.min_obs and e.value > 0
+            ]
+            self._scale = math.exp(sum(logs) / len(logs)) if logs else 1.0
+        return self._scale
 
     def verify(self, k: int) -> float:
         e = self._verify.get(k)
         if e is not None and e.count >= self.min_obs:
             return e.value
-        return self.base.verify(k) * self.scale()
+        base = self._base[k] if k < TABLE_SIZE else self.base.verify(k)
+        return base * self.scale()
 
     @property
     def plain_s(self) -> float:

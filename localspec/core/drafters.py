@@ -7,9 +7,11 @@ calls these without knowing which drafter it talks to.
 
 - ``NgramDrafter`` (prompt lookup): finds earlier occurrences of the longest suffix of
   prompt + answer (measured up to ``n_max`` tokens back) and drafts what followed them. When
-  several occurrences match equally far back, it follows the continuation most of them
-  share, so one odd recent copy does not outvote the rest. Free to run; its q is one-hot,
-  so ``Draft.probs`` is None.
+  several occurrences match equally far back, it follows the one the copy under way came
+  from, else the continuation most of them share, so one odd recent copy does not outvote
+  the rest. When a copy parts (a renamed variable in a rewrite), it keeps its place in the
+  source and offers to resume right after the replaced token (``Offer.resync``) before the
+  suffix matches again. Free to run; its q is one-hot, so ``Draft.probs`` is None.
 - ``ModelDrafter``: runs the draft model autoregressively on its own KV cache (only tokens
   it lacks are evaluated, in one catch-up batch timed apart from the one-token steps),
   greedy when decoding is greedy, otherwise sampling from its warped q (returned for exact
@@ -38,8 +40,9 @@ class Offer:
     kind: DrafterKind
     available: int  # most tokens it can draft now
     match: int = 0  # n-gram: how many tokens of the suffix matched (the evidence)
-    streak: bool = False  # n-gram: its previous draft was accepted whole (a copy goes on)
+    streak: bool = False  # n-gram: its previous long draft was accepted whole (a copy goes on)
     catch_up: int = 0  # draft model: tokens its first pass evaluates (0: just one)
+    resync: bool = False  # n-gram: resumes a copy that parted a few tokens ago (see below)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class Drafter(Protocol):
 # Occurrences of the suffix are found through an index of short keys, then measured back.
 LONG_KEY = 4
 MAX_CANDIDATES = 256  # most recent occurrences looked at per round
+STREAK_MIN = 8  # drafted tokens a whole acceptance needs to count as a copy under way
+RESYNC_BELOW = 6  # a suffix match shorter than this defers to resuming a parted copy
+RESYNC_MISSES = 8  # answer tokens a parted copy may wait for before its place is lost
 
 
 @dataclass(frozen=True)
@@ -105,12 +111,17 @@ class NgramDrafter:
         self._streak = False
         self._match: NgramMatch | None = None
         self._match_at = -1  # len(tokens) when ``_match`` was computed
+        self._pointer: int | None = None  # where in the text the copy under way reads next
+        self._parted: tuple[int, ...] = ()  # where it may resume after parting (see _follow)
+        self._misses = 0  # answer tokens since the copy parted
+        self._draft_start = 0  # where the last draft was read from
 
     def begin(self, tokens: Sequence[int]) -> None:
         self._tokens = []
         self._index = {k: {} for k in self._keys}
         self._streak = False
         self._match_at = -1
+        self._pointer, self._parted, self._misses = None, (), 0
         self._extend(tokens)
 
     def _extend(self, tokens: Sequence[int]) -> None:
@@ -154,14 +165,29 @@ class NgramDrafter:
                 elif length == best:
                     chosen.append(p)
             if best >= self.n_min:
+                if self._pointer in chosen:  # the copy under way goes on: keep to its source
+                    chosen = [self._pointer]
                 return NgramMatch(best, tuple(chosen), n - max(chosen))
         return None
 
     def offer(self, committed: Sequence[int], limit: int) -> Offer | None:
+        if limit <= 0:
+            return None
         found = self.match()
-        if found is None or limit <= 0:
+        if self._resyncing(found):
+            assert self._pointer is not None
+            return Offer(self.kind, min(limit, len(self._tokens) - self._pointer), resync=True)
+        if found is None:
             return None
         return Offer(self.kind, min(limit, found.available), found.n, self._streak)
+
+    def _resyncing(self, found: NgramMatch | None) -> bool:
+        """Resume a parted copy when the suffix itself offers nothing better."""
+        return (
+            self._pointer is not None
+            and self._pointer < len(self._tokens)
+            and (found is None or found.n < RESYNC_BELOW)
+        )
 
     def continuation(self, found: NgramMatch, k: int) -> list[int]:
         """Up to ``k`` tokens following the matched occurrences: at each step the token
@@ -180,6 +206,7 @@ class NgramDrafter:
             token = max(votes, key=votes.__getitem__)  # first maximum = most recent occurrence
             out.append(token)
             alive = [p for p in alive if p + i < n and toks[p + i] == token]
+        self._draft_start = alive[0] if alive else max(found.starts)
         return out
 
     def propose(
@@ -191,12 +218,45 @@ class NgramDrafter:
         p_min: float,
     ) -> Draft:
         found = self.match()
-        tokens = self.continuation(found, k) if found is not None and k > 0 else []
+        if k <= 0 or (found is None and not self._resyncing(found)):
+            return Draft(self.kind, [])
+        if self._resyncing(found):
+            assert self._pointer is not None
+            self._draft_start = self._pointer
+            return Draft(self.kind, self._tokens[self._pointer : self._pointer + k])
+        tokens = self.continuation(found, k)
         return Draft(self.kind, tokens)
 
     def observe(self, committed: Sequence[int], drafted: int, accepted: int) -> None:
-        self._streak = drafted > 0 and accepted == drafted
+        # A long draft accepted whole means a copy is under way; a short one proves little.
+        self._streak = drafted >= STREAK_MIN and accepted == drafted
+        old = len(self._tokens)
         self._extend(committed)
+        new = self._tokens[old:]
+        if drafted > 0:  # the copy read from ``_draft_start``, and ``accepted`` tokens held
+            self._pointer, self._parted = self._draft_start + accepted, ()
+            new = new[accepted:]
+        for token in new:
+            self._follow(token, old)
+
+    def _follow(self, token: int, end: int) -> None:
+        """Keep the copy's place in the source (``end``: where the source ends) as the
+        answer goes on. Where they part, the answer either replaced the source token or
+        inserted text before it: both places are kept until a token agrees with one."""
+        toks = self._tokens
+        if self._pointer is not None:
+            if self._pointer < end and toks[self._pointer] == token:
+                self._pointer += 1
+                return
+            self._parted, self._pointer, self._misses = (self._pointer, self._pointer + 1), None, 0
+            return
+        for place in self._parted:
+            if place < end and toks[place] == token:
+                self._pointer, self._parted = place + 1, ()
+                return
+        self._misses += 1
+        if self._misses > RESYNC_MISSES:
+            self._parted = ()
 
 
 class ModelDrafter:
@@ -204,9 +264,14 @@ class ModelDrafter:
 
     kind = DrafterKind.MODEL
 
-    def __init__(self, model: CachedModel, is_eog: Callable[[int], bool]) -> None:
+    def __init__(
+        self, model: CachedModel, is_eog: Callable[[int], bool], vocab: int | None = None
+    ) -> None:
+        """``vocab``: the target's vocabulary size; ids at or past it are never drafted
+        (vocabularies may differ in size by up to 128 tokens)."""
         self.model = model
         self.is_eog = is_eog
+        self.vocab = vocab
 
     def begin(self, tokens: Sequence[int]) -> None:
         pass  # the model's cache keeps whatever prefix the new prompt shares
@@ -239,7 +304,7 @@ class ModelDrafter:
         steps, t_steps = 0, 0.0
         for i in range(k):
             t0 = time.perf_counter()
-            logits = self.model.forward(context, 1)[0]
+            logits = self.model.forward(context, 1)[0][: self.vocab]
             if i == 0 and catch_up:
                 t_catch = time.perf_counter() - t0
             else:

@@ -50,6 +50,7 @@ class TargetModel(Protocol):
     """What the engine needs of the target (``CachedModel`` plus its vocabulary)."""
 
     n_ctx: int
+    n_vocab: int
     evaluated_tokens: int
 
     def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
@@ -97,13 +98,21 @@ class SpecDecoder:
         costs: CostProfile | None = None,
     ) -> None:
         self.target = target
-        self.model_drafter = ModelDrafter(draft, target.is_eog) if draft is not None else None
+        self.model_drafter = (
+            ModelDrafter(draft, target.is_eog, target.n_vocab) if draft is not None else None
+        )
         self.costs = costs or DEFAULT_COSTS
         self._controllers: dict[tuple, Controller] = {}
         self.restored: dict | None = None  # learned state to start every new controller from
 
     def controllers(self) -> list[Controller]:
         return list(self._controllers.values())
+
+    def forget_learning(self) -> None:
+        """Start the next generation as a fresh process would with no saved state: new
+        controllers, nothing restored (the machine's measured costs are kept)."""
+        self._controllers.clear()
+        self.restored = None
 
     def controller_for(self, params: GenerationParams) -> Controller:
         """One controller per mode, kept across calls so acceptance estimates carry over."""

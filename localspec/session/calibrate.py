@@ -1,10 +1,12 @@
 """Measure what speculation costs on this machine for a loaded pair.
 
 ``measure_costs`` times, on the models themselves: a plain target step (one token, one
-logits row), a target batch verifying k drafts (k+1 tokens, logits for every one) for each
-k, and a draft-model step. The minimum over repetitions is kept: interference from other
-work only ever adds time. Results feed ``core.costs.CostProfile``; ``CostCache`` keeps them
-per model pair, thread count and machine so later runs skip the measurement.
+logits row), a target batch verifying k drafts (k+1 tokens, logits for every one) for every
+k in ``DRAFT_SIZES`` (each k up to 16, then the long sizes n-gram copies use, up to 64), and a
+draft-model step. The minimum over repetitions is kept: interference from other work only
+ever adds time. Results feed ``core.costs.CostProfile``; ``CostCache`` keeps them per model
+pair, thread count and machine so later runs skip the measurement. A cached entry that is
+unreadable or holds impossible values counts as missing; saving is best effort.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from localspec.core.cached_model import CachedModel
 from localspec.core.costs import CostProfile
 from localspec.models.resources import cpu_name
+from localspec.session.store import remove_json, write_json
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -26,21 +29,32 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+# Draft lengths whose verify batch is measured: every short one (the curve is not monotonic
+# on CPUs, so none is guessed), then the long drafts of n-gram copies, sized so that the
+# batch (drafts + 1) is 20, 24, 32, 48 or 64 tokens: kernels favour multiples of 8 and 16.
+DRAFT_SIZES = (*range(1, 17), 19, 23, 31, 47, 63)
+LONG_SWEEPS = 2  # long batches take most of the time and vary less between runs
+
+
 def measure_costs(
     target: CachedModel,
     draft: CachedModel | None,
     context: Sequence[int],
     *,
-    k_max: int = 16,
+    sizes: Sequence[int] = DRAFT_SIZES,
     sweeps: int = 3,
 ) -> CostProfile:
     """``context``: a few dozen real tokens; the measurement appends copies of them.
 
     Every size is measured once per sweep, sweeps interleaved, keeping each size's
     minimum: a burst of other work then spoils one sample of many sizes rather than every
-    sample of one size, and the minimum discards it.
+    sample of one size, and the minimum discards it. Sizes that would not fit the target's
+    context after ``context`` are left out.
     """
     base = list(context)
+    room = getattr(target, "n_ctx", len(base) + max(sizes) + 1) - len(base) - 1
+    sizes = [k for k in sizes if k <= room]
+    k_max = max(sizes, default=0)
     extra = (base * (k_max // max(len(base), 1) + 2))[: k_max + 1]
 
     def step(model: CachedModel, n: int) -> float:
@@ -55,8 +69,10 @@ def measure_costs(
         draft_prefill = _timed(lambda: draft.forward(base, 0)) / len(base)
     best: dict[int, float] = {}
     draft_best = float("inf")
-    for _ in range(sweeps):
-        for k in range(0, k_max + 1):
+    for sweep in range(sweeps):
+        for k in (0, *sizes):
+            if k > 16 and sweep >= LONG_SWEEPS:
+                continue
             t = step(target, k + 1)
             best[k] = min(best.get(k, float("inf")), t)
         if draft is not None:
@@ -70,6 +86,20 @@ def measure_costs(
         verify_s=best,
         draft_step_s=draft_best if draft is not None else None,
         draft_prefill_s=draft_prefill,
+    )
+
+
+def fastest_of(a: CostProfile, b: CostProfile) -> CostProfile:
+    """Each cost the smaller of two measurements: other work only ever adds time."""
+
+    def low(x: float | None, y: float | None) -> float | None:
+        return y if x is None else x if y is None else min(x, y)
+
+    return CostProfile(
+        plain_s=min(a.plain_s, b.plain_s),
+        verify_s={k: min(v, b.verify_s.get(k, v)) for k, v in a.verify_s.items()},
+        draft_step_s=low(a.draft_step_s, b.draft_step_s),
+        draft_prefill_s=low(a.draft_prefill_s, b.draft_prefill_s),
     )
 
 
@@ -102,14 +132,15 @@ class CostCache:
         return self.directory / f"{key}.json"
 
     def load(self, key: str) -> CostProfile | None:
-        path = self.path(key)
         try:
-            return CostProfile.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # missing or unreadable: measure again
+            return CostProfile.from_dict(json.loads(self.path(key).read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # missing, unreadable or impossible values: measure again
 
-    def save(self, key: str, costs: CostProfile) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / f"{key}.json.tmp"
-        tmp.write_text(json.dumps(costs.to_dict(), indent=1))
-        tmp.replace(self.path(key))
+    def save(self, key: str, costs: CostProfile) -> str:
+        """Best effort: returns "" or why the measurement could not be saved."""
+        return write_json(self.path(key), costs.to_dict())
+
+    def forget(self) -> int:
+        """Delete every cached measurement; returns how many there were."""
+        return remove_json(self.directory)

@@ -3,7 +3,10 @@
 ``open_session(options, on_progress)`` resolves the model references (paths, catalog names,
 Hub references; the default pair when none is given), loads both models with the same
 context size, checks that the draft's vocabulary fits the target's (llama.cpp's rules),
-and measures this machine's costs for the controller once per pair (cached on disk).
+and measures this machine's costs for the controller once per pair (cached on disk). What
+the ``auto`` controller learns about acceptance is saved per pair after every generation and
+restored by the next session (``learning.LearningStore``), so a second ``localspec complete``
+starts warm; a damaged or foreign state file is ignored with a warning.
 
 ``Session.complete`` and ``Session.chat`` turn text or messages into tokens (the target's
 chat template, or raw) and return the engine's event stream. The models' KV caches persist
@@ -21,19 +24,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.backend.compat import check_vocabularies
 from localspec.backend.llama import LlamaModel, LoadOptions
+from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
-from localspec.core.events import Event
-from localspec.core.params import GenerationParams
+from localspec.core.events import Event, Finished
+from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import ContextOverflowError, IncompatibleModelsError, InputError
 from localspec.session.calibrate import (
+    DRAFT_SIZES,
     CostCache,
+    fastest_of,
     file_identity,
     looks_disturbed,
     machine_key,
     measure_costs,
 )
 from localspec.session.chat_template import render_chat
+from localspec.session.learning import LearningStore
 
 Progress = Callable[[str], None]
 
@@ -55,6 +62,7 @@ class ModelOptions(BaseModel):
     flash_attn: bool = True
     calibrate: bool = True  # measure (or load cached) step costs for the controller
     recalibrate: bool = False  # measure even when a cached profile exists
+    learn: bool = True  # restore and save what auto learned, per pair (with calibrate)
     show_download_progress: bool = True
 
 
@@ -65,6 +73,7 @@ class Session:
         draft: LlamaModel | None,
         costs: CostProfile | None,
         costs_file: Path | None = None,
+        learning: tuple[LearningStore, str] | None = None,
     ) -> None:
         self.target = target
         self.closed = False
@@ -72,6 +81,8 @@ class Session:
         self.draft = draft
         self.costs = costs
         self.decoder = SpecDecoder(target, draft, costs)
+        self.learning = learning  # where the auto controller's evidence is kept, and its key
+        self.warnings: list[str] = []
         self.n_ctx = target.n_ctx
         self.target_label = target.description()
         self.draft_label = draft.description() if draft is not None else None
@@ -82,18 +93,62 @@ class Session:
 
     # -- prompts --------------------------------------------------------------------------
 
-    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        text = render_chat(self._template, messages, bos_token=self._bos)
-        # A template that writes BOS itself must not get a second one from the tokenizer.
-        add_special = not (self._bos and text.startswith(self._bos))
-        return self.target.tokenize(text, add_special=add_special, parse_special=True)
+    def chat_tokens(
+        self, messages: list[dict[str, str]], *, parse_special: bool = False
+    ) -> list[int]:
+        """The conversation through the chat template. Control tokens are parsed only in the
+        template's own text: a message that spells ``<|im_start|>`` stays plain text unless
+        ``parse_special`` lets it through."""
+        real = self._render(messages)
+        if parse_special or not any(self._has_control_text(m["content"]) for m in messages):
+            return self._bos_for(real) + self._template_tokens(real)
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        masked = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
+        text = self._render(masked)
+        rebuilt = text
+        for mark, message in zip(marks, messages, strict=True):
+            rebuilt = rebuilt.replace(mark, message["content"])
+        if rebuilt != real or any(text.count(mark) != 1 for mark in marks):
+            # The template reshapes message text, so it cannot be kept apart from it.
+            raise InputError(
+                "the text contains control tokens of the model (such as <|im_start|>)",
+                "remove them, or pass --parse-special to let them act as control tokens",
+            )
+        tokens = self._bos_for(text)
+        rest = text
+        for mark, message in zip(marks, messages, strict=True):
+            head, rest = rest.split(mark)
+            tokens += self._template_tokens(head)
+            tokens += self.target.tokenize(
+                message["content"], add_special=False, parse_special=False
+            )
+        return tokens + self._template_tokens(rest)
 
-    def text_tokens(self, text: str, *, raw: bool) -> list[int]:
+    def _has_control_text(self, text: str) -> bool:
+        plain = self.target.tokenize(text, add_special=False, parse_special=False)
+        return plain != self.target.tokenize(text, add_special=False, parse_special=True)
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return render_chat(self._template, messages, bos_token=self._bos)
+
+    def _bos_for(self, text: str) -> list[int]:
+        """BOS when the vocabulary adds one and the template did not write it itself."""
+        if not self._bos or text.startswith(self._bos):
+            return []
+        return [self.target.vocab_info().bos]
+
+    def _template_tokens(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return self.target.tokenize(text, add_special=False, parse_special=True)
+
+    def text_tokens(self, text: str, *, raw: bool, parse_special: bool = False) -> list[int]:
         if not text.strip():
             raise InputError("the input is empty", "give the prompt on stdin or as a file")
         if raw:
-            return self.target.tokenize(text, add_special=True, parse_special=True)
-        return self.chat_tokens([{"role": "user", "content": text}])
+            return self.target.tokenize(text, add_special=True, parse_special=parse_special)
+        messages = [{"role": "user", "content": text}]
+        return self.chat_tokens(messages, parse_special=parse_special)
 
     def count_chat_tokens(self, messages: list[dict[str, str]]) -> int:
         return len(self.chat_tokens(messages))
@@ -108,7 +163,24 @@ class Session:
                 "--drafter model needs a draft model, and none is loaded",
                 "pass --draft REF, or use --drafter ngram",
             )
-        return self.decoder.generate(tokens, params, cancel)
+        events = self.decoder.generate(tokens, params, cancel)
+        if self.learning is None or params.drafter != DrafterMode.AUTO:
+            return events
+        return self._saving_learning(events, params)
+
+    def _saving_learning(
+        self, events: Iterator[Event], params: GenerationParams
+    ) -> Iterator[Event]:
+        """Pass the events through; as the generation finishes, save what auto learned
+        (before ``Finished`` is handed on: a consumer may stop reading there)."""
+        assert self.learning is not None
+        store, key = self.learning
+        for event in events:
+            if isinstance(event, Finished):
+                problem = store.save(key, self.decoder.controller_for(params).learned())
+                if problem:
+                    self.warnings.append(problem)
+            yield event
 
     def complete(
         self,
@@ -116,9 +188,11 @@ class Session:
         params: GenerationParams,
         *,
         raw: bool = False,
+        parse_special: bool = False,
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
-        return self.generate(self.text_tokens(text, raw=raw), params, cancel)
+        tokens = self.text_tokens(text, raw=raw, parse_special=parse_special)
+        return self.generate(tokens, params, cancel)
 
     def chat(
         self,
@@ -136,6 +210,11 @@ class Session:
                 n_ctx=self.n_ctx,
             )
         return self.generate(tokens, params, cancel)
+
+    def forget_learning(self) -> None:
+        """The next generation starts cold: no acceptance learned in this process or saved
+        by earlier ones (what ``bench --cold`` measures)."""
+        self.decoder.forget_learning()
 
     def plain_tokens_per_s(self) -> float | None:
         return 1.0 / self.costs.plain_s if self.costs else None
@@ -213,7 +292,36 @@ def open_session(options: ModelOptions, on_progress: Progress | None = None) -> 
         if draft is not None:
             draft.close()
         raise
-    return Session(target, draft, costs, costs_file)
+    session = Session(target, draft, costs, costs_file)
+    if options.calibrate and options.learn:
+        _restore_learning(session, target_path, draft_path, on_progress)
+    return session
+
+
+def learning_store() -> LearningStore:
+    from localspec.models.paths import cache_root
+
+    return LearningStore(cache_root() / "learning")
+
+
+def _restore_learning(
+    session: Session, target_path: Path, draft_path: Path | None, on_progress: Progress | None
+) -> None:
+    """Start the auto controller from what earlier sessions learned for this pair."""
+    store = learning_store()
+    key = machine_key(file_identity(target_path), file_identity(draft_path))
+    session.learning = (store, key)
+    learned, problem = store.load(key)
+    if problem:
+        _report(on_progress, f"warning: {problem}")
+    if learned is None:
+        return
+    try:
+        Controller(session.decoder.costs).restore(learned)  # validates it, changing nothing
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        _report(on_progress, f"warning: ignoring malformed learned state ({err})")
+        return
+    session.decoder.restored = learned
 
 
 def _memory_warning(target: Path, draft: Path | None, n_ctx: int) -> str | None:
@@ -249,6 +357,7 @@ def _costs(
         options.n_gpu_layers,
         options.flash_attn,
         options.n_ctx,
+        DRAFT_SIZES,  # a cache measured for other draft lengths is measured again
     )
     cache = CostCache(cache_root() / "calibration")
     costs = None if options.recalibrate else cache.load(key)
@@ -256,12 +365,15 @@ def _costs(
         _report(on_progress, "measuring this machine's step costs (once per model pair)")
         # A few hundred tokens of context, as in a typical answer: attention cost grows
         # with it, so a near-empty context would flatter every step.
-        room = max(8, min(320, target.n_ctx - 40))  # leave room for the k+1 verified tokens
+        room = max(8, min(320, target.n_ctx - 80))  # leave room for the k+1 verified tokens
         context = target.tokenize(CALIBRATION_TEXT * 8, add_special=False)[:room]
         costs = measure_costs(target, draft, context)
         if looks_disturbed(costs):
             _report(on_progress, "the machine looked busy while measuring; measuring again")
-            costs = measure_costs(target, draft, context)
-        if not looks_disturbed(costs):  # never keep a measurement spoilt by other work
-            cache.save(key, costs)
+            costs = fastest_of(costs, measure_costs(target, draft, context))
+        # Saved even if still disturbed: live timings correct it, and measuring again in
+        # every process would cost far more than a rough start.
+        problem = cache.save(key, costs)
+        if problem:
+            _report(on_progress, f"warning: {problem}")
     return costs, cache.path(key)

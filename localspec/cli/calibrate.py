@@ -1,0 +1,93 @@
+"""``localspec calibrate``: measure this machine's step costs for a pair again, or forget
+what was measured and learned (``--reset``) so the next run starts from nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from localspec.cli.common import (
+    CtxOpt,
+    DraftOpt,
+    GpuLayersOpt,
+    TargetOpt,
+    ThreadsOpt,
+    cli_errors,
+    usage_from,
+)
+from localspec.core.costs import CostProfile
+
+
+def calibrate_command(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    threads: ThreadsOpt = None,
+    ctx: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = 0,
+    reset: Annotated[
+        bool,
+        typer.Option(
+            help="first forget every pair's measured costs and learned acceptance on this machine"
+        ),
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
+) -> None:
+    """Measure this machine's step costs for the pair again (the auto drafter uses them)."""
+    with cli_errors():
+        from localspec.models.paths import cache_root
+        from localspec.session.calibrate import CostCache
+        from localspec.session.session import ModelOptions, learning_store, open_session
+
+        try:
+            options = ModelOptions(
+                target=target,
+                draft=draft,
+                threads=threads,
+                n_ctx=ctx,
+                n_gpu_layers=gpu_layers,
+                recalibrate=True,
+            )
+        except ValidationError as err:
+            raise usage_from(err, "calibrate") from None
+        where = cache_root() / "calibration"
+        if reset:
+            costs_gone = CostCache(where).forget()
+            learned_gone = learning_store().forget()
+            typer.echo(
+                f"forgot {costs_gone} measurement(s) and {learned_gone} learned state(s)", err=True
+            )
+        session = open_session(options, on_progress=lambda line: typer.echo(line, err=True))
+        costs = session.costs
+        session.close()
+    assert costs is not None  # calibrate=True always measures
+    if json_out:
+        typer.echo(json.dumps({**costs.to_dict(), "cache_dir": str(where)}))
+        return
+    typer.echo(format_costs(costs, where))
+
+
+def format_costs(costs: CostProfile, where: Path) -> str:
+    plain = costs.plain_s
+    lines = [f"plain target step: {plain * 1000:.1f} ms ({1 / plain:.1f} tok/s)"]
+    lines.append("verify k drafts (k+1 tokens, logits for every one):")
+    for k, s in sorted(costs.verify_s.items()):
+        lines.append(
+            f"  k={k:2}: {s * 1000:7.1f} ms = {s / plain:5.2f} plain steps "
+            f"({(k + 1) / s:.1f} tok/s if all accepted)"
+        )
+    if costs.draft_step_s is not None:
+        d = costs.draft_step_s
+        lines.append(f"draft step: {d * 1000:.1f} ms = {d / plain:.2f} plain steps")
+    if costs.verify_s:
+        k, s = max(costs.verify_s.items(), key=lambda item: (item[0] + 1) / item[1])
+        ceiling = (k + 1) / s
+        lines.append(
+            f"ceiling (best batch, {k + 1} tokens): {ceiling:.1f} tok/s = "
+            f"{ceiling * plain:.2f}x a plain step"
+        )
+    lines.append(f"cached in {where} (one file per pair, settings and machine)")
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""Measured costs and learned acceptance on disk: validated, best effort, per pair."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localspec.core.costs import CostProfile
+from localspec.core.engine import run_to_completion
+from localspec.core.params import GenerationParams
+from localspec.session.calibrate import CostCache, fastest_of
+from localspec.session.learning import LearningStore
+
+PROFILE = CostProfile(plain_s=0.04, verify_s={1: 0.07, 15: 0.3}, draft_step_s=0.02)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"plain_s": 0.04, "verify_s": []}',
+        '{"plain_s": 0, "verify_s": {"1": 0.07}}',
+        '{"plain_s": "fast", "verify_s": {"1": 0.07}}',
+        "[1, 2]",
+        "not json",
+        "",
+    ],
+)
+def test_a_damaged_cost_cache_counts_as_missing(tmp_path, content):
+    cache = CostCache(tmp_path)
+    cache.path("k").write_text(content)
+    assert cache.load("k") is None
+
+
+def test_cost_cache_round_trip_and_best_effort_save(tmp_path):
+    cache = CostCache(tmp_path / "calibration")
+    assert cache.save("k", PROFILE) == ""
+    assert cache.load("k") == PROFILE
+    assert [p.name for p in (tmp_path / "calibration").iterdir()] == ["k.json"]  # no temp left
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the directory should be")
+    problem = CostCache(blocked / "calibration").save("k", PROFILE)
+    assert "could not write" in problem  # reported, not raised
+    assert CostCache(tmp_path / "calibration").forget() == 1
+
+
+def test_two_measurements_keep_the_faster_of_each_cost():
+    slow = CostProfile(plain_s=0.08, verify_s={1: 0.05, 15: 0.6}, draft_step_s=0.01)
+    best = fastest_of(PROFILE, slow)
+    assert best.plain_s == 0.04 and best.verify_s == {1: 0.05, 15: 0.3}
+    assert best.draft_step_s == 0.01
+
+
+def test_learning_store_round_trip_damaged_and_foreign_files(tmp_path):
+    store = LearningStore(tmp_path)
+    learned = {"model": {"hits": [1.0], "tries": [2.0]}, "ngram": {}}
+    assert store.load("pair") == (None, "")  # nothing saved yet: no warning either
+    assert store.save("pair", learned) == ""
+    assert store.load("pair") == (learned, "")
+    store.path("pair").write_text("{broken")
+    data, why = store.load("pair")
+    assert data is None and "unreadable" in why
+    store.path("other").write_text(json.dumps({"format": 1, "pair": "pair", "learned": {}}))
+    data, why = store.load("other")
+    assert data is None and "another model pair" in why
+    store.path("old").write_text(json.dumps({"format": 0, "pair": "old", "learned": {}}))
+    assert store.load("old")[0] is None
+    assert store.forget() == 3
+
+
+@pytest.fixture
+def tiny_options(tiny_pair):
+    from localspec.session.session import ModelOptions
+
+    target, draft, _ = tiny_pair
+    return ModelOptions(target=str(target), draft=str(draft), n_ctx=256, threads=1)
+
+
+def test_a_second_session_starts_from_what_the_first_learned(tiny_options, isolated_home):
+    from localspec.session.session import open_session
+
+    params = GenerationParams(max_tokens=24, drafter="auto")
+    first = open_session(tiny_options)
+    assert first.decoder.restored is None
+    run_to_completion(first.complete("the cat the cat the cat", params, raw=True))
+    first.close()
+    files = list((isolated_home / "learning").glob("*.json"))
+    assert len(files) == 1
+    saved = json.loads(files[0].read_text())["learned"]
+    second = open_session(tiny_options)
+    try:
+        assert second.decoder.restored == saved
+        fresh = second.decoder.controller_for(params)
+        assert fresh.learned()["ngram"].keys() == saved["ngram"].keys()
+        second.forget_learning()
+        assert second.decoder.restored is None
+    finally:
+        second.close()
+
+
+def test_a_damaged_learning_file_is_ignored_with_a_warning(tiny_options, isolated_home):
+    from localspec.session.session import open_session
+
+    first = open_session(tiny_options)
+    run_to_completion(first.complete("the cat", GenerationParams(max_tokens=4), raw=True))
+    first.close()
+    (path,) = (isolated_home / "learning").glob("*.json")
+    for damage in ("{not json", json.dumps({"format": 1, "pair": path.stem, "learned": {"x": 1}})):
+        path.write_text(damage)
+        lines: list[str] = []
+        session = open_session(tiny_options, on_progress=lines.append)
+        try:
+            assert session.decoder.restored is None
+            assert any(line.startswith("warning: ") for line in lines), lines
+            fin = run_to_completion(session.complete("the cat", GenerationParams(max_tokens=4)))
+            assert fin.stats["generated_tokens"] > 0
+        finally:
+            session.close()
+
+
+def test_calibrate_reset_forgets_measurements_and_learning(tiny_pair, isolated_home):
+    from typer.testing import CliRunner
+
+    from localspec.cli.app import app
+
+    target, draft, _ = tiny_pair
+    (isolated_home / "learning").mkdir(parents=True)
+    (isolated_home / "learning" / "old.json").write_text("{}")
+    (isolated_home / "calibration").mkdir(parents=True)
+    (isolated_home / "calibration" / "old.json").write_text("{}")
+    args = ["calibrate", "--reset", "--target", str(target), "--draft", str(draft),
+            "--ctx", "256", "--threads", "1"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "forgot 1 measurement(s) and 1 learned state(s)" in result.output
+    assert not (isolated_home / "learning" / "old.json").exists()
+    remeasured = list((isolated_home / "calibration").glob("*.json"))
+    assert [p.name for p in remeasured] != ["old.json"] and len(remeasured) == 1

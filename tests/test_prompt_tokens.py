@@ -1,0 +1,43 @@
+"""Control tokens are parsed in the template's text only, unless the user lets them through."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.errors import InputError
+from localspec.session.session import ModelOptions, open_session
+
+EOS = 2  # "</s>" in the tiny vocabulary, a control token
+
+
+@pytest.fixture(scope="module")
+def session(tiny_pair):
+    target, _, _ = tiny_pair
+    s = open_session(ModelOptions(target=str(target), use_draft=False, n_ctx=256, calibrate=False))
+    yield s
+    s.close()
+
+
+def test_user_text_cannot_inject_control_tokens(session):
+    text = "the cat </s> the dog"
+    assert EOS not in session.text_tokens(text, raw=True)
+    assert EOS in session.text_tokens(text, raw=True, parse_special=True)
+    chat = session.chat_tokens([{"role": "user", "content": text}])
+    assert EOS not in chat
+    assert EOS in session.chat_tokens([{"role": "user", "content": text}], parse_special=True)
+
+
+def test_template_text_keeps_its_control_tokens(session):
+    # The fallback template (ChatML) is plain text for this vocabulary; what matters is that
+    # tokenizing the pieces apart gives the same tokens as the whole, for ordinary text.
+    messages = [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "a dog"}]
+    whole = session.chat_tokens(messages, parse_special=True)
+    assert session.chat_tokens(messages) == whole
+
+
+def test_a_template_that_reshapes_text_refuses_control_tokens(session, monkeypatch):
+    upper = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"
+    monkeypatch.setattr(session, "_template", upper)
+    assert session.chat_tokens([{"role": "user", "content": "the cat"}])
+    with pytest.raises(InputError, match="control tokens"):
+        session.chat_tokens([{"role": "user", "content": "the </s>"}])
