@@ -121,6 +121,16 @@ class LlamaModel(CachedModel):
         self.n_ctx = llama_cpp.llama_n_ctx(ctx)
         self.n_batch = cparams.n_batch
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Evaluate one token with logits and forget it, as llama.cpp's tools do before
+        timing: the first pass maps every weight (the output layer too, which a prefill
+        without logits never touches) and picks kernels, which the first step would pay."""
+        self.forward([self.vocab_info().bos if self.vocab_info().bos >= 0 else 0], 1)
+        self.reset()
+        self.evaluated_tokens = 0
+        self.compute_seconds = 0.0
 
     # -- evaluation ---------------------------------------------------------------------
 
