@@ -333,7 +333,7 @@ def args(**changes) -> bench_cli.BenchArgs:
         categories=None, limit=None, prompts=None, modes="none,auto", max_tokens=200,
         temperature=0.0, seed=None, raw=False, cold=True, trace=False, native_bin=None,
         native_flags="", out=None, chart=False, warmup=True, target=None, draft=None,
-        threads=None, ctx=4096,
+        threads=None, ctx=4096, exact=False,
     )  # fmt: skip
     return bench_cli.BenchArgs(**{**base, **changes})
 
@@ -355,6 +355,13 @@ def test_cold_keeps_the_saved_learning_out_and_untouched_warm_uses_it():
     assert config.cold and not options.learn
     config, options = bench_cli._settings(args(cold=False, trace=True), ("none", "auto"))
     assert not config.cold and config.trace and options.learn
+
+
+def test_exact_reaches_the_model_options():
+    _, options = bench_cli._settings(args(exact=True), ("none", "auto"))
+    assert options.exact
+    _, options = bench_cli._settings(args(), ("none", "auto"))
+    assert not options.exact
 
 
 def test_bench_command_reads_a_prompt_file_before_loading_models(tmp_path):

@@ -40,6 +40,52 @@ llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
 
 
+# Exact mode keeps keys and values in bf16. llama.cpp's CPU flash attention has two kernels
+# for f16/f32 caches that sum in another order than its row-by-row kernel: a split over the
+# cache for a lone query row once it holds 512 cells, and a tiled one from 64 query rows.
+# Any other cache type always takes the row-by-row kernel.
+GGML_TYPE_BF16 = 30
+# Set to "0", llama.cpp's CPU backend skips its tiled K-quant matmul (taken for batches of 8
+# rows or more), whose sums differ from the per-row dot products. Read once per process, at
+# the first matrix multiplication.
+TILED_MM_SWITCH = "GGML_CPU_TILED_MM"
+# Rows of the load-time check: the tiled matmul starts at 8.
+EXACT_CHECK_ROWS = 9
+_decoded = False  # whether this process has evaluated anything yet (see exact_kernels)
+_switched = False  # whether exact_kernels set the switch (rather than the user)
+
+
+def _note_decoded() -> None:
+    global _decoded
+    _decoded = True
+
+
+def exact_kernels() -> None:
+    """Choose llama.cpp's batch-invariant CPU kernels for this process, before any decode.
+
+    The tiled-matmul switch is read once per process, so it can no longer change after a
+    first evaluation; ``BackendError`` then, unless it was already off."""
+    if os.environ.get(TILED_MM_SWITCH) == "0":
+        return
+    if _decoded:
+        raise BackendError(
+            "exact mode must be chosen before this process evaluates anything",
+            "start a new process with --exact",
+        )
+    os.environ[TILED_MM_SWITCH] = "0"
+    global _switched
+    _switched = True
+
+
+def default_kernels_environ() -> dict[str, str]:
+    """This process's environment without the switch ``exact_kernels`` set, for child
+    processes (llama.cpp's own tools in the bench) that should run their usual kernels."""
+    env = dict(os.environ)
+    if _switched:
+        env.pop(TILED_MM_SWITCH, None)
+    return env
+
+
 def recent_llama_log(lines: int = 6) -> str:
     tail = [s.strip() for s in list(_LOG_TAIL)[-lines:] if s.strip()]
     return " | ".join(tail)
@@ -54,6 +100,10 @@ class LoadOptions:
     n_batch: int = 512
     n_ubatch: int = 512
     flash_attn: bool = True
+    # Batch-invariant logits (see exact_kernels): no weight repacking, no tiled matmul,
+    # flash attention over a bf16 cache. Slower; greedy output then does not depend on
+    # how tokens were batched.
+    exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +132,11 @@ class LlamaModel(CachedModel):
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
         mparams.vocab_only = vocab_only
+        self.exact = options.exact and not vocab_only
+        if self.exact:
+            exact_kernels()
+            # Repacked weights take GEMV kernels for one row and GEMM kernels for more.
+            mparams.use_extra_bufts = False
         _LOG_TAIL.clear()
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
@@ -105,9 +160,11 @@ class LlamaModel(CachedModel):
         cparams.n_threads_batch = options.n_threads_batch or threads
         cparams.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-            if options.flash_attn
+            if options.flash_attn or self.exact
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
+        if self.exact:
+            cparams.type_k = cparams.type_v = GGML_TYPE_BF16
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             self.close()
@@ -122,6 +179,8 @@ class LlamaModel(CachedModel):
         self.n_batch = cparams.n_batch
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._warm_up()
+        if self.exact:
+            self._check_batch_invariance()
 
     def _warm_up(self) -> None:
         """Evaluate one token with logits and forget it, as llama.cpp's tools do before
@@ -132,45 +191,76 @@ class LlamaModel(CachedModel):
         self.evaluated_tokens = 0
         self.compute_seconds = 0.0
 
+    def _check_batch_invariance(self, rows: int = EXACT_CHECK_ROWS) -> None:
+        """Exact mode's promise, checked on this model and machine before it is relied on:
+        ``rows`` tokens evaluated one by one give bitwise the logits of the same tokens in
+        one batch. Some weight types (f32, f16) take kernels that depend on the batch."""
+        vocab = self.vocab_info()
+        tokens = [(vocab.bos if vocab.bos >= 0 else 0)] + [
+            (17 * i + 3) % self.n_vocab for i in range(rows)
+        ]
+        alone = np.concatenate([self.forward(tokens[: i + 2], 1) for i in range(rows)])
+        self.truncate(1)
+        batch = self.forward(tokens, rows)
+        self.reset()
+        self.evaluated_tokens = 0
+        self.compute_seconds = 0.0
+        if not np.array_equal(alone, batch):
+            gap = float(np.max(np.abs(alone - batch)))
+            self.close()
+            raise BackendError(
+                f"exact mode is not available for {self.path.name} on this machine: its "
+                f"logits depend on the batch (up to {gap:.3g} apart)",
+                "use a K-quant of the model (e.g. Q4_K_M), or run without --exact",
+            )
+
     # -- evaluation ---------------------------------------------------------------------
 
     def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
-        rows: list[np.ndarray] = []
         start = len(self.cached)
         total = len(tokens)
+        first_logit = total - n_logits  # index in ``tokens`` of the first logits row
+        rows: list[np.ndarray] = []
         for off in range(0, total, self.n_batch):
-            chunk = tokens[off : off + self.n_batch]
-            first_logit = total - n_logits  # index in ``tokens`` of the first logits row
-            b = self._batch
-            b.n_tokens = len(chunk)
-            want = 0
-            for j, tok in enumerate(chunk):
-                i = off + j
-                b.token[j] = tok
-                b.pos[j] = start + i
-                b.n_seq_id[j] = 1
-                b.seq_id[j][0] = 0
-                b.logits[j] = i >= first_logit
-                want += i >= first_logit
-            t0 = time.perf_counter()
-            rc = llama_cpp.llama_decode(self._ctx, b)
-            if rc != 0:
-                # Drop whatever part of the batch made it in, so the cache matches ``cached``.
-                llama_cpp.llama_memory_seq_rm(self._memory, 0, start, -1)
-                del self.cached[start:]
-                raise BackendError(
-                    f"llama.cpp decode failed (code {rc}) at position {start + off}: "
-                    f"{recent_llama_log(2)}",
-                    "the context may be full; try a larger --ctx or a shorter prompt",
-                )
-            if want:
-                ptr = llama_cpp.llama_get_logits(self._ctx)
-                arr = np.ctypeslib.as_array(ptr, shape=(want, self.n_vocab))
-                rows.append(arr.copy())
-            self.compute_seconds += time.perf_counter() - t0
+            size = min(self.n_batch, total - off)
+            chunk = tokens[off : off + size]
+            flags = [off + j >= first_logit for j in range(size)]
+            out = self._decode(chunk, start + off, flags)
+            if out is not None:
+                rows.append(out)
         if not rows:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _decode(self, chunk: list[int], pos: int, flags: list[bool]) -> np.ndarray | None:
+        """One ``llama_decode`` of ``chunk`` at positions ``pos``...; logits rows flagged."""
+        b = self._batch
+        b.n_tokens = len(chunk)
+        for j, tok in enumerate(chunk):
+            b.token[j] = tok
+            b.pos[j] = pos + j
+            b.n_seq_id[j] = 1
+            b.seq_id[j][0] = 0
+            b.logits[j] = flags[j]
+        want = sum(flags)
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ctx, b)
+        if rc != 0:
+            # Drop whatever part of the batch made it in, so the cache matches ``cached``.
+            rm_from = min(pos, len(self.cached))
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, rm_from, -1)
+            del self.cached[rm_from:]
+            raise BackendError(
+                f"llama.cpp decode failed (code {rc}) at position {pos}: {recent_llama_log(2)}",
+                "the context may be full; try a larger --ctx or a shorter prompt",
+            )
+        _note_decoded()
+        out = None
+        if want:
+            ptr = llama_cpp.llama_get_logits(self._ctx)
+            out = np.ctypeslib.as_array(ptr, shape=(want, self.n_vocab)).copy()
+        self.compute_seconds += time.perf_counter() - t0
+        return out
 
     def _remove_from(self, n: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,7 @@ class NativeRunner:
         n_ctx: int = 4096,
         timeout_s: float = 900.0,
         extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.binary = Path(binary)
         self.target = Path(target)
@@ -155,6 +156,7 @@ class NativeRunner:
         self.n_ctx = n_ctx
         self.timeout_s = timeout_s
         self.extra_args = list(extra_args)  # appended last, so they override the defaults
+        self.env = dict(env) if env is not None else None  # None: this process's environment
 
     def check(self, modes: Sequence[str]) -> None:
         check_binary(self.binary, modes)
@@ -199,7 +201,12 @@ class NativeRunner:
         cmd = self.command(mode, prompt, max_tokens, temperature, seed)
         try:
             proc = subprocess.run(
-                cmd, capture_output=True, text=True, errors="replace", timeout=self.timeout_s
+                cmd,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=self.timeout_s,
+                env=self.env,
             )
         except subprocess.TimeoutExpired:
             raise BackendError(

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from localspec.cli.common import (
     CtxOpt,
     DraftOpt,
+    ExactOpt,
     TargetOpt,
     TemperatureOpt,
     ThreadsOpt,
@@ -132,6 +133,7 @@ def bench_command(
     draft: DraftOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
+    exact: ExactOpt = False,
 ) -> None:
     """Measure plain and speculative decoding by prompt category, side by side."""
     args = BenchArgs(**locals())  # exactly the options above
@@ -163,6 +165,7 @@ class BenchArgs:
     draft: str | None
     threads: int | None
     ctx: int
+    exact: bool
 
 
 def _choose_modes(args: BenchArgs) -> tuple[tuple[str, ...], list[str]]:
@@ -214,6 +217,7 @@ def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
             draft=args.draft,
             threads=args.threads,
             n_ctx=args.ctx,
+            exact=args.exact,
             use_draft=any(m in chosen for m in ("model", "auto", "native-draft")),
             # Cold runs neither start from the user's saved learning nor overwrite it with
             # what one bench prompt taught.
@@ -227,6 +231,7 @@ def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
 def _native_runner(args: BenchArgs, session: Any, chosen: tuple, native_args: list) -> Any:
     if args.native_bin is None:
         return None
+    from localspec.backend.llama import default_kernels_environ
     from localspec.backend.native import NativeRunner
 
     native = NativeRunner(
@@ -237,6 +242,7 @@ def _native_runner(args: BenchArgs, session: Any, chosen: tuple, native_args: li
         threads=args.threads,
         n_ctx=args.ctx,
         extra_args=native_args,
+        env=default_kernels_environ(),
     )
     native.check(chosen)
     return native
@@ -333,6 +339,7 @@ def _meta(
         "seed": config.seed,
         "chat_template": not config.raw,
         "cold": config.cold,
+        "exact": args.exact,
         "min_ratio_tokens": bench.MIN_RATIO_TOKENS,
         "localspec": __version__,
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),

@@ -13,10 +13,12 @@ from pydantic import ValidationError
 from localspec.cli.common import (
     CtxOpt,
     DraftOpt,
+    ExactOpt,
     GpuLayersOpt,
     TargetOpt,
     ThreadsOpt,
     cli_errors,
+    pair_settings,
     usage_from,
 )
 from localspec.core.costs import CostProfile
@@ -35,21 +37,22 @@ def calibrate_command(
         ),
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
+    exact: ExactOpt = False,
 ) -> None:
     """Measure this machine's step costs for the pair again (the auto drafter uses them)."""
     with cli_errors():
         from localspec.models.paths import cache_root
         from localspec.session.calibrate import CostCache
-        from localspec.session.session import ModelOptions, learning_store, open_session
+        from localspec.session.session import (
+            ModelOptions,
+            cached_costs,
+            learning_store,
+            open_session,
+        )
 
         try:
             options = ModelOptions(
-                target=target,
-                draft=draft,
-                threads=threads,
-                n_ctx=ctx,
-                n_gpu_layers=gpu_layers,
-                recalibrate=True,
+                **pair_settings(target, draft, threads, ctx, gpu_layers, exact), recalibrate=True
             )
         except ValidationError as err:
             raise usage_from(err, "calibrate") from None
@@ -62,22 +65,47 @@ def calibrate_command(
             )
         session = open_session(options, on_progress=lambda line: typer.echo(line, err=True))
         costs = session.costs
+        # The other kernels' figures, if measured before: exact mode can only be chosen
+        # before a process evaluates anything, so one run cannot measure both.
+        other = cached_costs(
+            options.model_copy(update={"exact": not exact}),
+            session.target.path,
+            session.draft.path if session.draft is not None else None,
+        )
         session.close()
     assert costs is not None  # calibrate=True always measures
     if json_out:
-        typer.echo(json.dumps({**costs.to_dict(), "cache_dir": str(where)}))
+        record = {**costs.to_dict(), "exact": exact, "cache_dir": str(where)}
+        record["other_mode"] = {"exact": not exact, **other.to_dict()} if other else None
+        typer.echo(json.dumps(record))
         return
-    typer.echo(format_costs(costs, where))
+    typer.echo(format_costs(costs, where, exact=exact, other=other))
 
 
-def format_costs(costs: CostProfile, where: Path) -> str:
+def format_costs(
+    costs: CostProfile, where: Path, *, exact: bool = False, other: CostProfile | None = None
+) -> str:
+    """The measured costs; beside them, ``other`` (the same pair measured with the other
+    kernels: exact if ``exact`` is False, and the reverse) as a ratio, when known."""
     plain = costs.plain_s
-    lines = [f"plain target step: {plain * 1000:.1f} ms ({1 / plain:.1f} tok/s)"]
+    mode, other_mode = ("exact", "default") if exact else ("default", "exact")
+    lines = [f"kernels: {mode}" + (f" (beside: {other_mode}, measured before)" if other else "")]
+
+    def beside(mine: float, theirs: float | None) -> str:
+        if theirs is None:
+            return ""
+        return f"  | {other_mode}: {theirs * 1000:7.1f} ms ({mine / theirs:.2f}x)"
+
+    lines.append(
+        f"plain target step: {plain * 1000:.1f} ms ({1 / plain:.1f} tok/s)"
+        + (beside(plain, other.plain_s) if other else "")
+    )
     lines.append("verify k drafts (k+1 tokens, logits for every one):")
     for k, s in sorted(costs.verify_s.items()):
         lines.append(
             f"  k={k:2}: {s * 1000:7.1f} ms = {s / plain:5.2f} plain steps "
             f"({(k + 1) / s:.1f} tok/s if all accepted)"
+            + (beside(s, other.verify_s.get(k)) if other else "")
         )
     if costs.draft_step_s is not None:
         d = costs.draft_step_s
@@ -90,4 +118,7 @@ def format_costs(costs: CostProfile, where: Path) -> str:
             f"{ceiling * plain:.2f}x a plain step"
         )
     lines.append(f"cached in {where} (one file per pair, settings and machine)")
+    if other is None:
+        flag = "" if exact else " --exact"
+        lines.append(f"measure the {other_mode} kernels too with: localspec calibrate{flag}")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from localspec.cli.common import (
     DrafterOpt,
     DraftMaxOpt,
     DraftOpt,
+    ExactOpt,
     GpuLayersOpt,
     MinPOpt,
     SeedOpt,
@@ -20,6 +21,7 @@ from localspec.cli.common import (
     TopKOpt,
     TopPOpt,
     cli_errors,
+    pair_settings,
     parse_generation,
 )
 
@@ -38,6 +40,7 @@ def chat(
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
     gpu_layers: GpuLayersOpt = 0,
+    exact: ExactOpt = False,
 ) -> None:
     """Chat in the terminal, with live acceptance stats and tokens coloured by origin."""
     with cli_errors():
@@ -45,14 +48,10 @@ def chat(
         # download bars would garble the screen, so the app shows its own progress lines.
         params, options = parse_generation(
             drafter,
-            dict(
-                target=target,
-                draft=draft,
-                threads=threads,
-                n_ctx=ctx,
-                n_gpu_layers=gpu_layers,
-                show_download_progress=False,
-            ),
+            {
+                **pair_settings(target, draft, threads, ctx, gpu_layers, exact),
+                "show_download_progress": False,
+            },
             max_tokens=max_tokens,
             temperature=temperature,
             top_k=top_k,

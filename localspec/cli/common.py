@@ -68,6 +68,29 @@ DraftOpt = Annotated[str | None, typer.Option(help="draft: path, catalog name or
 ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")]
 CtxOpt = Annotated[int, typer.Option(help="context size in tokens")]
 GpuLayersOpt = Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")]
+ExactOpt = Annotated[
+    bool,
+    typer.Option(
+        "--exact",
+        help="greedy output identical to plain decoding's, token for token, whatever the "
+        "drafter (batch-invariant kernels; slower)",
+    ),
+]
+
+
+def pair_settings(
+    target: str | None, draft: str | None, threads: int | None, ctx: int, gpu_layers: int,
+    exact: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The ModelOptions fields of the options every model-loading command shares."""
+    return dict(
+        target=target,
+        draft=draft,
+        threads=threads,
+        n_ctx=ctx,
+        n_gpu_layers=gpu_layers,
+        exact=exact,
+    )
 
 
 def parse_generation(

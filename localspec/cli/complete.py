@@ -24,6 +24,7 @@ from localspec.cli.common import (
     DrafterOpt,
     DraftMaxOpt,
     DraftOpt,
+    ExactOpt,
     GpuLayersOpt,
     MinPOpt,
     SeedOpt,
@@ -33,6 +34,7 @@ from localspec.cli.common import (
     TopKOpt,
     TopPOpt,
     cli_errors,
+    pair_settings,
     parse_generation,
 )
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
@@ -141,12 +143,13 @@ def complete(
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
     gpu_layers: GpuLayersOpt = 0,
+    exact: ExactOpt = False,
 ) -> None:
     """Generate a completion of FILE (or stdin): the target's own output, faster."""
     with cli_errors():
         params, options = parse_generation(
             drafter,
-            dict(target=target, draft=draft, threads=threads, n_ctx=ctx, n_gpu_layers=gpu_layers),
+            pair_settings(target, draft, threads, ctx, gpu_layers, exact),
             max_tokens=max_tokens,
             temperature=temperature,
             top_k=top_k,
@@ -208,6 +211,7 @@ def run_complete(
             "text": finished.text if finished else running.text,
             "token_ids": list(finished.token_ids) if finished else running.token_ids,
             "finish_reason": reason,
+            "exact": options.exact,
             "stats": summary,
         }
         out.write(json.dumps(record) + "\n")

@@ -18,12 +18,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.backend.compat import check_vocabularies
-from localspec.backend.llama import LlamaModel, LoadOptions
+from localspec.backend.llama import LlamaModel, LoadOptions, exact_kernels
 from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
@@ -60,6 +61,9 @@ class ModelOptions(BaseModel):
     n_ctx: int = Field(4096, ge=64)
     n_gpu_layers: int = Field(0, ge=-1)
     flash_attn: bool = True
+    # Batch-invariant target kernels: greedy output identical to plain decoding's, token
+    # for token, whatever was drafted (slower; see backend.llama.exact_kernels).
+    exact: bool = False
     calibrate: bool = True  # measure (or load cached) step costs for the controller
     recalibrate: bool = False  # measure even when a cached profile exists
     learn: bool = True  # restore and save what auto learned, per pair (with calibrate)
@@ -270,8 +274,12 @@ def open_session(options: ModelOptions, on_progress: Progress | None = None) -> 
         n_gpu_layers=options.n_gpu_layers,
         flash_attn=options.flash_attn,
     )
+    if options.exact:
+        exact_kernels()  # process-wide, so before either model evaluates anything
     _report(on_progress, f"loading target {target_path.name}")
-    target = LlamaModel(target_path, load)
+    # Only the target needs batch-invariant kernels: what the draft proposes never changes
+    # what the target accepts, so the draft keeps the fast ones.
+    target = LlamaModel(target_path, replace(load, exact=options.exact))
     draft = None
     try:
         if draft_path is not None:
@@ -337,6 +345,33 @@ def _memory_warning(target: Path, draft: Path | None, n_ctx: int) -> str | None:
     )
 
 
+def costs_key(options: ModelOptions, target_path: Path, draft_path: Path | None) -> str:
+    """The calibration cache's key for a pair loaded with ``options`` on this machine."""
+    return machine_key(
+        file_identity(target_path),
+        file_identity(draft_path),
+        options.threads or os.cpu_count(),
+        options.n_gpu_layers,
+        options.flash_attn,
+        options.n_ctx,
+        *(("exact",) if options.exact else ()),  # other kernels, other costs
+        DRAFT_SIZES,  # a cache measured for other draft lengths is measured again
+    )
+
+
+def cached_costs(
+    options: ModelOptions, target_path: Path, draft_path: Path | None
+) -> CostProfile | None:
+    """What was measured for a pair with ``options``, without loading it; None if nothing."""
+    return _cost_cache().load(costs_key(options, target_path, draft_path))
+
+
+def _cost_cache() -> CostCache:
+    from localspec.models.paths import cache_root
+
+    return CostCache(cache_root() / "calibration")
+
+
 def _costs(
     options: ModelOptions,
     target: LlamaModel,
@@ -347,19 +382,8 @@ def _costs(
 ) -> tuple[CostProfile | None, Path | None]:
     if not options.calibrate:
         return None, None
-    from localspec.models.paths import cache_root
-
-    threads = options.threads or os.cpu_count()
-    key = machine_key(
-        file_identity(target_path),
-        file_identity(draft_path),
-        threads,
-        options.n_gpu_layers,
-        options.flash_attn,
-        options.n_ctx,
-        DRAFT_SIZES,  # a cache measured for other draft lengths is measured again
-    )
-    cache = CostCache(cache_root() / "calibration")
+    key = costs_key(options, target_path, draft_path)
+    cache = _cost_cache()
     costs = None if options.recalibrate else cache.load(key)
     if costs is None:
         _report(on_progress, "measuring this machine's step costs (once per model pair)")

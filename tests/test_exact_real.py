@@ -1,0 +1,70 @@
+"""Exact mode on the real default pair (slow): batch-invariant logits, and greedy output
+identical to plain decoding's in every drafter mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from tests.test_exact import run_probe
+
+pytestmark = pytest.mark.slow
+
+# Prompts per bench category (6 categories). One each keeps the suite's time reasonable
+# (about a minute per prompt on 2 cores); LOCALSPEC_EXACT_PROMPTS=4 runs 24 prompts.
+PROMPTS_PER_CATEGORY = int(os.environ.get("LOCALSPEC_EXACT_PROMPTS", "1"))
+NEW_TOKENS = 256
+
+
+def test_real_target_logits_are_the_same_alone_and_in_any_batch(real_pair_home):
+    _, target, _ = real_pair_home
+    # Past 512 cached cells, where a lone query row would take another attention kernel.
+    result = run_probe(target, exact=True, n_ctx=1024, context=600, sizes=(2, 3, 8, 16, 33, 64))
+    assert result["exact"] and result["rows"] == 64
+    assert result["equal"] == {k: True for k in ("2", "3", "8", "16", "33", "64")}, result
+
+
+def test_greedy_output_is_plain_decodings_in_every_drafter_mode(real_pair_home, tmp_path):
+    home, _, _ = real_pair_home
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "localspec.cli.app",
+            "bench",
+            "--exact",
+            "--modes",
+            "none,ngram,model,auto",
+            "--max-tokens",
+            str(NEW_TOKENS),
+            "--limit",
+            str(PROMPTS_PER_CATEGORY),
+            "--threads",
+            "2",
+            "--out",
+            str(out),
+            "--no-chart",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env={**os.environ, "LOCALSPEC_HOME": str(home)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs: dict[str, dict[str, list[int]]] = defaultdict(dict)
+    for line in (out / "records.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        runs[f"{record['category']}/{record['prompt_id']}"][record["mode"]] = record["token_ids"]
+    assert len(runs) == 6 * PROMPTS_PER_CATEGORY
+    for prompt, by_mode in runs.items():
+        assert set(by_mode) == {"none", "ngram", "model", "auto"}, prompt
+        for mode in ("ngram", "model", "auto"):
+            assert by_mode[mode] == by_mode["none"], f"{prompt}: {mode} parted from plain"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["meta"]["exact"] is True
