@@ -140,10 +140,14 @@ def test_offline_and_not_cached_lists_what_was_tried():
 
 
 def test_resolution_order_file_then_cache_then_pull(tmp_path, monkeypatch, tiny):
-    # A catalog name that is also a file name in the cwd resolves to the file.
+    # A file in the cwd called like a catalog model is that file only when the reference
+    # says it is a path; the bare name stays the catalog's, default pair included.
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "qwen2.5-coder-3b").write_bytes(tiny.read_bytes())
-    assert catalog.resolve_model("qwen2.5-coder-3b", "target") == Path("qwen2.5-coder-3b")
+    for name in ("qwen2.5-coder-3b", "qwen2.5-coder-1.5b"):
+        (tmp_path / name).write_bytes(tiny.read_bytes())
+        assert catalog.resolve_model(f"./{name}", "target") == Path(f"./{name}")
+        assert catalog.locate_model(name) is None
+    assert catalog.resolve_model(str(tmp_path / "qwen2.5-coder-3b"), "target").is_file()
 
     # Otherwise the catalog: pulled once via the Hub (mocked), then served from the cache.
     calls = []
@@ -205,12 +209,49 @@ def test_hf_cache_files_are_found_and_used_in_place(tmp_path, tiny):
 
 
 def test_registry_names_resolve_and_pair(tiny):
-    catalog.register_local("qwen2.5-coder-7b-q4_0", tiny, base="qwen2.5-coder-7b", quant="Q4_0")
-    assert catalog.resolve_model("qwen2.5-coder-7b-q4_0", "target") == tiny.resolve()
+    made = paths.ensure_dir(paths.models_dir()) / "qwen2.5-coder-7b-q4_0.gguf"
+    made.write_bytes(tiny.read_bytes())
+    catalog.register_local("qwen2.5-coder-7b-q4_0", made, base="qwen2.5-coder-7b", quant="Q4_0")
+    assert catalog.resolve_model("qwen2.5-coder-7b-q4_0", "target") == made.resolve()
     assert catalog.pair_for("qwen2.5-coder-7b-q4_0") == "qwen2.5-coder-0.5b"
-    catalog.register_local("gone-q4_0", tiny.parent / "gone.gguf", base="x", quant="Q4_0")
+    catalog.register_local("gone-q4_0", made.parent / "gone.gguf", base="x", quant="Q4_0")
     with pytest.raises(ModelFileError, match="is gone"):
         catalog.resolve_model("gone-q4_0", "target")
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", "[1, 2]", '{"x": {"path": 3}}', '{"x": "y"}', '{"x": {"path": ""}}'],
+)
+def test_a_damaged_registry_counts_as_empty_with_a_warning(content, caplog):
+    paths.ensure_dir(paths.models_dir())
+    paths.registry_path().write_text(content)
+    assert catalog.load_registry() == {}
+    assert "warning: ignoring" in caplog.text
+
+
+def test_registry_entries_outside_the_models_folder_are_ignored(tiny, tmp_path, caplog):
+    """A registry entry naming a file elsewhere (a hand-edited or crafted registry) is never
+    resolved by name, so ``models rm`` can never delete it."""
+    import json
+
+    outside = tmp_path / "precious.gguf"
+    outside.write_bytes(tiny.read_bytes())
+    paths.ensure_dir(paths.models_dir())
+    paths.registry_path().write_text(
+        json.dumps(
+            {
+                "evil": {"path": str(outside), "base": "x", "quant": "Q4_0"},
+                "escape": {"path": str(paths.models_dir() / ".." / "x.gguf"), "base": "x"},
+                "relative": {"path": "x.gguf", "base": "x"},
+            }
+        )
+    )
+    assert catalog.load_registry() == {}
+    assert "'evil'" in caplog.text
+    with pytest.raises(ModelNotFoundError):
+        catalog.resolve_model("evil", "target")
+    assert outside.is_file()
 
 
 def test_memory_estimate_counts_files_and_kv_cache(tiny):

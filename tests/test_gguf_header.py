@@ -1,0 +1,65 @@
+"""The GGUF header reader against crafted headers: every length is bounded by the file, so a
+hostile file fails fast with ``ValueError`` (and the memory estimate falls back to 0)
+instead of allocating gigabytes or looping for ever."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import pytest
+
+from localspec.models import gguf, resources
+
+
+def header(*kvs: bytes, n_kv: int | None = None) -> bytes:
+    body = b"GGUF" + struct.pack("<I", 3) + struct.pack("<Q", 0)
+    body += struct.pack("<Q", len(kvs) if n_kv is None else n_kv)
+    return body + b"".join(kvs) + b"\0" * 64
+
+
+def s(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def kv_string(key: str, value: str) -> bytes:
+    return s(key) + struct.pack("<I", 8) + s(value)
+
+
+HUGE = 1 << 62
+ARRAY, STRING, FLOAT32 = 9, 8, 6
+CRAFTED = {
+    # a key whose length would make the reader allocate exabytes
+    "key length": struct.pack("<Q", HUGE) + b"x",
+    "string value length": s("general.name") + struct.pack("<IQ", STRING, HUGE),
+    # an array of floats that would seek past any offset a file can have
+    "array of numbers": s("scores") + struct.pack("<IIQ", ARRAY, FLOAT32, HUGE),
+    "array of strings": s("tokens") + struct.pack("<IIQ", ARRAY, STRING, HUGE),
+    # arrays of arrays nested deeper than the interpreter's recursion limit
+    "nested arrays": s("deep") + struct.pack("<I", ARRAY) + struct.pack("<IQ", ARRAY, 1) * 5000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED))
+def test_crafted_lengths_fail_fast_with_value_error(tmp_path, name):
+    path = tmp_path / f"{name.replace(' ', '-')}.gguf"
+    path.write_bytes(header(CRAFTED[name]))
+    start = time.process_time()
+    with pytest.raises(ValueError):
+        gguf.read_metadata(path)
+    assert time.process_time() - start < 5  # a guard against an endless loop, not a benchmark
+    assert resources.kv_cache_bytes(path, 4096) == 0
+
+
+def test_a_huge_key_count_is_refused(tmp_path):
+    path = tmp_path / "count.gguf"
+    path.write_bytes(header(kv_string("general.name", "x"), n_kv=HUGE))
+    with pytest.raises(ValueError, match="key/value count"):
+        gguf.read_metadata(path)
+
+
+def test_a_sound_header_still_reads(tmp_path):
+    path = tmp_path / "ok.gguf"
+    path.write_bytes(header(kv_string("general.name", "tiny"), kv_string("a.b", "c")))
+    assert gguf.read_metadata(path) == {"general.name": "tiny", "a.b": "c"}
