@@ -241,3 +241,24 @@ def test_a_draft_with_a_larger_vocabulary_never_drafts_an_id_the_target_lacks():
         assert fin.stats["drafted"] > 0
     _, greedy = run(decoder, PROMPT, max_tokens=30, drafter="model")
     assert list(greedy.token_ids) == plain_greedy(target, PROMPT, 30)
+
+
+def test_a_draft_with_a_smaller_vocabulary_samples_exactly():
+    """A target with more rows than the draft (Qwen2.5 7B and up against the 0.5B draft):
+    the draft's q is padded with zeros to the target's size, so exact sampling works and
+    keeps the target's distribution."""
+    target = FakeModel(n_vocab=8, seed=12, sharpness=0.7)
+    draft = FakeModel(n_vocab=6, seed=12, sharpness=0.7, noise=1.5)
+    params = dict(max_tokens=1, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, drafter="model")
+    decoder = SpecDecoder(target, draft, CHEAP_VERIFY)
+    counts = np.zeros(8)
+    n = 3000
+    for seed in range(n):
+        fin = run_to_completion(decoder.generate(PROMPT, GenerationParams(seed=seed, **params)))
+        counts[fin.token_ids[0]] += 1
+    logits = target.logits_after(PROMPT).astype(np.float64)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    assert 0.5 * np.abs(counts / n - p).sum() < 0.04
+    _, longer = run(decoder, PROMPT, max_tokens=30, drafter="model", temperature=0.9, seed=1)
+    assert len(longer.token_ids) == 30 and longer.stats["drafted"] > 0

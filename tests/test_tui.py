@@ -497,6 +497,53 @@ def test_snapshot_after_one_answer(snap_compare) -> None:  # type: ignore[no-unt
     assert snap_compare(app, terminal_size=(110, 36), run_before=run_before)
 
 
+@pytest.mark.parametrize("size", [(80, 24), (60, 20)])
+def test_snapshot_narrow_terminal(snap_compare, size) -> None:  # type: ignore[no-untyped-def]
+    """At 80x24 and 60x20 the conversation keeps the width; the figures fit on one line."""
+    session = FakeSession([spec_answer()], plain_tokens_per_s=10.0)
+    app = make_app(session)
+
+    async def run_before(pilot: Pilot) -> None:
+        await ready(pilot)
+        app.query_one(ChatInput).cursor_blink = False
+        await send(pilot, "Write a Python function that adds two numbers.")
+        await pilot.pause()
+        assert not app.query_one(StatsPanel).display
+        assert app.query_one("#transcript").size.width >= size[0] - 2
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.asyncio
+async def test_f3_toggles_the_stats_panel_whatever_the_width() -> None:
+    app = make_app(FakeSession([spec_answer()], plain_tokens_per_s=10.0))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        panel, line = app.query_one(StatsPanel), app.query_one("#mini-stats")
+        assert not panel.display and line.display
+        await send(pilot, "hello")
+        assert "accepted 80%" in str(line.render()) and "2.40x" in str(line.render())
+        await pilot.press("f3")
+        assert panel.display and not line.display
+    app = make_app(FakeSession())
+    async with app.run_test(size=(120, 30)) as pilot:
+        await ready(pilot)
+        assert app.query_one(StatsPanel).display
+        await pilot.press("f3")
+        assert not app.query_one(StatsPanel).display
+
+
+@pytest.mark.asyncio
+async def test_the_overflow_dialog_names_the_real_option() -> None:
+    app = make_app(FakeSession())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        app.push_screen(OverflowScreen(5000, 4096, alone=True))
+        await pilot.pause()
+        texts = " ".join(str(w.render()) for w in app.screen.query("Static"))
+        assert "--ctx N" in texts and "--n-ctx" not in texts
+
+
 # -- with a real Session over tiny GGUF models ---------------------------------------------
 
 
@@ -558,3 +605,34 @@ async def test_real_default_pair_answers_one_short_turn(real_pair_home) -> None:
         assert app.query_one(AssistantMessage).text == turn.answer
         origins = turn.stats["tokens_by_origin"]
         assert sum(origins.values()) == turn.stats["generated_tokens"]
+
+
+EVIL = "[/]evil[bold"
+
+
+@pytest.mark.asyncio
+async def test_untrusted_names_are_shown_as_text_not_markup(tmp_path) -> None:
+    """A model's name comes from its GGUF file; a name with markup must neither crash the
+    app nor style anything, in the title, the transcript and notifications alike."""
+    session = FakeSession([spec_answer()], target_label=f"{EVIL} (Q4_K_M)", draft_label=EVIL)
+    app = make_app(session, tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        assert EVIL in app.sub_title
+        assert any(EVIL in str(n.render()) for n in app.query(Notice))
+        app.notify(f"loaded {EVIL}", title=EVIL)
+        await send(pilot, "hello")
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.is_running
+
+
+@pytest.mark.asyncio
+async def test_a_load_error_naming_a_strange_file_is_shown_as_text() -> None:
+    error = ModelNotFoundError(f"unknown model {EVIL!r}", f"did you mean {EVIL}?")
+    app = make_app(FakeSession(), error=error)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        assert app.load_error == (error.message, error.hint)
+        assert any(EVIL in str(n.render()) for n in app.query(Notice))

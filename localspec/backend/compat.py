@@ -1,8 +1,10 @@
 """Can this draft's tokens be verified by this target? llama.cpp's rules, with reasons.
 
 From llama.cpp's ``common_speculative_are_compatible``: the same vocabulary type; the same
-BOS/EOS ids and add-BOS/add-EOS flags; vocabulary sizes at most 128 apart; and equal token
-texts for every id from 5 up to the smaller vocabulary's size. The report names the first
+add-BOS/add-EOS flags, and the same BOS (EOS) id only where the vocabularies add it (an
+instruct target and its base draft often end turns with different tokens, which the
+target's own verification makes harmless); vocabulary sizes at most 128 apart; and equal
+token texts for every id from 5 up to the smaller vocabulary's size. The report names the first
 differing token id and both texts.
 """
 
@@ -36,13 +38,13 @@ def check_vocabularies(target: VocabSource, draft: VocabSource) -> CompatReport:
     reasons: list[str] = []
     if t.vocab_type != d.vocab_type:
         reasons.append(f"vocabulary types differ (target {t.vocab_type}, draft {d.vocab_type})")
-    for label, a, b in (
-        ("BOS id", t.bos, d.bos),
-        ("EOS id", t.eos, d.eos),
-        ("add-BOS flag", t.add_bos, d.add_bos),
-        ("add-EOS flag", t.add_eos, d.add_eos),
+    for label, a, b, compared in (
+        ("add-BOS flag", t.add_bos, d.add_bos, True),
+        ("add-EOS flag", t.add_eos, d.add_eos, True),
+        ("BOS id", t.bos, d.bos, t.add_bos),
+        ("EOS id", t.eos, d.eos, t.add_eos),
     ):
-        if a != b:
+        if compared and a != b:
             reasons.append(f"{label} differs (target {a}, draft {b})")
     if abs(t.n_tokens - d.n_tokens) > MAX_VOCAB_SIZE_DIFFERENCE:
         reasons.append(
@@ -60,7 +62,7 @@ def check_vocabularies(target: VocabSource, draft: VocabSource) -> CompatReport:
     if reasons:
         return CompatReport(False, reasons, mismatch)
     n = min(t.n_tokens, d.n_tokens)
-    return CompatReport(True, [f"same vocabulary type, BOS/EOS ids and {n} token texts"])
+    return CompatReport(True, [f"same vocabulary type, special-token rules and {n} token texts"])
 
 
 def check_pair(target_path: Path, draft_path: Path) -> CompatReport:

@@ -123,6 +123,7 @@ class LlamaModel(CachedModel):
         """Load weights and create a context; ``vocab_only`` loads just the tokenizer."""
         super().__init__()
         self.compute_seconds = 0.0  # time inside llama_decode and the logits copy (bench)
+        self.refills = 0  # rollbacks done by re-evaluating the prefix (see _remove_from)
         self.path = Path(path)
         if not self.path.is_file():  # the models layer checks the header before a load
             raise ModelFileError(f"model file not found: {self.path}", "check the path")
@@ -248,7 +249,7 @@ class LlamaModel(CachedModel):
         if rc != 0:
             # Drop whatever part of the batch made it in, so the cache matches ``cached``.
             rm_from = min(pos, len(self.cached))
-            llama_cpp.llama_memory_seq_rm(self._memory, 0, rm_from, -1)
+            self._remove_from(rm_from)
             del self.cached[rm_from:]
             raise BackendError(
                 f"llama.cpp decode failed (code {rc}) at position {pos}: {recent_llama_log(2)}",
@@ -263,7 +264,17 @@ class LlamaModel(CachedModel):
         return out
 
     def _remove_from(self, n: int) -> None:
-        llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
+        if llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1):
+            return
+        # Recurrent and hybrid caches cannot drop a suffix (llama.cpp says so by returning
+        # false): clear the sequence and evaluate the kept prefix again, which is slow but
+        # never lets the cache and ``cached`` part ways.
+        keep = self.cached[:n]
+        llama_cpp.llama_memory_clear(self._memory, True)
+        self.refills += 1
+        for off in range(0, len(keep), self.n_batch):
+            chunk = keep[off : off + self.n_batch]
+            self._decode(chunk, off, [False] * len(chunk))
 
     # -- vocabulary ---------------------------------------------------------------------
 

@@ -42,19 +42,38 @@ from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import EXIT_CANCELLED, InputError
 
+# A token is a few bytes of text: a prompt of more than this many bytes per token of context
+# cannot fit, so it is refused before it is read whole (or tokenized).
+BYTES_PER_CONTEXT_TOKEN = 16
+MIN_INPUT_LIMIT = 1 << 20
 
-def read_prompt(file: str | None) -> str:
+
+def input_limit(n_ctx: int) -> int:
+    return max(BYTES_PER_CONTEXT_TOKEN * n_ctx, MIN_INPUT_LIMIT)
+
+
+def _too_large(source: str, limit: int) -> InputError:
+    return InputError(
+        f"the input from {source} is larger than {limit:,} bytes, more than a context of "
+        f"{limit // BYTES_PER_CONTEXT_TOKEN:,} tokens can hold",
+        "give a shorter prompt, or a larger --ctx",
+    )
+
+
+def read_prompt(file: str | None, limit: int = MIN_INPUT_LIMIT) -> str:
+    """The prompt as text; at most ``limit`` bytes are read (more is an ``InputError``)."""
     if file in (None, "-"):
         if sys.stdin is None:
             raise InputError("no input: stdin is closed", "pass a FILE argument")
         if sys.stdin.isatty():
             typer.echo("reading the prompt from the terminal; end it with Ctrl-D", err=True)
-        data = sys.stdin.buffer.read()
+        data = sys.stdin.buffer.read(limit + 1)
         source = "stdin"
     else:
         path = Path(file)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as fh:
+                data = fh.read(limit + 1)
         except FileNotFoundError:
             raise InputError(f"input file not found: {path}", "check the path") from None
         except IsADirectoryError:
@@ -64,6 +83,8 @@ def read_prompt(file: str | None) -> str:
                 f"cannot read {path}: {err.strerror}", "check its permissions"
             ) from None
         source = str(path)
+    if len(data) > limit:
+        raise _too_large(source, limit)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -159,7 +180,7 @@ def complete(
             draft_max=draft_max,
             trace=trace,
         )
-        prompt = read_prompt(file)
+        prompt = read_prompt(file, input_limit(ctx))
         code = run_complete(
             prompt,
             params,

@@ -10,7 +10,10 @@ the bonus token when all K survive):
   ``d_i`` with probability ``min(1, p(d_i) / q(d_i))``; at the first rejection draw from
   ``norm(max(0, p - q))``; if all survive draw the bonus from the last row. ``q`` is the
   draft's warped distribution, or ``None`` for a deterministic (n-gram) draft, which is a
-  one-hot ``q``. This preserves the target's distribution exactly.
+  one-hot ``q``. This preserves the target's distribution exactly. A draft whose
+  vocabulary is smaller than the target's gives a shorter ``q``: the ids it lacks have
+  probability 0 under it, so ``q`` is padded with zeros (the drafter already cuts a longer
+  one to the target's size).
 """
 
 from __future__ import annotations
@@ -41,6 +44,15 @@ def verify_greedy(target_logits: np.ndarray, draft: Sequence[int]) -> Verdict:
     return Verdict(len(draft), int(choices[len(draft)]))
 
 
+def fit(q: np.ndarray, size: int) -> np.ndarray:
+    """``q`` over ``size`` ids: zeros for ids past its end, cut where it is longer."""
+    if len(q) == size:
+        return q
+    if len(q) > size:
+        return q[:size]
+    return np.concatenate([q, np.zeros(size - len(q), dtype=q.dtype)])
+
+
 def verify_sampled(
     target_probs: Callable[[int], np.ndarray],
     draft: Sequence[int],
@@ -62,7 +74,7 @@ def verify_sampled(
             residual = p.copy()
             residual[d] = 0.0
         else:
-            residual = np.maximum(p - draft_probs[i], 0.0)
+            residual = np.maximum(p - fit(draft_probs[i], len(p)), 0.0)
         total = residual.sum()
         # total == 0 only when p == q, where rejection has probability 0; guard rounding.
         return Verdict(i, sample(residual / total if total > 0 else p, rng))

@@ -4,16 +4,22 @@ The template is Jinja2 (``tokenizer.chat_template``), rendered in a sandbox the 
 Hugging Face and llama-cpp-python do: ``messages``, ``add_generation_prompt``,
 ``bos_token``/``eos_token``, ``raise_exception`` and ``strftime_now``. A model without a
 template falls back to ChatML, which is what most small instruct models expect.
+
+Templates come from model files anyone can publish, so they are untrusted: the sandbox
+(jinja2 >= 3.1.6, which closes the known escapes) keeps them from reaching Python, the
+rendered text is cut off at ``max_chars`` (a template cannot print gigabytes), and any
+failure while rendering, whatever its type, is a ``ModelFileError`` naming the model's
+template. Only ``raise_exception`` called by the template itself (it refuses the
+conversation, e.g. roles that do not alternate) is a ``UsageError``.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from localspec.errors import UsageError
+from localspec.errors import LocalspecError, ModelFileError, UsageError
 
 CHATML = (
     "{% for message in messages %}"
@@ -23,6 +29,8 @@ CHATML = (
 )
 
 ROLES = ("system", "user", "assistant")
+# Room for the template's own text around the messages.
+TEMPLATE_ROOM = 1 << 20
 
 
 def _raise(message: str) -> None:
@@ -36,23 +44,41 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    max_chars: int | None = None,
 ) -> str:
+    """The conversation as the template renders it; ``max_chars`` defaults to eight times
+    the messages' length plus a megabyte."""
     for m in messages:
         if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise UsageError(f"malformed chat message: {m!r}", "roles are system, user, assistant")
+    if max_chars is None:
+        max_chars = 8 * sum(len(m["content"]) for m in messages) + TEMPLATE_ROOM
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    hint = "use --raw to send the text without a template"
     try:
         compiled = env.from_string(template or CHATML)
-        return compiled.render(
+        pieces: list[str] = []
+        size = 0
+        for piece in compiled.generate(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
-        )
-    except jinja2.TemplateError as err:
-        raise UsageError(
-            f"the model's chat template failed to render: {err}",
-            "use --raw to send the text without a template",
-        ) from err
+        ):
+            size += len(piece)
+            if size > max_chars:
+                raise ModelFileError(
+                    f"the model's chat template rendered more than {max_chars} characters",
+                    hint,
+                )
+            pieces.append(piece)
+        return "".join(pieces)
+    except LocalspecError:
+        raise
+    except Exception as err:  # untrusted code: any failure (TypeError, RecursionError, ...)
+        detail = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        raise ModelFileError(
+            f"the model's chat template failed to render ({detail[:300]})", hint
+        ) from None

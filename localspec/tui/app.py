@@ -21,17 +21,18 @@ from functools import partial
 from pathlib import Path
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Header, Static
 
 from localspec.core.events import EngineWarning, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.tui.conversation import Conversation, Turn, describe_params, save_markdown
 from localspec.tui.screens import HelpScreen, OverflowScreen
-from localspec.tui.stats_panel import LiveStats, StatsPanel
+from localspec.tui.stats_panel import LiveStats, StatsPanel, summary_line
 from localspec.tui.widgets import (
     AssistantMessage,
     ChatInput,
@@ -58,6 +59,8 @@ from localspec.tui.worker import (
 )
 
 STATS_INTERVAL_S = 0.25  # stats panel redraws at most this often during an answer
+# Below this width the 40-column panel would leave the conversation a narrow strip.
+NARROW_COLUMNS = 100
 CLOSE_TIMEOUT_S = 30.0  # how long quitting waits for a stopped answer to release the session
 
 
@@ -73,6 +76,7 @@ class ChatApp(App[int]):
         Binding("ctrl+s", "save", "Save", priority=True),
         Binding("f1", "help", "Help"),
         Binding("f2", "toggle_colour", "Colours"),
+        Binding("f3", "toggle_stats", "Stats"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
@@ -103,6 +107,7 @@ class ChatApp(App[int]):
         self._session_lock = threading.Lock()
         self._quitting = threading.Event()
         self._answer: AssistantMessage | None = None
+        self._stats_shown: bool | None = None  # F3's choice; None: by the terminal's width
 
     # -- layout -------------------------------------------------------------------------
 
@@ -113,10 +118,26 @@ class ChatApp(App[int]):
                 yield Transcript(id="transcript")
                 yield ChatInput(id="input", placeholder="Message (Enter sends)")
                 yield Static("", id="status")
+                yield Static("", id="mini-stats")
             yield StatsPanel(id="stats")
         yield Footer()
 
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_stats(event.size.width)
+
+    def _fit_stats(self, width: int) -> None:
+        """The panel beside the conversation when there is room for both, else one line of
+        figures under it; F3 overrides either way."""
+        shown = self._stats_shown if self._stats_shown is not None else width >= NARROW_COLUMNS
+        self.query_one(StatsPanel).display = shown
+        self.query_one("#mini-stats", Static).display = not shown
+
+    def action_toggle_stats(self) -> None:
+        self._stats_shown = not self.query_one(StatsPanel).display
+        self._fit_stats(self.size.width)
+
     def on_mount(self) -> None:
+        self._fit_stats(self.size.width)
         self.sub_title = "loading models…"
         self.query_one(Transcript).mount(LoadingPanel())
         self.query_one(ChatInput).focus()
@@ -143,6 +164,21 @@ class ChatApp(App[int]):
         # A redraw scheduled during an answer may fire while the app is closing.
         for panel in self.query(StatsPanel):
             panel.show(self.live, self.plain_tokens_per_s, n_ctx, self.colour)
+        for line in self.query("#mini-stats"):
+            line.update(summary_line(self.live, self.plain_tokens_per_s))
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Textual's toast, with markup off by default: the messages quote model names and
+        error texts, which come from files and must show as they are."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     def _notice(self, text: str | Text, kind: str = "info") -> None:
         self.query_one(Transcript).mount(Notice(text, kind))

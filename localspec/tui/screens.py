@@ -24,6 +24,7 @@ HELP = """\
 | Ctrl+N | new conversation |
 | Ctrl+S | save the transcript as Markdown in the current directory |
 | F2 | origin colours on/off |
+| F3 | statistics panel on/off (narrow terminals show one line of figures instead) |
 | F1 | this help |
 | Ctrl+Q | quit |
 
@@ -63,7 +64,7 @@ class OverflowScreen(ModalScreen[str]):
                 text = (
                     f"This message alone needs {self.n_tokens} tokens and the context holds "
                     f"{self.n_ctx}, with room kept for the answer. Shorten it, or restart "
-                    "with a larger context (--n-ctx)."
+                    "with a larger context (--ctx N)."
                 )
             else:
                 text = (

@@ -112,6 +112,15 @@ def legend(colour: bool) -> Text:
     return text
 
 
+def summary_line(live: LiveStats, plain_tokens_per_s: float | None) -> Text:
+    """The answer's figures in one line, for terminals too narrow for the panel."""
+    a = live.answer
+    return Text(
+        f"accepted {_rate(a)} · {_tau(a)}/pass · {_tps(a)} tok/s · "
+        f"{speedup(a, plain_tokens_per_s)} · F3 panel"
+    )
+
+
 def render_stats(live: LiveStats, plain_tokens_per_s: float | None, n_ctx: int) -> Group:
     answer, chat = live.answer, live.chat
     figures = Table.grid(padding=(0, 1), expand=True)

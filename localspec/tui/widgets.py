@@ -131,10 +131,12 @@ def _truncate(spans: list[tuple[str, Origin | None]], text: str) -> list[tuple[s
 
 
 class Notice(Static):
-    """A line from the app itself in the transcript (ready, errors, dropped turns)."""
+    """A line from the app itself in the transcript (ready, errors, dropped turns). Its text
+    often quotes model names, paths and error messages, so a string is shown literally,
+    never parsed as markup."""
 
     def __init__(self, text: str | Text, kind: str = "info") -> None:
-        super().__init__(text, classes=f"notice {kind}")
+        super().__init__(Text(text) if isinstance(text, str) else text, classes=f"notice {kind}")
 
 
 class LoadingPanel(Vertical):

@@ -1,0 +1,103 @@
+"""Edge cases of ``localspec complete``: a random seed, Ctrl-C twice with --json, a session
+that fails mid-answer, and input too large for any context."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localspec.cli import complete as complete_cli
+from localspec.core.events import Origin, TokenEmitted
+from localspec.core.params import GenerationParams
+from localspec.errors import BackendError, InputError
+from localspec.session import session as session_module
+from tests.test_cli import assert_clean_error, localspec, pair_args
+
+
+class StubSession:
+    """Emits two tokens, then does what ``then`` says: a second Ctrl-C or an error."""
+
+    def __init__(self, then: BaseException) -> None:
+        self.then = then
+        self.closed = False
+        self.warnings: list[str] = []
+
+    def complete(self, prompt, params, **kwargs):
+        yield TokenEmitted(7, "ab", Origin.TARGET, 0)
+        yield TokenEmitted(9, "cd", Origin.TARGET, 1)
+        raise self.then
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    made: list[StubSession] = []
+
+    def open_with(then):
+        def open_session(options, on_progress=None):
+            made.append(StubSession(then))
+            return made[-1]
+
+        monkeypatch.setattr(session_module, "open_session", open_session)
+        return made
+
+    return open_with
+
+
+class Options:
+    exact = False
+
+
+def test_a_second_ctrl_c_with_json_reports_the_text_so_far(stub, capsys):
+    made = stub(KeyboardInterrupt())
+    code = complete_cli.run_complete(
+        "hi", GenerationParams(), Options(), raw=False, json_out=True, stats=False
+    )
+    record = json.loads(capsys.readouterr().out)
+    assert code == 130 and record["finish_reason"] == "cancelled"
+    assert record["text"] == "abcd" and record["token_ids"] == [7, 9]
+    assert record["stats"]["generated_tokens"] == 2
+    assert made[0].closed
+
+
+def test_the_session_is_closed_when_generation_fails(stub):
+    made = stub(BackendError("decode failed"))
+    with pytest.raises(BackendError):
+        complete_cli.run_complete(
+            "hi", GenerationParams(), Options(), raw=False, json_out=False, stats=False
+        )
+    assert made[0].closed
+
+
+def test_seed_minus_one_draws_a_seed(tiny_pair):
+    proc = localspec(
+        "complete", *pair_args(tiny_pair), "--seed", "-1", "--temperature", "0.8",
+        "--max-tokens", "4", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert json.loads(proc.stdout)["stats"]["generated_tokens"] >= 1
+
+
+def test_seed_below_minus_one_is_refused_before_loading(tiny_pair):
+    proc = localspec("complete", *pair_args(tiny_pair), "--seed", "-2")
+    assert proc.returncode == 2
+    assert_clean_error(proc, "seed")
+
+
+def test_input_larger_than_any_context_is_refused_before_it_is_read_whole(tiny_pair):
+    # --ctx 256: the limit is the 1 MiB floor; 3 MiB of input never reaches the tokenizer.
+    proc = localspec("complete", *pair_args(tiny_pair), stdin=b"word " * (600 << 10))
+    assert proc.returncode == 2
+    assert_clean_error(proc, "larger than 1,048,576 bytes", "--ctx")
+
+
+def test_the_limit_reads_no_more_than_it_needs(tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"x" * 5000)
+    with pytest.raises(InputError, match="larger than 4,096 bytes"):
+        complete_cli.read_prompt(str(big), 4096)
+    assert complete_cli.read_prompt(str(big), 5000) == "x" * 5000
+    assert complete_cli.input_limit(1 << 20) == 16 << 20
