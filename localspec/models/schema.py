@@ -21,10 +21,16 @@ class HubSource(BaseModel):
     filename: str = Field(pattern=r"\.gguf$")
     size: int | None = Field(None, gt=0)
     sha256: str | None = Field(None, pattern=_SHA256)
+    revision: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")  # a pinned commit
 
     @property
     def label(self) -> str:
         return f"hub {self.repo}/{self.filename}"
+
+    @property
+    def verification(self) -> str:
+        """Whose sha256 a download from here is checked against before it is used."""
+        return "catalog" if self.sha256 else "Hub"
 
 
 class PypiSource(BaseModel):
@@ -36,6 +42,10 @@ class PypiSource(BaseModel):
     version: str
     size: int = Field(gt=0)
     sha256: str = Field(pattern=_SHA256)
+
+    @property
+    def verification(self) -> str:
+        return "catalog"
 
     def package_name(self, n: int) -> str:
         return self.package.replace("{n}", str(n))
