@@ -497,3 +497,28 @@ def test_pip_runs_isolated_in_an_empty_directory_without_its_cache(monkeypatch, 
     assert cmd[1:4] == ["-I", "-m", "pip"] and "--no-cache-dir" in cmd
     assert seen["cwd"] != str(tmp_path) and seen["cwd_listing"] == []
     assert Path(cmd[cmd.index("-d") + 1]).is_absolute()
+
+
+def _hf_cache_copy(tmp_path: Path, data: bytes, blob: str) -> Path:
+    """A file laid out as huggingface_hub caches it: snapshots/<rev>/<file> -> blobs/<id>."""
+    repo = tmp_path / "hf" / "hub" / "models--org--fake-GGUF"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / blob).write_bytes(data)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    snap = repo / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (snap / "fake.gguf").symlink_to(Path("../../blobs") / blob)
+    return snap / "fake.gguf"
+
+
+def test_a_hf_cache_copy_is_used_only_if_it_is_the_catalogs_file(tmp_path, payload):
+    digest = hashlib.sha256(payload).hexdigest()
+    entry = entry_for(payload, hub=True)
+    with_sha = entry.sources[0].model_copy(update={"sha256": digest, "size": len(payload)})
+    entry = entry.model_copy(update={"sources": [with_sha, entry.sources[1]]})
+    _hf_cache_copy(tmp_path, payload, "f" * 64)  # same size, another blob
+    assert fetch.find_in_hf_cache(entry) is None
+    shutil.rmtree(tmp_path / "hf")
+    copy = _hf_cache_copy(tmp_path, payload, digest)
+    assert fetch.find_in_hf_cache(entry) == copy

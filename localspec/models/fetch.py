@@ -294,7 +294,11 @@ def find_in_hf_cache(entry: ModelEntry) -> Path | None:
         if source.kind != "hub":
             continue
         found = hub_cached_file(source.repo, source.filename)
-        if found is not None and (source.size is None or found.stat().st_size == source.size):
+        if found is None or (source.size is not None and found.stat().st_size != source.size):
+            continue
+        # The cache stores a Hub file as blobs/<its sha256>: where the catalog knows the
+        # digest, the blob must be that one.
+        if source.sha256 is None or found.resolve().name == source.sha256:
             return found
     return None
 
