@@ -204,6 +204,31 @@ def rec(cat, pid, mode, tps, tokens, *, drafted=0, accepted=0, rounds=None, comp
     }
 
 
+def test_repeats_run_whole_interleaved_passes_and_the_summary_takes_median_runs():
+    session = FakeBenchSession()
+    config = bench.BenchConfig(modes=("none", "ngram"), max_tokens=8, repeat=3)
+    records = bench.BenchRunner(session, config).run(fake_prompts())
+    assert len(records) == 3 * 2 * 3
+    assert [r["repeat"] for r in records] == [0] * 6 + [1] * 6 + [2] * 6
+    # Each pass rotates the modes once more, so no mode always runs first on a prompt.
+    r1 = [r["mode"] for r in records if r["prompt_id"] == "r1"]
+    assert r1 == ["none", "ngram", "ngram", "none", "none", "ngram"]
+
+    runs = [
+        rec("a", "1", "none", 10.0, 100), rec("a", "1", "none", 30.0, 100),
+        rec("a", "1", "none", 20.0, 100), rec("a", "1", "ngram", 40.0, 100),
+        rec("a", "1", "ngram", 10.0, 100),
+    ]  # fmt: skip
+    medians = bench.median_runs(runs)
+    assert [(r["mode"], r["decode_tokens_per_s"]) for r in medians] == [
+        ("none", 20.0),
+        ("ngram", 10.0),  # of an even count, the lower middle run
+    ]
+    summary = bench.summarize(runs, ("none", "ngram"), greedy=False)
+    assert summary["overall"]["ngram"]["ratio_to_none"] == pytest.approx(0.5)
+    assert summary["overall"]["none"]["prompts"] == 1
+
+
 def test_summary_ratios_are_paired_geometric_means_and_agreement_counts_prefixes():
     records = [
         rec("a", "1", "none", 10.0, 100, compute=9.0, ids=[1, 2, 3, 4]),
@@ -431,6 +456,6 @@ def test_ctrl_c_keeps_the_runs_already_recorded(tmp_path):
             on_record(rec("math", "1", "none", 10.0, 5, ids=[1]), 1, 4)
             raise KeyboardInterrupt
 
-    records, code = bench_cli._run(Interrupted(), [], tmp_path, 4)
+    records, code = bench_cli._run(Interrupted(), [], tmp_path, 4, 1)
     assert code == 130 and len(records) == 1
     assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 1

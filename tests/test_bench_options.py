@@ -332,8 +332,8 @@ def args(**changes) -> bench_cli.BenchArgs:
     base = dict(
         categories=None, limit=None, prompts=None, modes="none,auto", max_tokens=200,
         temperature=0.0, seed=None, raw=False, cold=True, trace=False, native_bin=None,
-        native_flags="", out=None, chart=False, warmup=True, target=None, draft=None,
-        threads=None, ctx=4096, exact=False,
+        native_flags="", repeat=1, out=None, chart=False, warmup=True, target=None,
+        draft=None, threads=None, ctx=4096, exact=False,
     )  # fmt: skip
     return bench_cli.BenchArgs(**{**base, **changes})
 

@@ -165,7 +165,13 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "vs native-none: plain decoding against llama.cpp's plain decoding. tokens/pass: "
         "mean accepted length, bonus included. outside llama.cpp: share of decode time spent "
         "outside llama_decode and the logits copy. identical / common prefix: greedy "
-        "agreement of the token ids with plain decoding (tokens).",
+        "agreement of the token ids with plain decoding (tokens)."
+        + (
+            f" Every prompt ran {meta['repeat']} times in every mode, interleaved; each figure "
+            "comes from its median run (by decode tok/s)."
+            if meta.get("repeat", 1) > 1
+            else ""
+        ),
         "",
         render_table(summary),
         "",

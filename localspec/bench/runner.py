@@ -223,6 +223,9 @@ class BenchConfig(BaseModel):
     warmup: bool = True
     cold: bool = True  # forget what the controllers learned before every engine run
     trace: bool = False  # keep the engine's per-round trace in each record
+    # Runs of every prompt and mode; the summary takes each one's median run. One run's tok/s
+    # moves by 10% and more with what else the machine does.
+    repeat: int = Field(1, ge=1, le=20)
 
     @property
     def greedy(self) -> bool:
@@ -243,11 +246,14 @@ def parse_modes(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys([BASELINE, *modes]))
 
 
-def run_order(prompts: Sequence[BenchPrompt], modes: Sequence[str]) -> list[tuple[int, str]]:
-    """(prompt index, mode) pairs: all modes per prompt, the order rotating by one per prompt."""
+def run_order(
+    prompts: Sequence[BenchPrompt], modes: Sequence[str], offset: int = 0
+) -> list[tuple[int, str]]:
+    """(prompt index, mode) pairs: all modes per prompt, the order rotating by one per prompt
+    (and by ``offset`` more)."""
     order: list[tuple[int, str]] = []
     for i in range(len(prompts)):
-        shift = i % len(modes)
+        shift = (i + offset) % len(modes)
         order.extend((i, m) for m in [*modes[shift:], *modes[:shift]])
     return order
 
@@ -364,15 +370,22 @@ class BenchRunner:
         tokenized = [self.session.text_tokens(p.prompt, raw=self.config.raw) for p in prompts]
         if self.config.warmup and prompts:
             self.warm_up(tokenized[0])
-        order = run_order(prompts, self.config.modes)
+        # Each repeat is a whole interleaved pass, its modes rotated once more, so slow
+        # stretches of the machine fall on every mode alike.
+        order = [
+            (rep, i, mode)
+            for rep in range(self.config.repeat)
+            for i, mode in run_order(prompts, self.config.modes, rep)
+        ]
         records: list[Record] = []
-        for seq, (i, mode) in enumerate(order):
+        for seq, (rep, i, mode) in enumerate(order):
             prompt = prompts[i]
             record = {
                 "category": prompt.category,
                 "prompt_id": prompt.id,
                 "mode": mode,
                 "run": seq,
+                "repeat": rep,
                 "time": round(time.time(), 3),
                 **self.run_one(tokenized[i], mode, self.config.max_tokens, i),
             }
@@ -564,8 +577,23 @@ def overshoots(records: list[Record]) -> list[dict[str, Any]]:
     ]
 
 
+def median_runs(records: list[Record]) -> list[Record]:
+    """One record per prompt and mode: of repeated runs, the one with the median tok/s (the
+    lower of the two middle ones for an even count), so every figure comes from one real run."""
+    runs: dict[tuple[str, str, str], list[Record]] = {}
+    for r in records:
+        runs.setdefault((*_key(r), r["mode"]), []).append(r)
+    chosen = []
+    for same in runs.values():  # in the order of each one's first run
+        ranked = sorted(same, key=lambda r: r["decode_tokens_per_s"])
+        chosen.append(ranked[(len(ranked) - 1) // 2])
+    return chosen
+
+
 def summarize(records: list[Record], modes: Sequence[str], greedy: bool) -> dict[str, Any]:
-    """Per category and overall, per mode; ratios are paired with ``none`` per prompt."""
+    """Per category and overall, per mode; ratios are paired with ``none`` per prompt.
+    Repeated runs count once each, by their median run (``median_runs``)."""
+    records = median_runs(records)
     refs = _references(records)
     categories = list(dict.fromkeys(r["category"] for r in records))
     by_cat: dict[str, dict[str, Any]] = {}

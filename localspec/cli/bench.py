@@ -124,6 +124,13 @@ def bench_command(
         str,
         typer.Option(help="extra flags for the native binary, e.g. '--spec-draft-n-max 8'"),
     ] = "",
+    repeat: Annotated[
+        int,
+        typer.Option(
+            help="runs of every prompt and mode, interleaved; the summary takes each one's "
+            "median run (as llama-bench's -r)"
+        ),
+    ] = 1,
     out: Annotated[
         Path | None, typer.Option(help="output folder (default: ./bench-results/<timestamp>)")
     ] = None,
@@ -158,6 +165,7 @@ class BenchArgs:
     trace: bool
     native_bin: Path | None
     native_flags: str
+    repeat: int
     out: Path | None
     chart: bool
     warmup: bool
@@ -211,6 +219,7 @@ def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
             warmup=args.warmup,
             cold=args.cold,
             trace=args.trace,
+            repeat=args.repeat,
         )
         options = ModelOptions(
             target=args.target,
@@ -278,7 +287,7 @@ def _bench(args: BenchArgs) -> int:
         native = _native_runner(args, session, chosen, native_args)
         runner = bench.BenchRunner(session, config, native)
         ceiling = _ceiling(session, prompts[0].prompt, args.raw)
-        records, code = _run(runner, prompts, out_dir, len(chosen))
+        records, code = _run(runner, prompts, out_dir, len(chosen), config.repeat)
         meta = _meta(session, config, args, native, len(prompts))
     finally:
         session.close()
@@ -294,10 +303,11 @@ def _bench(args: BenchArgs) -> int:
     return code
 
 
-def _run(runner: Any, prompts: list, out_dir: Path, n_modes: int) -> tuple[list, int]:
+def _run(runner: Any, prompts: list, out_dir: Path, n_modes: int, repeat: int) -> tuple[list, int]:
     records: list[dict[str, Any]] = []
     baseline: dict[tuple[str, str], dict[str, Any]] = {}
-    _echo(f"running {len(prompts)} prompts x {n_modes} modes (Ctrl-C stops and summarises)")
+    times = f" x {repeat} runs" if repeat > 1 else ""
+    _echo(f"running {len(prompts)} prompts x {n_modes} modes{times} (Ctrl-C stops and summarises)")
     with (out_dir / "records.jsonl").open("w", encoding="utf-8") as fh:
 
         def on_record(record: dict[str, Any], done: int, total: int) -> None:
@@ -339,6 +349,7 @@ def _meta(
         "seed": config.seed,
         "chat_template": not config.raw,
         "cold": config.cold,
+        "repeat": config.repeat,
         "exact": args.exact,
         "min_ratio_tokens": bench.MIN_RATIO_TOKENS,
         "localspec": __version__,
