@@ -484,30 +484,26 @@ def test_sparkline_uses_a_fixed_scale() -> None:
 # -- snapshot -----------------------------------------------------------------------------
 
 
+async def answer_once(pilot: Pilot) -> None:
+    """Ready, a steady cursor, one answered question: the state the snapshots show."""
+    app = await ready(pilot)
+    app.query_one(ChatInput).cursor_blink = False
+    await send(pilot, "Write a Python function that adds two numbers.")
+    await pilot.pause()
+
+
 def test_snapshot_after_one_answer(snap_compare) -> None:  # type: ignore[no-untyped-def]
-    session = FakeSession([spec_answer()], plain_tokens_per_s=10.0)
-    app = make_app(session)
-
-    async def run_before(pilot: Pilot) -> None:
-        await ready(pilot)
-        app.query_one(ChatInput).cursor_blink = False
-        await send(pilot, "Write a Python function that adds two numbers.")
-        await pilot.pause()
-
-    assert snap_compare(app, terminal_size=(110, 36), run_before=run_before)
+    app = make_app(FakeSession([spec_answer()], plain_tokens_per_s=10.0))
+    assert snap_compare(app, terminal_size=(110, 36), run_before=answer_once)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (60, 20)])
 def test_snapshot_narrow_terminal(snap_compare, size) -> None:  # type: ignore[no-untyped-def]
     """At 80x24 and 60x20 the conversation keeps the width; the figures fit on one line."""
-    session = FakeSession([spec_answer()], plain_tokens_per_s=10.0)
-    app = make_app(session)
+    app = make_app(FakeSession([spec_answer()], plain_tokens_per_s=10.0))
 
     async def run_before(pilot: Pilot) -> None:
-        await ready(pilot)
-        app.query_one(ChatInput).cursor_blink = False
-        await send(pilot, "Write a Python function that adds two numbers.")
-        await pilot.pause()
+        await answer_once(pilot)
         assert not app.query_one(StatsPanel).display
         assert app.query_one("#transcript").size.width >= size[0] - 2
 
