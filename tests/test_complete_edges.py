@@ -101,3 +101,34 @@ def test_the_limit_reads_no_more_than_it_needs(tmp_path):
         complete_cli.read_prompt(str(big), 4096)
     assert complete_cli.read_prompt(str(big), 5000) == "x" * 5000
     assert complete_cli.input_limit(1 << 20) == 16 << 20
+
+
+def test_system_prompt_from_text_or_file(tiny_pair, tmp_path):
+    plain = json.loads(localspec("complete", *pair_args(tiny_pair), "--max-tokens", "2",
+                                 "--json").stdout)  # fmt: skip
+    with_text = localspec(
+        "complete", *pair_args(tiny_pair), "--max-tokens", "2", "--json",
+        "--system", "be brief",
+    )  # fmt: skip
+    assert with_text.returncode == 0, with_text.stderr.decode()
+    grown = json.loads(with_text.stdout)["stats"]["prompt_tokens"]
+    assert grown > plain["stats"]["prompt_tokens"]
+    (tmp_path / "sys.txt").write_text("be brief")
+    from_file = localspec(
+        "complete", *pair_args(tiny_pair), "--max-tokens", "2", "--json",
+        "--system", f"@{tmp_path / 'sys.txt'}",
+    )  # fmt: skip
+    assert json.loads(from_file.stdout)["stats"]["prompt_tokens"] == grown
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--system", "@/nonexistent/sys.txt"], "system prompt file not found"),
+        (["--system", "be brief", "--raw"], "needs the chat template"),
+    ],
+)
+def test_system_prompt_errors_are_clear(tiny_pair, extra, needle):
+    proc = localspec("complete", *pair_args(tiny_pair), *extra)
+    assert proc.returncode == 2
+    assert_clean_error(proc, needle)

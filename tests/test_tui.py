@@ -632,3 +632,30 @@ async def test_a_load_error_naming_a_strange_file_is_shown_as_text() -> None:
         await pilot.pause()
         assert app.load_error == (error.message, error.hint)
         assert any(EVIL in str(n.render()) for n in app.query(Notice))
+
+
+@pytest.mark.asyncio
+async def test_system_prompt_heads_the_conversation_and_survives_a_new_chat(tmp_path) -> None:
+    session = FakeSession([spec_answer(), spec_answer()])
+    app = ChatApp(
+        fake_factory(session),  # type: ignore[arg-type]
+        PARAMS,
+        system_prompt="Answer in [bold] French.",
+        save_dir=tmp_path,
+        clock=lambda: FIXED_NOW,
+    )
+    async with app.run_test(size=(110, 36)) as pilot:
+        await ready(pilot)
+        shown = [str(n.render()) for n in app.query(Notice)]
+        assert any("System: Answer in [bold] French." in text for text in shown)
+        await send(pilot, "hello")
+        assert session.calls[-1][0] == {"role": "system", "content": "Answer in [bold] French."}
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = next(tmp_path.glob("*.md")).read_text()
+        assert "system prompt: Answer in [bold] French." in saved
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert any("System:" in str(n.render()) for n in app.query(Notice))
+        await send(pilot, "again")
+        assert session.calls[-1][0]["role"] == "system" and len(session.calls[-1]) == 2

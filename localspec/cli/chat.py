@@ -15,6 +15,7 @@ from localspec.cli.common import (
     GpuLayersOpt,
     MinPOpt,
     SeedOpt,
+    SystemOpt,
     TargetOpt,
     TemperatureOpt,
     ThreadsOpt,
@@ -23,6 +24,7 @@ from localspec.cli.common import (
     cli_errors,
     pair_settings,
     parse_generation,
+    read_system,
 )
 
 
@@ -41,6 +43,7 @@ def chat(
     ctx: CtxOpt = 4096,
     gpu_layers: GpuLayersOpt = 0,
     exact: ExactOpt = False,
+    system: SystemOpt = None,
 ) -> None:
     """Chat in the terminal, with live acceptance stats and tokens coloured by origin."""
     with cli_errors():
@@ -61,7 +64,10 @@ def chat(
             draft_max=draft_max,
         )
         options = options.model_copy(update={"calibrate": True})
+        system_prompt = read_system(system)
     from localspec.session.session import open_session
     from localspec.tui import run_chat
 
-    raise typer.Exit(run_chat(lambda progress: open_session(options, progress), params))
+    raise typer.Exit(
+        run_chat(lambda progress: open_session(options, progress), params, system_prompt)
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import (
     EXIT_CANCELLED,
+    InputError,
     LocalspecError,
     UsageError,
     describe,
@@ -68,6 +70,33 @@ DraftOpt = Annotated[str | None, typer.Option(help="draft: path, catalog name or
 ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")]
 CtxOpt = Annotated[int, typer.Option(help="context size in tokens")]
 GpuLayersOpt = Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")]
+SystemOpt = Annotated[
+    str | None, typer.Option("--system", help="system prompt, or @FILE to read it from a file")
+]
+
+
+def read_system(value: str | None) -> str | None:
+    """``--system``'s text: as given, or the UTF-8 contents of ``@FILE``; blank is none."""
+    if value is None:
+        return None
+    if value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        try:
+            value = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError(f"system prompt file not found: {path}", "check the path") from None
+        except UnicodeDecodeError:
+            raise InputError(
+                f"system prompt file {path} is not UTF-8 text", "convert it to UTF-8"
+            ) from None
+        except OSError as err:
+            raise InputError(
+                f"cannot read the system prompt file {path}: {err.strerror or err}",
+                "check the path and its permissions",
+            ) from None
+    return value if value.strip() else None
+
+
 ExactOpt = Annotated[
     bool,
     typer.Option(

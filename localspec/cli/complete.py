@@ -28,6 +28,7 @@ from localspec.cli.common import (
     GpuLayersOpt,
     MinPOpt,
     SeedOpt,
+    SystemOpt,
     TargetOpt,
     TemperatureOpt,
     ThreadsOpt,
@@ -36,11 +37,12 @@ from localspec.cli.common import (
     cli_errors,
     pair_settings,
     parse_generation,
+    read_system,
 )
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
-from localspec.errors import EXIT_CANCELLED, InputError
+from localspec.errors import EXIT_CANCELLED, InputError, UsageError
 
 # A token is a few bytes of text: a prompt of more than this many bytes per token of context
 # cannot fit, so it is refused before it is read whole (or tokenized).
@@ -154,6 +156,7 @@ def complete(
         bool,
         typer.Option(help="let control tokens in the text (e.g. <|im_start|>) act as such"),
     ] = False,
+    system: SystemOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
     stats: Annotated[bool, typer.Option(help="print a summary to stderr at the end")] = False,
     trace: Annotated[
@@ -180,6 +183,9 @@ def complete(
             draft_max=draft_max,
             trace=trace,
         )
+        system_prompt = read_system(system)
+        if system_prompt and raw:
+            raise UsageError("a system prompt needs the chat template", "drop --raw or --system")
         prompt = read_prompt(file, input_limit(ctx))
         code = run_complete(
             prompt,
@@ -189,6 +195,7 @@ def complete(
             parse_special=parse_special,
             json_out=json_out,
             stats=stats,
+            system=system_prompt,
         )
     raise typer.Exit(code)
 
@@ -209,6 +216,7 @@ def run_complete(
     parse_special: bool = False,
     json_out: bool,
     stats: bool,
+    system: str | None = None,
 ) -> int:
     from localspec.session.session import open_session
 
@@ -216,7 +224,7 @@ def run_complete(
     try:
         finished, running = _stream(
             lambda cancel: session.complete(
-                prompt, params, raw=raw, parse_special=parse_special, cancel=cancel
+                prompt, params, raw=raw, parse_special=parse_special, cancel=cancel, system=system
             ),
             json_out=json_out,
         )

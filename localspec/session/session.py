@@ -30,7 +30,12 @@ from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import Event, Finished
 from localspec.core.params import DrafterMode, GenerationParams
-from localspec.errors import ContextOverflowError, IncompatibleModelsError, InputError
+from localspec.errors import (
+    ContextOverflowError,
+    IncompatibleModelsError,
+    InputError,
+    UsageError,
+)
 from localspec.session.calibrate import (
     DRAFT_SIZES,
     CostCache,
@@ -146,12 +151,21 @@ class Session:
             return []
         return self.target.tokenize(text, add_special=False, parse_special=True)
 
-    def text_tokens(self, text: str, *, raw: bool, parse_special: bool = False) -> list[int]:
+    def text_tokens(
+        self, text: str, *, raw: bool, parse_special: bool = False, system: str | None = None
+    ) -> list[int]:
+        """The prompt's tokens: ``text`` as one user message (after ``system``, if any)
+        through the chat template, or as is with ``raw``."""
         if not text.strip():
             raise InputError("the input is empty", "give the prompt on stdin or as a file")
         if raw:
+            if system:
+                raise UsageError(
+                    "a system prompt needs the chat template", "drop --raw or --system"
+                )
             return self.target.tokenize(text, add_special=True, parse_special=parse_special)
-        messages = [{"role": "user", "content": text}]
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": text})
         return self.chat_tokens(messages, parse_special=parse_special)
 
     def count_chat_tokens(self, messages: list[dict[str, str]]) -> int:
@@ -194,8 +208,9 @@ class Session:
         raw: bool = False,
         parse_special: bool = False,
         cancel: threading.Event | None = None,
+        system: str | None = None,
     ) -> Iterator[Event]:
-        tokens = self.text_tokens(text, raw=raw, parse_special=parse_special)
+        tokens = self.text_tokens(text, raw=raw, parse_special=parse_special, system=system)
         return self.generate(tokens, params, cancel)
 
     def chat(

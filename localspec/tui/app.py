@@ -180,6 +180,11 @@ class ChatApp(App[int]):
         error texts, which come from files and must show as they are."""
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
+    def _show_system(self) -> None:
+        """The system prompt heads every conversation it applies to."""
+        if self.conversation.system:
+            self._notice(Text.assemble(("System: ", "bold"), self.conversation.system), "system")
+
     def _notice(self, text: str | Text, kind: str = "info") -> None:
         self.query_one(Transcript).mount(Notice(text, kind))
 
@@ -199,6 +204,7 @@ class ChatApp(App[int]):
             f"Ready. Target {session.target_label}, draft {draft}; "
             f"context {session.n_ctx} tokens; {describe_params(self.params)}."
         )
+        self._show_system()
         self._ready_status()
         self._refresh_stats()
 
@@ -380,6 +386,7 @@ class ChatApp(App[int]):
         self.live.reset()
         self.query_one(Transcript).remove_children()
         self._notice("New conversation.")
+        self._show_system()
         self._ready_status()
         self._refresh_stats()
         self.refresh_bindings()
@@ -390,6 +397,8 @@ class ChatApp(App[int]):
             self.notify("Nothing to save yet.", severity="warning")
             return
         header = {"parameters": describe_params(self.params)}
+        if self.conversation.system:
+            header["system prompt"] = self.conversation.system
         if self.session is not None:
             header = {
                 "target": self.session.target_label,
@@ -435,9 +444,11 @@ class ChatApp(App[int]):
                 self._session_lock.release()
 
 
-def run_chat(session_factory: SessionFactory, params: GenerationParams) -> int:
+def run_chat(
+    session_factory: SessionFactory, params: GenerationParams, system_prompt: str | None = None
+) -> int:
     """Run the chat app until the user quits; returns the process exit code."""
-    app = ChatApp(session_factory, params)
+    app = ChatApp(session_factory, params, system_prompt=system_prompt)
     result = app.run()
     if app.return_code:
         return app.return_code
