@@ -210,11 +210,15 @@ def test_eight_concurrent_streams_complete_in_arrival_order(server):
                 text += piece
         results[i] = (text, first)
 
+    worker = server["state"].worker
     threads = []
     for i in range(8):
+        before = worker.submitted
         threads.append(threading.Thread(target=run, args=(i,)))
         threads[-1].start()
-        time.sleep(0.03)  # a definite arrival order
+        deadline = time.time() + 10
+        while worker.submitted == before and time.time() < deadline:
+            time.sleep(0.002)  # a definite arrival order: request i is queued before i+1
     for t in threads:
         t.join(30)
     assert len(results) == 8
@@ -257,3 +261,10 @@ def test_same_greedy_text_as_localspec_complete(server, tiny_pair):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode()
     assert json.loads(proc.stdout)["text"] == server["expected"][PROMPTS[4]]
+
+
+def test_loopback_detection_for_the_no_key_warning():
+    from localspec.cli.serve import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")

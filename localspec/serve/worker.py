@@ -41,6 +41,7 @@ class GenerationWorker:
         self._thread = threading.Thread(target=self._run, name="localspec-worker", daemon=True)
         self.busy = False
         self.served = 0
+        self.submitted = 0  # jobs accepted into the queue so far
 
     def start(self) -> None:
         self._thread.start()
@@ -50,6 +51,7 @@ class GenerationWorker:
             self._jobs.put_nowait(job)
         except queue.Full:
             raise QueueFull from None
+        self.submitted += 1
         return job
 
     @property
