@@ -18,6 +18,7 @@ from localspec.cli.chat import chat
 from localspec.cli.common import echo_error
 from localspec.cli.complete import complete
 from localspec.cli.models import models_app
+from localspec.cli.serve import serve
 
 app = typer.Typer(
     name="localspec",
@@ -30,6 +31,7 @@ app.command()(complete)
 app.command()(chat)
 app.command("bench")(bench_command)
 app.command("calibrate")(calibrate_command)
+app.command()(serve)
 app.add_typer(models_app, name="models", help="list, pull, check and optimize models")
 
 

@@ -1,0 +1,129 @@
+"""``localspec serve``: an OpenAI-compatible HTTP server with speculative decoding behind it.
+
+Binds 127.0.0.1 by default. The server starts at once (``/health`` says ``loading``) and
+loads the pair in the background (progress on stderr); a key from ``--api-key`` or
+``LOCALSPEC_API_KEY`` is then required on every endpoint but ``/health``. Binding another
+address without a key prints a warning.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+from typing import Annotated
+
+import typer
+
+from localspec.cli.common import (
+    CtxOpt,
+    DrafterOpt,
+    DraftMaxOpt,
+    DraftOpt,
+    ExactOpt,
+    GpuLayersOpt,
+    MinPOpt,
+    SeedOpt,
+    TargetOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    cli_errors,
+    pair_settings,
+    parse_generation,
+)
+from localspec.errors import LocalspecError
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8080,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="LOCALSPEC_API_KEY", help="require Authorization: Bearer KEY"),
+    ] = None,
+    cors_origin: Annotated[
+        list[str] | None, typer.Option(help="allow browser requests from this origin (repeat)")
+    ] = None,
+    queue_size: Annotated[int, typer.Option(help="requests that may wait; more get 503")] = 16,
+    max_body: Annotated[int, typer.Option(help="largest request body in bytes")] = 1 << 20,
+    max_tokens: Annotated[int, typer.Option(help="default new tokens at most")] = 512,
+    temperature: TemperatureOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    drafter: DrafterOpt = "auto",
+    draft_max: DraftMaxOpt = 16,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    threads: ThreadsOpt = None,
+    ctx: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = 0,
+    exact: ExactOpt = False,
+) -> None:
+    """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions)."""
+    import uvicorn
+
+    from localspec.serve.app import ServerState, create_app
+
+    with cli_errors():
+        params, options = parse_generation(
+            drafter,
+            pair_settings(target, draft, threads, ctx, gpu_layers, exact),
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            draft_max=draft_max,
+        )
+    if not is_loopback(host) and not api_key:
+        typer.echo(
+            f"warning: serving on {host} without an API key: anyone who can reach it can use "
+            "it; pass --api-key or set LOCALSPEC_API_KEY",
+            err=True,
+        )
+    state = ServerState(
+        defaults=params,
+        api_key=api_key or None,
+        cors_origins=list(cors_origin or []),
+        max_body=max_body,
+    )
+    threading.Thread(
+        target=load_into, args=(state, options, queue_size), daemon=True, name="loader"
+    ).start()
+    typer.echo(f"serving on http://{host}:{port}/v1 (loading the models)", err=True)
+    uvicorn.run(create_app(state), host=host, port=port, log_level="warning")
+    if state.worker is not None:
+        state.worker.stop()
+        state.worker.session.close()
+
+
+def load_into(state, options, queue_size: int) -> None:  # noqa: ANN001
+    from localspec.serve.worker import GenerationWorker
+    from localspec.session.session import open_session
+
+    try:
+        session = open_session(options, on_progress=lambda line: typer.echo(line, err=True))
+    except LocalspecError as err:
+        state.load_error = f"{err} ({err.hint})"
+        typer.echo(f"error: {err}\nhint: {err.hint}", err=True)
+        os._exit(err.exit_code)  # the server cannot do anything without its models
+    state.model_id = session.target.path.stem
+    state.draft_id = session.draft.path.stem if session.draft is not None else None
+    worker = GenerationWorker(session, max_queue=queue_size)
+    worker.start()
+    state.worker = worker
+    typer.echo("ready", err=True)

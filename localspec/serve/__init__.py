@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: ``worker`` owns the session, ``app`` speaks HTTP."""

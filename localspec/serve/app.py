@@ -1,0 +1,287 @@
+"""The HTTP front end: OpenAI's chat and completion endpoints over a ``GenerationWorker``.
+
+``create_app(state)`` builds a FastAPI app. ``ServerState`` holds the worker once the pair is
+loaded (``/health`` answers ``loading`` until then, and every other endpoint a 503). Every
+endpoint but ``/health`` requires ``Authorization: Bearer KEY`` when a key is set (compared
+in constant time). Bodies over ``max_body`` bytes are refused; errors always have OpenAI's
+shape. A streamed answer is sent as server-sent events; the first event (or error) is
+awaited before the response starts, so a request that cannot run gets a proper status.
+A client that disconnects cancels its job; the engine stops after its current round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import queue
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from localspec.core.events import Finished, TokenEmitted
+from localspec.core.params import GenerationParams
+from localspec.errors import ContextOverflowError, LocalspecError
+from localspec.serve.openai_shapes import (
+    ApiError,
+    chat_messages,
+    finish_reason,
+    generation_params,
+    timings,
+    usage,
+)
+from localspec.serve.worker import GenerationWorker, Job, QueueFull
+
+POLL_S = 0.1  # how often a waiting request checks that its client is still there
+
+
+@dataclass
+class ServerState:
+    defaults: GenerationParams
+    api_key: str | None = None
+    cors_origins: list[str] = field(default_factory=list)
+    max_body: int = 1 << 20
+    worker: GenerationWorker | None = None
+    model_id: str = "localspec"
+    draft_id: str | None = None
+    load_error: str | None = None
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.localspec = state
+    if state.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=state.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError) -> JSONResponse:
+        return JSONResponse(err.body, status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, err: Exception) -> JSONResponse:
+        body = ApiError(404, f"no endpoint {request.url.path}", code="not_found").body
+        return JSONResponse(body, status_code=404)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.load_error:
+            return JSONResponse({"status": "error", "message": state.load_error}, 500)
+        if state.worker is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "ok", "waiting": state.worker.waiting})
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        _authorize(state, request)
+        card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "localspec"}
+        return {"object": "list", "data": [{**card, "draft": state.draft_id}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        body = await _read_json(state, request)
+        messages = chat_messages(body)
+        params = generation_params(body, state.defaults)
+
+        def start(session: Any, cancel: Any) -> Any:
+            return session.chat(messages, params, cancel)
+
+        return await _answer(state, request, body, Job(start, params), chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = await _read_json(state, request)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise ApiError(400, "prompt must be a non-empty string", param="prompt")
+        if body.get("suffix"):
+            raise ApiError(
+                400,
+                "suffix (fill-in-the-middle) is not supported by localspec serve yet",
+                param="suffix",
+                code="unsupported_parameter",
+            )
+        params = generation_params(body, state.defaults)
+
+        def start(session: Any, cancel: Any) -> Any:
+            tokens = session.text_tokens(prompt, raw=True)
+            if len(tokens) >= session.n_ctx:
+                raise ContextOverflowError(
+                    f"the prompt has {len(tokens)} tokens but the context holds {session.n_ctx}",
+                    "shorten the prompt",
+                    n_tokens=len(tokens),
+                    n_ctx=session.n_ctx,
+                )
+            return session.generate(tokens, params, cancel)
+
+        return await _answer(state, request, body, Job(start, params), chat=False)
+
+    return app
+
+
+def _authorize(state: ServerState, request: Request) -> None:
+    if state.api_key is None:
+        return
+    given = request.headers.get("authorization", "")
+    expected = f"Bearer {state.api_key}"
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise ApiError(
+            401,
+            "missing or wrong API key: send Authorization: Bearer KEY",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
+
+
+async def _read_json(state: ServerState, request: Request) -> dict[str, Any]:
+    _authorize(state, request)
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > state.max_body:
+        raise ApiError(413, f"the request body is over {state.max_body} bytes", code="too_large")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > state.max_body:
+            raise ApiError(413, f"the request body is over {state.max_body} bytes",
+                           code="too_large")  # fmt: skip
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"the request body is not valid JSON: {err}", code="bad_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="bad_json")
+    if state.worker is None:
+        raise ApiError(503, "the models are still loading", type="server_error",
+                       code="loading", headers={"Retry-After": "5"})  # fmt: skip
+    return body
+
+
+async def _next_event(job: Job, request: Request) -> Any:
+    """The job's next event; cancels the job if the client went away while waiting."""
+    while True:
+        try:
+            return await asyncio.to_thread(job.events.get, True, POLL_S)
+        except queue.Empty:
+            if await request.is_disconnected():
+                job.cancel.set()
+                return None
+
+
+def _raise_for(item: Any) -> None:
+    if isinstance(item, ContextOverflowError):
+        raise ApiError(400, f"{item} ({item.hint})", code="context_length_exceeded",
+                       param="messages")  # fmt: skip
+    if isinstance(item, LocalspecError):
+        raise ApiError(400, f"{item} ({item.hint})")
+    if isinstance(item, BaseException):
+        raise ApiError(500, f"generation failed: {item!r}", type="server_error")
+
+
+async def _answer(
+    state: ServerState, request: Request, body: dict[str, Any], job: Job, *, chat: bool
+) -> Any:
+    assert state.worker is not None
+    try:
+        state.worker.submit(job)
+    except QueueFull:
+        raise ApiError(503, "the server is busy: every queue slot is taken", type="server_error",
+                       code="queue_full", headers={"Retry-After": "2"}) from None  # fmt: skip
+    try:
+        first = await _next_event(job, request)  # waits for the turn; errors come first
+        _raise_for(first)
+    except BaseException:
+        job.cancel.set()
+        raise
+    head = {
+        "id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
+        "created": int(time.time()),
+        "model": state.model_id,
+    }
+    if body.get("stream"):
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        frames = _stream(job, request, first, head, chat=chat, include_usage=include_usage)
+        return StreamingResponse(frames, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})  # fmt: skip
+    finished = None
+    item = first
+    while item is not None:
+        _raise_for(item)
+        if isinstance(item, Finished):
+            finished = item
+        item = await _next_event(job, request)
+    if finished is None:
+        raise ApiError(499, "cancelled", code="cancelled")
+    reason = finish_reason(finished.reason.value)
+    if chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": finished.text},
+            "finish_reason": reason,
+            "logprobs": None,
+        }
+    else:
+        choice = {"index": 0, "text": finished.text, "finish_reason": reason, "logprobs": None}
+    return {
+        **head,
+        "object": "chat.completion" if chat else "text_completion",
+        "choices": [choice],
+        "usage": usage(finished.stats),
+        "timings": timings(finished.stats),
+    }
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+async def _stream(
+    job: Job, request: Request, first: Any, head: dict[str, Any], *, chat: bool,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:  # fmt: skip
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: str | None, reason: str | None, role: bool = False) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": reason}
+        return {**head, "object": kind, "choices": [choice]}
+
+    try:
+        if chat:
+            yield _sse(chunk("", None, role=True))
+        item = first
+        while item is not None:
+            if isinstance(item, BaseException):
+                yield _sse(ApiError(500, f"generation failed: {item}", type="server_error").body)
+            elif isinstance(item, TokenEmitted) and item.text:
+                yield _sse(chunk(item.text, None))
+            elif isinstance(item, Finished):
+                if item.tail:
+                    yield _sse(chunk(item.tail, None))
+                last = chunk(None, finish_reason(item.reason.value))
+                if include_usage:
+                    last["usage"] = None
+                    yield _sse(last)
+                    last = {**head, "object": kind, "choices": [], "usage": usage(item.stats)}
+                last["timings"] = timings(item.stats)
+                yield _sse(last)
+            item = await _next_event(job, request)
+        yield b"data: [DONE]\n\n"
+    finally:  # the client went away (or we are done): let the worker move on
+        job.cancel.set()

@@ -1,0 +1,159 @@
+"""Requests and answers in the OpenAI API's shapes, with llama.cpp-server's ``timings``.
+
+``ApiError`` carries an HTTP status and OpenAI's error body
+(``{"error": {"message", "type", "param", "code"}}``). ``generation_params`` turns a request
+body into ``GenerationParams``, refusing with a 400 that names the field any option that
+would change the result and that localspec cannot honour (``n`` > 1, ``tools``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from localspec.core.params import GenerationParams
+
+# Fields whose presence (with a value other than the neutral one) would change the answer.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+        self.headers = headers
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, neutral in NEUTRAL.items():
+        if name in body and body[name] not in neutral:
+            raise ApiError(
+                400,
+                f"{name}={body[name]!r} is not supported by localspec serve",
+                param=name,
+                code="unsupported_parameter",
+            )
+    fmt = body.get("response_format")
+    if fmt not in (None, {"type": "text"}):
+        raise ApiError(
+            400,
+            "response_format other than text is not supported by localspec serve",
+            param="response_format",
+            code="unsupported_parameter",
+        )
+
+
+def generation_params(body: dict[str, Any], defaults: GenerationParams) -> GenerationParams:
+    """The request's sampling fields over the server's defaults."""
+    refuse_unsupported(body)
+    fields: dict[str, Any] = {}
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None:
+        fields["max_tokens"] = limit
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        if body.get(name) is not None:
+            fields[name] = body[name]
+    stop = body.get("stop")
+    if stop is not None:
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise ApiError(400, "stop must be a string or a list of strings", param="stop")
+        fields["stop"] = tuple(stop)
+    try:
+        return GenerationParams(**{**defaults.model_dump(), **fields})
+    except ValidationError as err:
+        first = err.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else None
+        if name == "max_tokens" and "max_completion_tokens" in body:
+            name = "max_completion_tokens"
+        raise ApiError(400, f"invalid {name}: {first['msg']}", param=name) from None
+
+
+def usage(stats: dict[str, Any]) -> dict[str, int]:
+    prompt, completion = stats.get("prompt_tokens", 0), stats.get("generated_tokens", 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def timings(stats: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp-server's names where they exist, then localspec's own."""
+    prompt_ms = stats.get("prefill_s", 0.0) * 1000
+    predicted_ms = stats.get("decode_s", 0.0) * 1000
+    evaluated = stats.get("prefill_evaluated_tokens", 0)
+    predicted = stats.get("generated_tokens", 0)
+    return {
+        "cache_n": stats.get("prompt_tokens", 0) - evaluated,
+        "prompt_n": evaluated,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_second": round(evaluated / prompt_ms * 1000, 3) if prompt_ms else 0.0,
+        "predicted_n": predicted,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_second": round(predicted / predicted_ms * 1000, 3) if predicted_ms else 0.0,
+        "draft_n": stats.get("drafted", 0),
+        "draft_n_accepted": stats.get("accepted", 0),
+        "acceptance_rate": stats.get("acceptance_rate", 0.0),
+        "tokens_per_target_pass": stats.get("mean_accepted_length", 0.0),
+        "target_passes": stats.get("rounds", 0),
+        "by_drafter": {
+            name: {
+                "rounds": d["rounds"],
+                "drafted": d["drafted"],
+                "accepted": d["accepted"],
+                "acceptance_rate": d["acceptance_rate"],
+            }
+            for name, d in stats.get("by_drafter", {}).items()
+        },
+    }
+
+
+def finish_reason(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise ApiError(
+                400, f"messages[{i}] needs a role of system, user or assistant", param="messages"
+            )
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise ApiError(400, f"messages[{i}]: only text content is supported",
+                               param="messages")  # fmt: skip
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be text", param="messages")
+        out.append({"role": m["role"], "content": content})
+    return out

@@ -1,0 +1,270 @@
+"""``localspec serve`` end to end: a real server (uvicorn in a thread, a free loopback port)
+over the tiny GGUF pair, driven by the official ``openai`` client and by raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from localspec.core.events import Finished
+from localspec.core.params import GenerationParams
+from localspec.serve.app import ServerState, create_app
+from localspec.serve.worker import GenerationWorker, Job
+from localspec.session.session import ModelOptions, open_session
+
+PROMPTS = [f"the cat {i} sat on the mat" for i in range(8)]
+MAX = 24
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair):
+    target, draft, _ = tiny_pair
+    options = ModelOptions(target=str(target), draft=str(draft), n_ctx=256, threads=1,
+                           calibrate=False)  # fmt: skip
+    session = open_session(options)
+    params = GenerationParams(max_tokens=MAX, drafter="model")
+    # What the engine answers for each prompt before any serving (greedy).
+    expected = {}
+    for p in PROMPTS:
+        events = list(session.chat([{"role": "user", "content": p}], params))
+        expected[p] = events[-1].text
+    reasons: list[str] = []
+    plain_generate = session.generate
+
+    def recording(tokens, params, cancel=None):
+        for event in plain_generate(tokens, params, cancel):
+            if isinstance(event, Finished):
+                reasons.append(event.reason.value)
+            yield event
+
+    session.generate = recording
+    worker = GenerationWorker(session, max_queue=16)
+    worker.start()
+    state = ServerState(defaults=params, worker=worker, model_id="target", draft_id="draft")
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
+                                        log_level="warning"))  # fmt: skip
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 10
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{port}"
+    yield {"url": url, "state": state, "expected": expected, "reasons": reasons,
+           "session": session, "options": options}  # fmt: skip
+    srv.should_exit = True
+    thread.join(5)
+    worker.stop()
+    session.close()
+
+
+def client(server, key="none"):
+    return openai.OpenAI(base_url=server["url"] + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def ask(p):
+    return [{"role": "user", "content": p}]
+
+
+def test_chat_non_streamed_matches_the_engine(server):
+    answer = client(server).chat.completions.create(model="x", messages=ask(PROMPTS[0]))
+    assert answer.choices[0].message.content == server["expected"][PROMPTS[0]]
+    assert answer.choices[0].finish_reason in ("length", "stop")
+    assert answer.usage.completion_tokens > 0
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
+    timings = answer.model_extra["timings"]
+    assert timings["predicted_n"] == answer.usage.completion_tokens
+    for key in ("prompt_n", "prompt_ms", "predicted_ms", "predicted_per_second", "draft_n",
+                "draft_n_accepted", "tokens_per_target_pass", "by_drafter"):  # fmt: skip
+        assert key in timings
+    assert timings["draft_n_accepted"] <= timings["draft_n"]
+
+
+def test_chat_streamed_with_usage_in_the_final_chunk(server):
+    stream = client(server).chat.completions.create(
+        model="x", messages=ask(PROMPTS[1]), stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == server["expected"][PROMPTS[1]]
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens > 0
+    assert last.model_extra["timings"]["predicted_n"] == last.usage.completion_tokens
+    assert [c for c in chunks if c.choices][-1].choices[0].finish_reason in ("length", "stop")
+
+
+def test_follow_up_turn_reuses_the_cache(server):
+    c = client(server)
+    first = c.chat.completions.create(model="x", messages=ask("the dog ran"), max_tokens=8)
+    history = ask("the dog ran") + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "and then"},
+    ]
+    second = c.chat.completions.create(model="x", messages=history, max_tokens=8)
+    t = second.model_extra["timings"]
+    assert t["cache_n"] > 0 and t["prompt_n"] < second.usage.prompt_tokens
+
+
+def test_completions_raw_prompt_streamed_and_not(server):
+    c = client(server)
+    whole = c.completions.create(model="x", prompt="the cat the cat", max_tokens=12)
+    streamed = c.completions.create(model="x", prompt="the cat the cat", max_tokens=12,
+                                    stream=True)  # fmt: skip
+    assert "".join(ch.choices[0].text for ch in streamed) == whole.choices[0].text
+    assert whole.usage.completion_tokens > 0 and whole.object == "text_completion"
+
+
+def test_completions_suffix_is_refused_by_name(server):
+    with pytest.raises(openai.BadRequestError) as err:
+        client(server).completions.create(model="x", prompt="def f(", suffix="\n", max_tokens=4)
+    assert err.value.body["param"] == "suffix"
+
+
+def test_stop_string_cuts_the_answer(server):
+    full = server["expected"][PROMPTS[2]]
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    assert stop.strip(), full
+    answer = client(server).chat.completions.create(
+        model="x", messages=ask(PROMPTS[2]), stop=[stop]
+    )
+    text = answer.choices[0].message.content
+    assert text == full[: full.index(stop)]
+    assert answer.choices[0].finish_reason == "stop"
+
+
+def test_seed_reproducibility_when_sampling(server):
+    c = client(server)
+
+    def sample(seed):
+        answer = c.chat.completions.create(
+            model="x", messages=ask("once upon"), temperature=1.5, seed=seed, max_tokens=16
+        )
+        return answer.choices[0].message.content
+
+    assert sample(7) == sample(7)
+    assert len({sample(s) for s in (1, 2, 3, 4)}) > 1
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [({"n": 2}, "n"), ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+     ({"logprobs": True}, "logprobs"), ({"response_format": {"type": "json_object"}},
+     "response_format"), ({"temperature": -1}, "temperature")],
+)  # fmt: skip
+def test_unsupported_or_bad_fields_get_a_400_naming_them(server, extra, param):
+    body = {"model": "x", "messages": ask("hi"), **extra}
+    r = httpx.post(server["url"] + "/v1/chat/completions", json=body)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == param and set(error) == {"message", "type", "param", "code"}
+
+
+def test_bad_json_and_context_overflow(server):
+    r = httpx.post(server["url"] + "/v1/chat/completions", content=b"{nope",
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_json"
+    with pytest.raises(openai.BadRequestError) as err:
+        client(server).chat.completions.create(model="x", messages=ask("the cat " * 200))
+    assert err.value.body["code"] == "context_length_exceeded"
+    r = httpx.post(server["url"] + "/v1/chat/completions", content=b"x" * (2 << 20))
+    assert r.status_code == 413
+
+
+def test_api_key_required_except_on_health(server, monkeypatch):
+    monkeypatch.setattr(server["state"], "api_key", "s3cret")
+    with pytest.raises(openai.AuthenticationError):
+        client(server, key="wrong").models.list()
+    r = httpx.post(server["url"] + "/v1/chat/completions", json={"messages": ask("hi")})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(server["url"] + "/health").json()["status"] == "ok"
+    models = client(server, key="s3cret").models.list()
+    assert models.data[0].id == "target" and models.data[0].model_extra["draft"] == "draft"
+
+
+def test_eight_concurrent_streams_complete_in_arrival_order(server):
+    results: dict[int, tuple[str, float]] = {}
+
+    def run(i):
+        stream = client(server).chat.completions.create(model="x", messages=ask(PROMPTS[i]),
+                                                        stream=True)  # fmt: skip
+        text, first = "", None
+        for chunk in stream:
+            piece = chunk.choices[0].delta.content if chunk.choices else None
+            if piece:
+                first = first or time.monotonic()
+                text += piece
+        results[i] = (text, first)
+
+    worker = server["state"].worker
+    threads = []
+    for i in range(8):
+        before = worker.submitted
+        threads.append(threading.Thread(target=run, args=(i,)))
+        threads[-1].start()
+        deadline = time.time() + 10
+        while worker.submitted == before and time.time() < deadline:
+            time.sleep(0.002)  # a definite arrival order: request i is queued before i+1
+    for t in threads:
+        t.join(30)
+    assert len(results) == 8
+    for i, p in enumerate(PROMPTS):
+        assert results[i][0] == server["expected"][p]
+    firsts = [results[i][1] for i in range(8)]
+    assert firsts == sorted(firsts)
+
+
+def test_a_disconnected_client_frees_the_engine(server):
+    server["reasons"].clear()
+    body = {"messages": ask("the cat sat"), "stream": True, "max_tokens": 200,
+            "temperature": 0.0}  # fmt: skip
+    with httpx.stream("POST", server["url"] + "/v1/chat/completions", json=body) as r:
+        next(r.iter_lines())  # the role chunk: generation is under way
+    deadline = time.time() + 10
+    while server["reasons"] == [] and time.time() < deadline:
+        time.sleep(0.01)
+    assert server["reasons"] == ["cancelled"]
+    answer = client(server).chat.completions.create(model="x", messages=ask(PROMPTS[3]))
+    assert answer.choices[0].message.content == server["expected"][PROMPTS[3]]
+
+
+def test_full_queue_answers_503_with_retry_after(server, monkeypatch):
+    idle = GenerationWorker(server["session"], max_queue=1)  # not started: jobs just wait
+    idle.submit(Job(lambda s, c: iter(()), GenerationParams()))
+    monkeypatch.setattr(server["state"], "worker", idle)
+    r = httpx.post(server["url"] + "/v1/chat/completions", json={"messages": ask("hi")})
+    assert r.status_code == 503 and r.headers["retry-after"]
+    assert r.json()["error"]["code"] == "queue_full"
+
+
+def test_same_greedy_text_as_localspec_complete(server, tiny_pair):
+    target, draft, _ = tiny_pair
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.cli.app", "complete", "--json", "--max-tokens",
+         str(MAX), "--drafter", "model", "--target", str(target), "--draft", str(draft),
+         "--ctx", "256", "--threads", "1"],
+        input=PROMPTS[4].encode(), capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert json.loads(proc.stdout)["text"] == server["expected"][PROMPTS[4]]
+
+
+def test_loopback_detection_for_the_no_key_warning():
+    from localspec.cli.serve import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
