@@ -268,3 +268,13 @@ def test_loopback_detection_for_the_no_key_warning():
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
+
+
+def test_serve_with_a_missing_model_exits_with_the_clear_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.cli.app", "serve", "--port", str(_free_port()),
+         "--target", str(tmp_path / "missing.gguf"), "--drafter", "none"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "error: model file not found" in proc.stderr and "Traceback" not in proc.stderr

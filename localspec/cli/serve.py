@@ -30,10 +30,10 @@ from localspec.cli.common import (
     TopKOpt,
     TopPOpt,
     cli_errors,
+    echo_error,
     pair_settings,
     parse_generation,
 )
-from localspec.errors import LocalspecError
 
 
 def is_loopback(host: str) -> bool:
@@ -117,10 +117,9 @@ def load_into(state, options, queue_size: int) -> None:  # noqa: ANN001
 
     try:
         session = open_session(options, on_progress=lambda line: typer.echo(line, err=True))
-    except LocalspecError as err:
-        state.load_error = f"{err} ({err.hint})"
-        typer.echo(f"error: {err}\nhint: {err.hint}", err=True)
-        os._exit(err.exit_code)  # the server cannot do anything without its models
+    except Exception as err:  # typed errors and bugs alike: said in one line, as the CLI does
+        state.load_error = str(err)
+        os._exit(echo_error(err))  # the server cannot do anything without its models
     state.model_id = session.target.path.stem
     state.draft_id = session.draft.path.stem if session.draft is not None else None
     worker = GenerationWorker(session, max_queue=queue_size)
