@@ -58,9 +58,30 @@ def test_exact_kernels_refuses_once_the_process_has_evaluated(monkeypatch):
 def test_a_switch_the_user_set_is_kept_for_children(monkeypatch):
     monkeypatch.setenv(llama.TILED_MM_SWITCH, "0")
     monkeypatch.setattr(llama, "_decoded", True)
+    monkeypatch.setattr(llama, "_tiled_off", True)  # it was off at the first evaluation
     monkeypatch.setattr(llama, "_switched", False)
     llama.exact_kernels()  # already off: nothing to refuse
     assert llama.default_kernels_environ()[llama.TILED_MM_SWITCH] == "0"
+
+
+def test_a_switch_set_after_the_first_evaluation_does_not_count(monkeypatch):
+    """llama.cpp read the switch at this process's first evaluation; turning it off in the
+    environment afterwards changes nothing, so exact mode is still refused."""
+    monkeypatch.setenv(llama.TILED_MM_SWITCH, "0")
+    monkeypatch.setattr(llama, "_decoded", True)
+    monkeypatch.setattr(llama, "_tiled_off", False)
+    with pytest.raises(BackendError, match="before this process evaluates"):
+        llama.exact_kernels()
+
+
+def test_the_first_evaluation_records_the_switch(monkeypatch):
+    monkeypatch.setattr(llama, "_decoded", False)
+    monkeypatch.setattr(llama, "_tiled_off", False)
+    monkeypatch.setenv(llama.TILED_MM_SWITCH, "0")
+    llama._note_decoded()
+    monkeypatch.delenv(llama.TILED_MM_SWITCH)
+    llama._note_decoded()  # later evaluations do not change what llama.cpp read
+    assert llama._decoded and llama._tiled_off
 
 
 PROBE = textwrap.dedent(

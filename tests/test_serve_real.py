@@ -7,21 +7,23 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
+import httpx
 import openai
 import pytest
-import uvicorn
 
-from localspec.core.params import GenerationParams
-from localspec.serve.app import ServerState, create_app
-from localspec.serve.worker import GenerationWorker
-from localspec.session.session import ModelOptions, open_session
 from tests.test_serve import _free_port
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 MAX = 48
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 @pytest.mark.slow
@@ -37,30 +39,28 @@ def test_real_pair_through_the_server_matches_complete(real_pair_home):
     assert proc.returncode == 0, proc.stderr.decode()
     reference = json.loads(proc.stdout)
 
-    options = ModelOptions(target=str(target), draft=str(draft), n_ctx=2048, exact=True,
-                           calibrate=False)  # fmt: skip
-    session = open_session(options)
-    worker = GenerationWorker(session)
-    worker.start()
-    params = GenerationParams(max_tokens=MAX, drafter="model")
-    state = ServerState(defaults=params, worker=worker, model_id="target")
+    # The server runs in its own process: exact mode's kernels are chosen per process,
+    # before anything is evaluated, which this test process has long done.
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
-                                           log_level="warning"))  # fmt: skip
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "localspec.cli.app", "serve", "--port", str(port), "--exact",
+         "--drafter", "model", "--max-tokens", str(MAX), "--ctx", "2048",
+         "--target", str(target), "--draft", str(draft)],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        while not server.started:
-            time.sleep(0.05)
+        deadline = time.monotonic() + 600
+        while not _healthy(port):
+            assert server.poll() is None, server.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not get ready"
+            time.sleep(0.5)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=600)
         answer = client.chat.completions.create(
             model="target", messages=[{"role": "user", "content": PROMPT}]
         )
     finally:
-        server.should_exit = True
-        thread.join(10)
-        worker.stop()
-        session.close()
+        server.terminate()
+        server.wait(30)
     assert answer.choices[0].message.content == reference["text"]
     stats, timings = reference["stats"], answer.model_extra["timings"]
     assert answer.usage.prompt_tokens == stats["prompt_tokens"]

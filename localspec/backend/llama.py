@@ -52,26 +52,32 @@ TILED_MM_SWITCH = "GGML_CPU_TILED_MM"
 # Rows of the load-time check: the tiled matmul starts at 8.
 EXACT_CHECK_ROWS = 9
 _decoded = False  # whether this process has evaluated anything yet (see exact_kernels)
+_tiled_off = False  # whether the switch was off when llama.cpp read it, at the first decode
 _switched = False  # whether exact_kernels set the switch (rather than the user)
 
 
 def _note_decoded() -> None:
-    global _decoded
-    _decoded = True
+    global _decoded, _tiled_off
+    if not _decoded:
+        _decoded = True
+        _tiled_off = os.environ.get(TILED_MM_SWITCH) == "0"
 
 
 def exact_kernels() -> None:
     """Choose llama.cpp's batch-invariant CPU kernels for this process, before any decode.
 
     The tiled-matmul switch is read once per process, so it can no longer change after a
-    first evaluation; ``BackendError`` then, unless it was already off."""
-    if os.environ.get(TILED_MM_SWITCH) == "0":
-        return
+    first evaluation; ``BackendError`` then, unless it was already off at that evaluation
+    (what the environment says now does not matter any more)."""
     if _decoded:
+        if _tiled_off:
+            return
         raise BackendError(
             "exact mode must be chosen before this process evaluates anything",
             "start a new process with --exact",
         )
+    if os.environ.get(TILED_MM_SWITCH) == "0":
+        return
     os.environ[TILED_MM_SWITCH] = "0"
     global _switched
     _switched = True
