@@ -181,6 +181,9 @@ def test_bad_json_and_context_overflow(server):
     with pytest.raises(openai.BadRequestError) as err:
         client(server).chat.completions.create(model="x", messages=ask("the cat " * 200))
     assert err.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:
+        client(server).completions.create(model="x", prompt="the cat " * 200)
+    assert err.value.body["code"] == "context_length_exceeded"
     r = httpx.post(server["url"] + "/v1/chat/completions", content=b"x" * (2 << 20))
     assert r.status_code == 413
 

@@ -116,15 +116,8 @@ def create_app(state: ServerState) -> FastAPI:
         params = generation_params(body, state.defaults)
 
         def start(session: Any, cancel: Any) -> Any:
-            tokens = session.text_tokens(prompt, raw=True)
-            if len(tokens) >= session.n_ctx:
-                raise ContextOverflowError(
-                    f"the prompt has {len(tokens)} tokens but the context holds {session.n_ctx}",
-                    "shorten the prompt",
-                    n_tokens=len(tokens),
-                    n_ctx=session.n_ctx,
-                )
-            return session.generate(tokens, params, cancel)
+            # A prompt longer than the context is the engine's ContextOverflowError.
+            return session.generate(session.text_tokens(prompt, raw=True), params, cancel)
 
         return await _answer(state, request, body, Job(start, params), chat=False)
 
