@@ -121,6 +121,7 @@ class FakeSession:
         self.release = threading.Event()
         self.calls: list[list[dict[str, str]]] = []
         self.closed = False
+        self.on_lost: Callable[[str], None] | None = None  # what the app gave the factory
 
     def count_chat_tokens(self, messages: list[dict[str, str]]) -> int:
         return count_tokens(messages)
@@ -209,10 +210,11 @@ def fake_factory(
     progress: Iterable[str] = ("loading target fake-target-1.5b …", "loading draft …"),
     error: Exception | None = None,
     gate: threading.Event | None = None,
-) -> Callable[[Callable[[str], None]], FakeSession]:
+) -> Callable[..., FakeSession]:
     """A session factory as ``run_chat`` takes; ``gate`` holds it after the progress lines."""
 
-    def factory(on_progress: Callable[[str], None]) -> FakeSession:
+    def factory(on_progress: Callable[[str], None], on_lost: Callable[[str], None]) -> FakeSession:
+        session.on_lost = on_lost
         for line in progress:
             on_progress(line)
         if gate is not None:

@@ -37,7 +37,7 @@ def stub(monkeypatch):
     made: list[StubSession] = []
 
     def open_with(then):
-        def open_session(options, on_progress=None):
+        def open_session(options, on_progress=None, on_lost=None):
             made.append(StubSession(then))
             return made[-1]
 

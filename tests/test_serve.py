@@ -267,7 +267,7 @@ def test_same_greedy_text_as_localspec_complete(server, tiny_pair):
 
 
 def test_loopback_detection_for_the_no_key_warning():
-    from localspec.cli.serve import is_loopback
+    from localspec.cli.common import is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")

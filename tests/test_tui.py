@@ -543,11 +543,11 @@ async def test_the_overflow_dialog_names_the_real_option() -> None:
 # -- with a real Session over tiny GGUF models ---------------------------------------------
 
 
-def real_factory(target: Path, draft: Path) -> Callable[[Callable[[str], None]], object]:
+def real_factory(target: Path, draft: Path) -> Callable[..., object]:
     from localspec.session.session import ModelOptions, open_session
 
     options = ModelOptions(target=str(target), draft=str(draft), n_ctx=256, calibrate=False)
-    return lambda on_progress: open_session(options, on_progress)
+    return lambda on_progress, on_lost: open_session(options, on_progress, on_lost)
 
 
 @pytest.mark.asyncio

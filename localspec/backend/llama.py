@@ -103,6 +103,9 @@ class LoadOptions:
     n_threads: int | None = None  # None: all cores
     n_threads_batch: int | None = None
     n_gpu_layers: int = 0
+    # Share of the offloaded layers per device, in llama.cpp's device order (RPC workers
+    # first); empty: by each device's free memory.
+    tensor_split: tuple[float, ...] = ()
     n_batch: int = 512
     n_ubatch: int = 512
     flash_attn: bool = True
@@ -130,6 +133,7 @@ class LlamaModel(CachedModel):
         super().__init__()
         self.compute_seconds = 0.0  # time inside llama_decode and the logits copy (bench)
         self.refills = 0  # rollbacks done by re-evaluating the prefix (see _remove_from)
+        self.busy_since: float | None = None  # monotonic start of a running llama_decode
         self.path = Path(path)
         if not self.path.is_file():  # the models layer checks the header before a load
             raise ModelFileError(f"model file not found: {self.path}", "check the path")
@@ -139,6 +143,11 @@ class LlamaModel(CachedModel):
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
         mparams.vocab_only = vocab_only
+        if options.tensor_split:
+            split = list(options.tensor_split)[: llama_cpp.LLAMA_MAX_DEVICES]
+            split += [0.0] * (llama_cpp.LLAMA_MAX_DEVICES - len(split))
+            self._split = (ctypes.c_float * len(split))(*split)  # alive while loading
+            mparams.tensor_split = self._split
         self.exact = options.exact and not vocab_only
         if self.exact:
             exact_kernels()
@@ -251,8 +260,10 @@ class LlamaModel(CachedModel):
             b.logits[j] = flags[j]
         want = sum(flags)
         t0 = time.perf_counter()
+        self.busy_since = time.monotonic()  # an RPC link times evaluations (backend/rpc.py)
         rc = llama_cpp.llama_decode(self._ctx, b)
         if rc != 0:
+            self.busy_since = None
             # Drop whatever part of the batch made it in, so the cache matches ``cached``.
             rm_from = min(pos, len(self.cached))
             self._remove_from(rm_from)
@@ -266,6 +277,7 @@ class LlamaModel(CachedModel):
         if want:
             ptr = llama_cpp.llama_get_logits(self._ctx)
             out = np.ctypeslib.as_array(ptr, shape=(want, self.n_vocab)).copy()
+        self.busy_since = None
         self.compute_seconds += time.perf_counter() - t0
         return out
 

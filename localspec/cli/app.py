@@ -19,6 +19,7 @@ from localspec.cli.common import echo_error
 from localspec.cli.complete import complete
 from localspec.cli.models import models_app
 from localspec.cli.serve import serve
+from localspec.cli.worker import worker
 
 app = typer.Typer(
     name="localspec",
@@ -32,6 +33,7 @@ app.command()(chat)
 app.command("bench")(bench_command)
 app.command("calibrate")(calibrate_command)
 app.command()(serve)
+app.command()(worker)
 app.add_typer(models_app, name="models", help="list, pull, check and optimize models")
 
 

@@ -25,13 +25,19 @@ import typer
 from pydantic import ValidationError
 
 from localspec.cli.common import (
+    DEFAULT_RPC_TIMEOUT,
     CtxOpt,
     DraftOpt,
     ExactOpt,
+    GpuLayersOpt,
+    RpcOpt,
+    RpcSplitOpt,
+    RpcTimeoutOpt,
     TargetOpt,
     TemperatureOpt,
     ThreadsOpt,
     cli_errors,
+    pair_settings,
     usage_from,
 )
 from localspec.errors import EXIT_CANCELLED, UsageError
@@ -140,6 +146,10 @@ def bench_command(
     draft: DraftOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
+    gpu_layers: GpuLayersOpt = None,
+    rpc: RpcOpt = None,
+    rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
+    rpc_split: RpcSplitOpt = None,
     exact: ExactOpt = False,
 ) -> None:
     """Measure plain and speculative decoding by prompt category, side by side."""
@@ -173,6 +183,10 @@ class BenchArgs:
     draft: str | None
     threads: int | None
     ctx: int
+    gpu_layers: int | None
+    rpc: str | None
+    rpc_timeout: float
+    rpc_split: str | None
     exact: bool
 
 
@@ -185,6 +199,8 @@ def _choose_modes(args: BenchArgs) -> tuple[tuple[str, ...], list[str]]:
         chosen = (*chosen, *bench.NATIVE_MODES)
     if any(m in bench.NATIVE_MODES for m in chosen) and args.native_bin is None:
         raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
+    if any(m in bench.NATIVE_MODES for m in chosen) and args.rpc:
+        raise UsageError("native modes run on this machine only", "leave out --rpc or them")
     try:
         native_args = shlex.split(args.native_flags)
     except ValueError as err:
@@ -222,11 +238,17 @@ def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
             repeat=args.repeat,
         )
         options = ModelOptions(
-            target=args.target,
-            draft=args.draft,
-            threads=args.threads,
-            n_ctx=args.ctx,
-            exact=args.exact,
+            **pair_settings(
+                args.target,
+                args.draft,
+                args.threads,
+                args.ctx,
+                args.gpu_layers,
+                args.exact,
+                args.rpc,
+                args.rpc_timeout,
+                args.rpc_split,
+            ),  # fmt: skip
             use_draft=any(m in chosen for m in ("model", "auto", "native-draft")),
             # Cold runs neither start from the user's saved learning nor overwrite it with
             # what one bench prompt taught.
@@ -351,6 +373,7 @@ def _meta(
         "cold": config.cold,
         "repeat": config.repeat,
         "exact": args.exact,
+        "rpc": [str(e) for e in session.rpc.endpoints] if session.rpc is not None else [],
         "min_ratio_tokens": bench.MIN_RATIO_TOKENS,
         "localspec": __version__,
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),

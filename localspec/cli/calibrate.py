@@ -11,10 +11,14 @@ import typer
 from pydantic import ValidationError
 
 from localspec.cli.common import (
+    DEFAULT_RPC_TIMEOUT,
     CtxOpt,
     DraftOpt,
     ExactOpt,
     GpuLayersOpt,
+    RpcOpt,
+    RpcSplitOpt,
+    RpcTimeoutOpt,
     TargetOpt,
     ThreadsOpt,
     cli_errors,
@@ -29,7 +33,10 @@ def calibrate_command(
     draft: DraftOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = 0,
+    gpu_layers: GpuLayersOpt = None,
+    rpc: RpcOpt = None,
+    rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
+    rpc_split: RpcSplitOpt = None,
     reset: Annotated[
         bool,
         typer.Option(
@@ -52,7 +59,10 @@ def calibrate_command(
 
         try:
             options = ModelOptions(
-                **pair_settings(target, draft, threads, ctx, gpu_layers, exact), recalibrate=True
+                **pair_settings(
+                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
+                ),
+                recalibrate=True,
             )
         except ValidationError as err:
             raise usage_from(err, "calibrate") from None

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from localspec.cli.common import (
+    DEFAULT_RPC_TIMEOUT,
     CtxOpt,
     DrafterOpt,
     DraftMaxOpt,
@@ -14,6 +15,9 @@ from localspec.cli.common import (
     ExactOpt,
     GpuLayersOpt,
     MinPOpt,
+    RpcOpt,
+    RpcSplitOpt,
+    RpcTimeoutOpt,
     SeedOpt,
     SystemOpt,
     TargetOpt,
@@ -41,7 +45,10 @@ def chat(
     draft: DraftOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = 0,
+    gpu_layers: GpuLayersOpt = None,
+    rpc: RpcOpt = None,
+    rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
+    rpc_split: RpcSplitOpt = None,
     exact: ExactOpt = False,
     system: SystemOpt = None,
 ) -> None:
@@ -52,7 +59,9 @@ def chat(
         params, options = parse_generation(
             drafter,
             {
-                **pair_settings(target, draft, threads, ctx, gpu_layers, exact),
+                **pair_settings(
+                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
+                ),
                 "show_download_progress": False,
             },
             max_tokens=max_tokens,
@@ -69,5 +78,9 @@ def chat(
     from localspec.tui import run_chat
 
     raise typer.Exit(
-        run_chat(lambda progress: open_session(options, progress), params, system_prompt)
+        run_chat(
+            lambda progress, on_lost: open_session(options, progress, on_lost),
+            params,
+            system_prompt,
+        )
     )

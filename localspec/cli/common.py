@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,6 +12,8 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
+from localspec.backend.rpc import parse_endpoints
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import (
     EXIT_CANCELLED,
@@ -69,7 +72,39 @@ TargetOpt = Annotated[str | None, typer.Option(help="target: path, catalog name 
 DraftOpt = Annotated[str | None, typer.Option(help="draft: path, catalog name or repo:file")]
 ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")]
 CtxOpt = Annotated[int, typer.Option(help="context size in tokens")]
-GpuLayersOpt = Annotated[int, typer.Option(help="layers to offload to a GPU (-1: all)")]
+GpuLayersOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="target layers to offload to a GPU or to the --rpc workers (-1: all; "
+        "default: all with --rpc, else none)"
+    ),
+]
+RpcOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        help="run the target's layers on llama.cpp RPC workers (localspec worker on each "
+        "machine); the draft stays on this one",
+    ),
+]
+RpcSplitOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc-split",
+        metavar="N,N,...",
+        help="share of the target's layers per --rpc worker, e.g. 3,1 (default: by each "
+        "worker's free memory)",
+    ),
+]
+RpcTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--rpc-timeout",
+        help="seconds one target evaluation may wait on the RPC workers before the answer "
+        "ends with an error",
+    ),
+]
 SystemOpt = Annotated[
     str | None, typer.Option("--system", help="system prompt, or @FILE to read it from a file")
 ]
@@ -107,9 +142,20 @@ ExactOpt = Annotated[
 ]
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine only (servers bind it unless told otherwise)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def pair_settings(
-    target: str | None, draft: str | None, threads: int | None, ctx: int, gpu_layers: int,
-    exact: bool,
+    target: str | None, draft: str | None, threads: int | None, ctx: int,
+    gpu_layers: int | None, exact: bool, rpc: str | None = None,
+    rpc_timeout: float = DEFAULT_RPC_TIMEOUT, rpc_split: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The ModelOptions fields of the options every model-loading command shares."""
     return dict(
@@ -119,7 +165,19 @@ def pair_settings(
         n_ctx=ctx,
         n_gpu_layers=gpu_layers,
         exact=exact,
+        rpc=tuple(map(str, parse_endpoints(rpc))) if rpc else (),
+        rpc_timeout=rpc_timeout,
+        rpc_split=_shares(rpc_split),
     )
+
+
+def _shares(text: str | None) -> tuple[float, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"invalid --rpc-split {text!r}", "write numbers, e.g. 3,1") from None
 
 
 def parse_generation(

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from localspec.cli.common import (
+    DEFAULT_RPC_TIMEOUT,
     CtxOpt,
     DrafterOpt,
     DraftMaxOpt,
@@ -27,6 +28,9 @@ from localspec.cli.common import (
     ExactOpt,
     GpuLayersOpt,
     MinPOpt,
+    RpcOpt,
+    RpcSplitOpt,
+    RpcTimeoutOpt,
     SeedOpt,
     SystemOpt,
     TargetOpt,
@@ -166,14 +170,19 @@ def complete(
     draft: DraftOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = 0,
+    gpu_layers: GpuLayersOpt = None,
+    rpc: RpcOpt = None,
+    rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
+    rpc_split: RpcSplitOpt = None,
     exact: ExactOpt = False,
 ) -> None:
     """Generate a completion of FILE (or stdin): the target's own output, faster."""
     with cli_errors():
         params, options = parse_generation(
             drafter,
-            pair_settings(target, draft, threads, ctx, gpu_layers, exact),
+            pair_settings(
+                target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
+            ),
             max_tokens=max_tokens,
             temperature=temperature,
             top_k=top_k,
@@ -218,14 +227,31 @@ def run_complete(
     stats: bool,
     system: str | None = None,
 ) -> int:
-    from localspec.session.session import open_session
+    from localspec.session.session import exit_on_lost, open_session
 
-    session = open_session(options, on_progress=print_warnings)
+    running = _Running()
+
+    def lost(message: str) -> None:
+        # The evaluation waits on the lost workers for good: report what was written, end.
+        if json_out:
+            record = {
+                "text": running.text,
+                "token_ids": running.token_ids,
+                "finish_reason": "error",
+                "error": message,
+                "exact": options.exact,
+                "stats": running.to_dict(),
+            }
+            sys.stdout.write(json.dumps(record) + "\n")
+        exit_on_lost(message)
+
+    session = open_session(options, on_progress=print_warnings, on_lost=lost)
     try:
-        finished, running = _stream(
+        finished = _stream(
             lambda cancel: session.complete(
                 prompt, params, raw=raw, parse_special=parse_special, cancel=cancel, system=system
             ),
+            running,
             json_out=json_out,
         )
         for problem in session.warnings:
@@ -269,14 +295,13 @@ class _Running(GenerationStats):
 
 
 def _stream(
-    start: Callable[[threading.Event], Iterator[Event]], *, json_out: bool
-) -> tuple[Finished | None, _Running]:
+    start: Callable[[threading.Event], Iterator[Event]], running: _Running, *, json_out: bool
+) -> Finished | None:
     """Run ``start(cancel)``'s events, printing the answer as it comes. The first Ctrl-C
     sets ``cancel`` (the engine stops after its round); a second one stops at once with
     what was gathered."""
     out = sys.stdout
     finished: Finished | None = None
-    running = _Running()
     with ctrl_c_cancels() as cancel:
         try:
             for event in start(cancel):
@@ -293,4 +318,4 @@ def _stream(
                     finished = event
         except KeyboardInterrupt:
             pass  # second Ctrl-C: report what was gathered
-    return finished, running
+    return finished

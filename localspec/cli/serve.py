@@ -8,7 +8,6 @@ address without a key prints a warning.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import threading
 from typing import Annotated
@@ -16,6 +15,7 @@ from typing import Annotated
 import typer
 
 from localspec.cli.common import (
+    DEFAULT_RPC_TIMEOUT,
     CtxOpt,
     DrafterOpt,
     DraftMaxOpt,
@@ -23,6 +23,9 @@ from localspec.cli.common import (
     ExactOpt,
     GpuLayersOpt,
     MinPOpt,
+    RpcOpt,
+    RpcSplitOpt,
+    RpcTimeoutOpt,
     SeedOpt,
     TargetOpt,
     TemperatureOpt,
@@ -31,18 +34,10 @@ from localspec.cli.common import (
     TopPOpt,
     cli_errors,
     echo_error,
+    is_loopback,
     pair_settings,
     parse_generation,
 )
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def serve(
@@ -69,7 +64,10 @@ def serve(
     draft: DraftOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = 0,
+    gpu_layers: GpuLayersOpt = None,
+    rpc: RpcOpt = None,
+    rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
+    rpc_split: RpcSplitOpt = None,
     exact: ExactOpt = False,
 ) -> None:
     """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions)."""
@@ -80,7 +78,9 @@ def serve(
     with cli_errors():
         params, options = parse_generation(
             drafter,
-            pair_settings(target, draft, threads, ctx, gpu_layers, exact),
+            pair_settings(
+                target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
+            ),
             max_tokens=max_tokens,
             temperature=temperature,
             top_k=top_k,

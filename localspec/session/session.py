@@ -16,6 +16,7 @@ across calls, so a chat turn evaluates only the tokens that are new.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -25,12 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.backend.compat import check_vocabularies
 from localspec.backend.llama import LlamaModel, LoadOptions, exact_kernels
+from localspec.backend.rpc import DEFAULT_TIMEOUT, RpcLink, attach, parse_endpoints
 from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import Event, Finished
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import (
+    EXIT_FAILURE,
     ContextOverflowError,
     IncompatibleModelsError,
     InputError,
@@ -64,8 +67,13 @@ class ModelOptions(BaseModel):
     use_draft: bool = True  # False skips loading the draft model (drafter none / ngram)
     threads: int | None = Field(None, ge=1)
     n_ctx: int = Field(4096, ge=64)
-    n_gpu_layers: int = Field(0, ge=-1)
+    n_gpu_layers: int | None = Field(None, ge=-1)  # the target's; None: all with rpc, else 0
     flash_attn: bool = True
+    # llama.cpp RPC workers ("host:port") that run the target's offloaded layers; the draft
+    # stays on this machine's CPU. An evaluation waiting longer than rpc_timeout is a loss.
+    rpc: tuple[str, ...] = ()
+    rpc_timeout: float = Field(DEFAULT_TIMEOUT, gt=0)
+    rpc_split: tuple[float, ...] = ()  # share of the layers per worker; () by their memory
     # Batch-invariant target kernels: greedy output identical to plain decoding's, token
     # for token, whatever was drafted (slower; see backend.llama.exact_kernels).
     exact: bool = False
@@ -73,6 +81,24 @@ class ModelOptions(BaseModel):
     recalibrate: bool = False  # measure even when a cached profile exists
     learn: bool = True  # restore and save what auto learned, per pair (with calibrate)
     show_download_progress: bool = True
+
+    @property
+    def target_gpu_layers(self) -> int:
+        if self.n_gpu_layers is not None:
+            return self.n_gpu_layers
+        return -1 if self.rpc else 0
+
+
+LostHandler = Callable[[str], None]
+
+
+def exit_on_lost(message: str) -> None:
+    """The default answer to lost RPC workers: the evaluation waiting on them never returns,
+    so say why and end the process (what was streamed stays written)."""
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {message}\n  hint: check the worker, then run again\n")
+    sys.stderr.flush()
+    os._exit(EXIT_FAILURE)
 
 
 class Session:
@@ -83,8 +109,10 @@ class Session:
         costs: CostProfile | None,
         costs_file: Path | None = None,
         learning: tuple[LearningStore, str] | None = None,
+        rpc: RpcLink | None = None,
     ) -> None:
         self.target = target
+        self.rpc = rpc  # the workers the target runs on, if any
         self.closed = False
         self.costs_file = costs_file
         self.draft = draft
@@ -254,9 +282,13 @@ class Session:
             return
         self.closed = True
         self.forget_stale_costs()
+        if self.rpc is not None and self.rpc.lost:
+            return  # freeing a target whose workers are gone would wait on them forever
         self.target.close()
         if self.draft is not None:
             self.draft.close()
+        if self.rpc is not None:
+            self.rpc.close()
 
 
 def _report(on_progress: Progress | None, message: str) -> None:
@@ -278,28 +310,56 @@ def resolve_pair(
     return target, draft
 
 
-def open_session(options: ModelOptions, on_progress: Progress | None = None) -> Session:
+def open_session(
+    options: ModelOptions,
+    on_progress: Progress | None = None,
+    on_lost: LostHandler = exit_on_lost,
+) -> Session:
+    """Load the pair. With ``options.rpc``, the target's layers go to those workers;
+    ``on_lost`` is called (from another thread) if they fail mid-evaluation, which then
+    never returns: see backend/rpc.py."""
     target_path, draft_path = resolve_pair(options, on_progress)
-    memory_warning = _memory_warning(target_path, draft_path, options.n_ctx)
-    if memory_warning:  # said before loading, which may be what runs out of memory
-        _report(on_progress, f"warning: {memory_warning}")
+    rpc = None
+    if options.rpc:
+        endpoints = parse_endpoints(list(options.rpc))
+        _report(on_progress, f"connecting to RPC workers {', '.join(map(str, endpoints))}")
+        rpc = attach(endpoints, options.rpc_timeout, on_lost)
+    else:
+        memory_warning = _memory_warning(target_path, draft_path, options.n_ctx)
+        if memory_warning:  # said before loading, which may be what runs out of memory
+            _report(on_progress, f"warning: {memory_warning}")
     load = LoadOptions(
         n_ctx=options.n_ctx,
         n_threads=options.threads,
-        n_gpu_layers=options.n_gpu_layers,
+        n_gpu_layers=options.target_gpu_layers,
         flash_attn=options.flash_attn,
     )
+    if options.rpc_split:
+        if len(options.rpc_split) != len(options.rpc) or min(options.rpc_split) < 0:
+            raise UsageError(
+                f"--rpc-split gives {len(options.rpc_split)} shares for "
+                f"{len(options.rpc)} worker(s)",
+                "give one non-negative share per --rpc worker, e.g. --rpc-split 3,1",
+            )
+        target_load = replace(load, tensor_split=options.rpc_split)
+    else:
+        target_load = load
     if options.exact:
         exact_kernels()  # process-wide, so before either model evaluates anything
-    _report(on_progress, f"loading target {target_path.name}")
+    where = f" onto {len(options.rpc)} RPC worker(s)" if rpc else ""
+    _report(on_progress, f"loading target {target_path.name}{where}")
     # Only the target needs batch-invariant kernels: what the draft proposes never changes
     # what the target accepts, so the draft keeps the fast ones.
-    target = LlamaModel(target_path, replace(load, exact=options.exact))
+    target = LlamaModel(target_path, replace(target_load, exact=options.exact))
+    if rpc is not None:
+        rpc.watch(target)
     draft = None
     try:
         if draft_path is not None:
             _report(on_progress, f"loading draft {draft_path.name}")
-            draft = LlamaModel(draft_path, load)
+            # With workers, the draft stays here: its steps are many and small, and a
+            # network round trip for each would cost more than the step.
+            draft = LlamaModel(draft_path, replace(load, n_gpu_layers=0) if rpc else load)
             _report(on_progress, "checking that the draft's vocabulary fits the target's")
             report = check_vocabularies(target, draft)
             if not report.compatible:
@@ -315,7 +375,7 @@ def open_session(options: ModelOptions, on_progress: Progress | None = None) -> 
         if draft is not None:
             draft.close()
         raise
-    session = Session(target, draft, costs, costs_file)
+    session = Session(target, draft, costs, costs_file, rpc=rpc)
     if options.calibrate and options.learn:
         _restore_learning(session, target_path, draft_path, on_progress)
     return session
@@ -366,9 +426,10 @@ def costs_key(options: ModelOptions, target_path: Path, draft_path: Path | None)
         file_identity(target_path),
         file_identity(draft_path),
         options.threads or os.cpu_count(),
-        options.n_gpu_layers,
+        options.target_gpu_layers,
         options.flash_attn,
         options.n_ctx,
+        *(("rpc", *options.rpc, *options.rpc_split) if options.rpc else ()),  # other costs
         *(("exact",) if options.exact else ()),  # other kernels, other costs
         DRAFT_SIZES,  # a cache measured for other draft lengths is measured again
     )

@@ -14,6 +14,8 @@ stopped one are ignored once a new conversation has started.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -30,6 +32,7 @@ from textual.widgets import Footer, Header, Static
 
 from localspec.core.events import EngineWarning, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
+from localspec.errors import EXIT_FAILURE
 from localspec.tui.conversation import Conversation, Turn, describe_params, save_markdown
 from localspec.tui.screens import HelpScreen, OverflowScreen
 from localspec.tui.stats_panel import LiveStats, StatsPanel, summary_line
@@ -54,6 +57,7 @@ from localspec.tui.worker import (
     SessionFactory,
     SessionReady,
     TurnsDropped,
+    WorkersLost,
     load_session,
     run_generation,
 )
@@ -61,6 +65,7 @@ from localspec.tui.worker import (
 STATS_INTERVAL_S = 0.25  # stats panel redraws at most this often during an answer
 # Below this width the 40-column panel would leave the conversation a narrow strip.
 NARROW_COLUMNS = 100
+LOST_HINT = "Ctrl+S saves the conversation; start the chat again once the workers run."
 CLOSE_TIMEOUT_S = 30.0  # how long quitting waits for a stopped answer to release the session
 
 
@@ -96,6 +101,7 @@ class ChatApp(App[int]):
         self.clock = clock
         self.session: ChatSession | None = None
         self.load_error: tuple[str, str] | None = None
+        self.workers_lost: str | None = None  # why the target's RPC workers are gone
         self.conversation = Conversation(system_prompt)
         self.live = LiveStats()
         self.colour = True
@@ -230,6 +236,9 @@ class ChatApp(App[int]):
             hint = "the models did not load" if self.load_error else "the models are loading"
             self.notify(f"Cannot send yet: {hint}.", severity="warning")
             return
+        if self.workers_lost:
+            self.notify(LOST_HINT, title=self.workers_lost, severity="error")
+            return
         if self.generating:
             self.notify("An answer is being written: Escape stops it.", severity="warning")
             return
@@ -330,6 +339,21 @@ class ChatApp(App[int]):
             answer.finalize()
         else:
             self._restore_input(self._withdraw_pending())
+
+    def on_workers_lost(self, message: WorkersLost) -> None:
+        """The target's RPC workers are gone. The generation waiting on them never returns:
+        its answer ends here with the error (what it wrote is kept), and nothing more can be
+        generated in this process; the conversation can still be read and saved."""
+        if self.workers_lost:
+            return
+        self.workers_lost = message.message
+        if self.generating:
+            self.on_generation_failed(GenerationFailed(self._gen, message.message, LOST_HINT))
+            self.on_generation_ended(GenerationEnded(self._gen))
+            self._gen += 1  # the blocked generation never posts again; ignore it if it does
+        else:
+            self.notify(LOST_HINT, title=message.message, severity="error")
+        self._set_status("The target's RPC workers are lost · Ctrl+S saves · Ctrl+Q quits")
 
     def on_generation_ended(self, message: GenerationEnded) -> None:
         if message.gen != self._gen:
@@ -437,6 +461,8 @@ class ChatApp(App[int]):
         session, self.session = self.session, None
         if session is None:
             return
+        if self.workers_lost:
+            return  # a generation holds the lock for good, and the target cannot be freed
         if self._session_lock.acquire(timeout=CLOSE_TIMEOUT_S):
             try:
                 session.close()
@@ -450,6 +476,13 @@ def run_chat(
     """Run the chat app until the user quits; returns the process exit code."""
     app = ChatApp(session_factory, params, system_prompt=system_prompt)
     result = app.run()
+    if app.workers_lost:
+        # A thread still waits on the lost workers, and the interpreter would wait for it
+        # at exit: the terminal is restored, so end the process here.
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {app.workers_lost}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_FAILURE)
     if app.return_code:
         return app.return_code
     return result if isinstance(result, int) else 0

@@ -1,11 +1,13 @@
 """What runs in the TUI's worker threads, and the messages they post to the UI.
 
 ``load_session`` calls the session factory and posts ``LoadProgress`` lines, then
-``SessionReady`` or ``LoadFailed``. ``run_generation`` checks that the prompt fits (dropping
-the oldest turns when allowed), streams the Session's events as ``EngineEvent``s and always
-ends with ``GenerationEnded``. Neither touches a widget: they only call ``post``, which is
-``App.post_message`` (thread-safe). Every message of a generation carries its number, so the
-UI can ignore a stopped generation's late events after a new conversation started.
+``SessionReady`` or ``LoadFailed``; ``WorkersLost`` whenever the target's RPC workers fail
+(the evaluation waiting on them then never returns). ``run_generation`` checks that the
+prompt fits (dropping the oldest turns when allowed), streams the Session's events as
+``EngineEvent``s and always ends with ``GenerationEnded``. Neither touches a widget: they
+only call ``post``, which is ``App.post_message`` (thread-safe). Every message of a
+generation carries its number, so the UI can ignore a stopped generation's late events
+after a new conversation started.
 
 Errors become messages here, worded by ``localspec.errors.describe`` as in the CLI, so the UI
 never shows a traceback.
@@ -50,7 +52,8 @@ class ChatSession(Protocol):
     def close(self) -> None: ...
 
 
-SessionFactory = Callable[[Callable[[str], None]], ChatSession]
+# (progress lines, what to call if the target's RPC workers are lost) -> the session
+SessionFactory = Callable[[Callable[[str], None], Callable[[str], None]], ChatSession]
 Post = Callable[[Message], Any]
 
 
@@ -72,6 +75,12 @@ class LoadFailed(Message):
         super().__init__()
         self.message = message
         self.hint = hint
+
+
+class WorkersLost(Message):
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
 
 
 class EngineEvent(Message):
@@ -120,7 +129,7 @@ def describe_error(error: BaseException) -> tuple[str, str]:
 
 def load_session(factory: SessionFactory, post: Post, closing: threading.Event) -> None:
     try:
-        session = factory(lambda line: post(LoadProgress(line)))
+        session = factory(lambda line: post(LoadProgress(line)), lambda m: post(WorkersLost(m)))
         plain = session.plain_tokens_per_s()
     except Exception as error:  # noqa: BLE001 - every failure becomes a message in the app
         post(LoadFailed(*describe_error(error)))
