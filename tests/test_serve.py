@@ -23,6 +23,8 @@ from localspec.session.session import ModelOptions, open_session
 
 PROMPTS = [f"the cat {i} sat on the mat" for i in range(8)]
 MAX = 24
+FIM_PREFIX = "def add(a, b):\n    return "
+FIM_SUFFIX = "\n\nprint(add(1, 2))\n"
 
 
 def _free_port() -> int:
@@ -71,6 +73,26 @@ def server(tiny_pair):
     thread.join(5)
     worker.stop()
     session.close()
+
+
+@pytest.fixture(scope="module")
+def fim_worker(fim_pair):
+    target, draft = fim_pair
+    options = ModelOptions(target=str(target), draft=str(draft), n_ctx=256, threads=1,
+                           calibrate=False)  # fmt: skip
+    session = open_session(options)
+    worker = GenerationWorker(session, max_queue=16)
+    worker.start()
+    yield worker
+    worker.stop()
+    session.close()
+
+
+@pytest.fixture
+def fim_server(server, fim_worker, monkeypatch):
+    """The shared server, answering from the pair with FIM tokens for one test."""
+    monkeypatch.setattr(server["state"], "worker", fim_worker)
+    return {**server, "worker": fim_worker}
 
 
 def client(server, key="none"):
@@ -129,10 +151,102 @@ def test_completions_raw_prompt_streamed_and_not(server):
     assert whole.usage.completion_tokens > 0 and whole.object == "text_completion"
 
 
-def test_completions_suffix_is_refused_by_name(server):
+def test_suffix_on_a_model_without_fim_tokens_is_a_400_naming_it(server):
+    r = httpx.post(server["url"] + "/v1/completions",
+                   json={"prompt": "def f(", "suffix": "):\n", "max_tokens": 4})  # fmt: skip
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == "suffix" and "FIM tokens" in error["message"]
+    # An empty suffix is no suffix: a plain completion.
+    plain = client(server).completions.create(model="x", prompt="def f(", suffix="", max_tokens=4)
+    assert plain.choices[0].text
+
+
+def test_fim_completion_is_what_the_engine_writes_from_the_fim_tokens(fim_server):
+    session, params = fim_server["worker"].session, fim_server["state"].defaults
+    tokens = session.infill_tokens(FIM_PREFIX, FIM_SUFFIX)
+    expected = list(session.generate(tokens, params))[-1]  # the worker is idle meanwhile
+    c = client(fim_server)
+    answer = c.completions.create(model="x", prompt=FIM_PREFIX, suffix=FIM_SUFFIX)
+    assert answer.choices[0].text == expected.text and expected.text
+    assert answer.choices[0].finish_reason in ("length", "stop")
+    assert answer.usage.prompt_tokens == len(tokens)
+    assert answer.usage.completion_tokens == len(expected.token_ids)
+    assert answer.model_extra["timings"]["predicted_n"] == len(expected.token_ids)
+    streamed = c.completions.create(model="x", prompt=FIM_PREFIX, suffix=FIM_SUFFIX, stream=True)
+    assert "".join(ch.choices[0].text for ch in streamed) == expected.text
+
+
+def test_fim_prompt_and_suffix_longer_than_the_context(fim_server):
     with pytest.raises(openai.BadRequestError) as err:
-        client(server).completions.create(model="x", prompt="def f(", suffix="\n", max_tokens=4)
-    assert err.value.body["param"] == "suffix"
+        client(fim_server).completions.create(model="x", prompt="def f(", suffix="the cat " * 200)
+    assert err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError) as err:
+        client(fim_server).completions.create(model="x", prompt=[1, 2, 3], suffix="x")
+    assert err.value.body["param"] == "prompt"
+
+
+def test_a_list_of_prompts_gives_one_choice_each_in_order(server):
+    c = client(server)
+    prompts = ["the cat the cat", "a dog and", "to the"]
+    alone = [c.completions.create(model="x", prompt=p, max_tokens=8) for p in prompts]
+    together = c.completions.create(model="x", prompt=prompts, max_tokens=8)
+    assert [ch.index for ch in together.choices] == [0, 1, 2]
+    assert [ch.text for ch in together.choices] == [a.choices[0].text for a in alone]
+    for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert getattr(together.usage, field) == sum(getattr(a.usage, field) for a in alone)
+    timings = together.model_extra["timings"]
+    assert timings["predicted_n"] == together.usage.completion_tokens
+    assert timings["draft_n"] == sum(a.model_extra["timings"]["draft_n"] for a in alone)
+
+    stream = c.completions.create(model="x", prompt=prompts, max_tokens=8, stream=True,
+                                  stream_options={"include_usage": True})  # fmt: skip
+    texts, reasons, chunks = ["", "", ""], [None, None, None], list(stream)
+    for ch in chunks[:-1]:
+        (choice,) = ch.choices
+        texts[choice.index] += choice.text
+        if choice.finish_reason:
+            assert reasons[choice.index] is None  # one finish per choice
+            reasons[choice.index] = choice.finish_reason
+    assert texts == [ch.text for ch in together.choices] and None not in reasons
+    assert chunks[-1].choices == [] and chunks[-1].usage == together.usage
+
+
+def test_token_id_prompts_are_taken_as_they_are(server):
+    c = client(server)
+    tokens = server["session"].text_tokens("the cat the cat", raw=True)
+    text = c.completions.create(model="x", prompt="the cat the cat", max_tokens=8)
+    by_ids = c.completions.create(model="x", prompt=tokens, max_tokens=8)
+    assert by_ids.choices[0].text == text.choices[0].text
+    assert by_ids.usage.prompt_tokens == len(tokens)
+    several = c.completions.create(model="x", prompt=[tokens, tokens[:3]], max_tokens=8)
+    assert [ch.index for ch in several.choices] == [0, 1]
+    assert several.choices[0].text == text.choices[0].text
+
+
+@pytest.mark.parametrize(
+    "prompt, says",
+    [(["the cat"] * 17, "at most 16"), ([1, 2, 10**6], "outside the vocabulary"),
+     ([[1, 2], [-1]], "prompt[1] has token id -1"), ([True, False], "must be a string"),
+     ([], "must be a string"), ("", "empty"), (["a", 3.5], "prompt[1] must be"),
+     ({"text": "a"}, "must be a string")],
+)  # fmt: skip
+def test_bad_prompts_get_a_400_naming_prompt(server, prompt, says):
+    r = httpx.post(server["url"] + "/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "prompt" and says in error["message"], error
+
+
+def test_one_prompt_over_the_context_refuses_the_whole_list_before_any_runs(server):
+    before = len(server["reasons"])
+    with pytest.raises(openai.BadRequestError) as err:
+        client(server).completions.create(model="x", prompt=["the cat", "the cat " * 200])
+    assert err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["param"] == "prompt"
+    assert len(server["reasons"]) == before  # nothing was generated
 
 
 def test_stop_string_cuts_the_answer(server):
