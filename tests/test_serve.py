@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 
 from localspec.core.events import Finished
 from localspec.core.params import GenerationParams
@@ -395,3 +396,66 @@ def test_serve_with_a_missing_model_exits_with_the_clear_error(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 1
     assert "error: model file not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+PREFLIGHT = {"Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
+
+
+def test_no_cors_headers_without_cors_origin():
+    http = TestClient(create_app(ServerState(defaults=GenerationParams())))
+    origin = {"Origin": "http://127.0.0.1:3000"}
+    r = http.options("/v1/chat/completions", headers={**origin, **PREFLIGHT})
+    assert "access-control-allow-origin" not in r.headers
+    assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert "access-control-allow-origin" not in http.get("/health", headers=origin).headers
+
+
+def test_cors_preflight_is_allowed_for_the_named_origin_only():
+    allowed = "http://localhost:3000"
+    state = ServerState(defaults=GenerationParams(), cors_origins=[allowed], api_key="k")
+    http = TestClient(create_app(state))
+    # A preflight carries no key: the browser sends it before the request that does.
+    r = http.options("/v1/chat/completions", headers={"Origin": allowed, **PREFLIGHT})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == allowed
+    assert "POST" in r.headers["access-control-allow-methods"]
+    assert "authorization" in r.headers["access-control-allow-headers"].lower()
+    assert http.get("/health", headers={"Origin": allowed}).headers[
+        "access-control-allow-origin"] == allowed  # fmt: skip
+    other = {"Origin": "http://evil.example"}
+    r = http.options("/v1/chat/completions", headers={**other, **PREFLIGHT})
+    assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    assert "access-control-allow-origin" not in http.get("/health", headers=other).headers
+
+
+def test_loading_answers_503_until_the_pair_is_loaded(server, monkeypatch):
+    from localspec.cli.serve import load_into
+    from localspec.session import session as session_module
+
+    loaded = threading.Event()  # the fake load finishes only when the test says so
+
+    def slow_open(options, on_progress=None):
+        assert loaded.wait(10)
+        return server["session"]
+
+    monkeypatch.setattr(session_module, "open_session", slow_open)
+    state = ServerState(defaults=GenerationParams(max_tokens=4, drafter="model"))
+    loader = threading.Thread(target=load_into, args=(state, server["options"], 4), daemon=True)
+    loader.start()
+    with TestClient(create_app(state)) as http:
+        r = http.get("/health")
+        assert r.status_code == 503 and r.json() == {"status": "loading"}
+        for method, path in [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+                             ("GET", "/v1/models")]:  # fmt: skip
+            r = http.request(method, path, json={"prompt": "a", "messages": ask("a")})
+            assert r.status_code == 503 and int(r.headers["retry-after"]) > 0, path
+            assert r.json()["error"]["code"] == "loading"
+        loaded.set()
+        loader.join(10)
+        try:
+            assert http.get("/health").json()["status"] == "ok"
+            assert http.get("/v1/models").json()["data"][0]["id"] == "target"
+            r = http.post("/v1/completions", json={"prompt": "the cat"})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        finally:
+            state.worker.stop()

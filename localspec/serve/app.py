@@ -29,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec.core.events import Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
@@ -75,10 +76,14 @@ def create_app(state: ServerState) -> FastAPI:
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
         return JSONResponse(err.body, status_code=err.status, headers=err.headers)
 
-    @app.exception_handler(404)
-    async def not_found(request: Request, err: Exception) -> JSONResponse:
-        body = ApiError(404, f"no endpoint {request.url.path}", code="not_found").body
-        return JSONResponse(body, status_code=404)
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own refusals (no such endpoint, wrong method) in OpenAI's shape too.
+        if err.status_code == 404:
+            error = ApiError(404, f"no endpoint {request.url.path}", code="not_found")
+        else:
+            error = ApiError(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
+        return JSONResponse(error.body, status_code=err.status_code, headers=err.headers)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -91,6 +96,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         _authorize(state, request)
+        _require_loaded(state)
         card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "localspec"}
         return {"object": "list", "data": [{**card, "draft": state.draft_id}]}
 
