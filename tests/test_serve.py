@@ -189,6 +189,25 @@ def test_fim_prompt_and_suffix_longer_than_the_context(fim_server):
     assert err.value.body["param"] == "prompt"
 
 
+def test_parse_special_lets_a_prompt_carry_its_own_fim_tokens(fim_server, monkeypatch):
+    # What an editor that renders the model's FIM template itself sends (Continue).
+    prompt = f"<|fim_prefix|>{FIM_PREFIX}<|fim_suffix|>{FIM_SUFFIX}<|fim_middle|>"
+    session, params = fim_server["worker"].session, fim_server["state"].defaults
+    c = client(fim_server)
+    as_text = c.completions.create(model="x", prompt=prompt, max_tokens=2)
+    monkeypatch.setattr(fim_server["state"], "parse_special", True)
+    tokens = session.text_tokens(prompt, raw=True, parse_special=True)
+    fim = session.fim
+    assert [t for t in tokens if t in (fim.pre, fim.suf, fim.mid)] == [fim.pre, fim.suf, fim.mid]
+    expected = list(session.generate(tokens, params))[-1]
+    answer = c.completions.create(model="x", prompt=prompt)
+    assert answer.choices[0].text == expected.text
+    assert answer.usage.prompt_tokens == len(tokens) < as_text.usage.prompt_tokens
+    # Chat messages keep control-token text as text whatever the option says.
+    chat = c.chat.completions.create(model="x", messages=ask("<|fim_prefix|>"), max_tokens=2)
+    assert chat.usage.prompt_tokens == len(session.chat_tokens(ask("<|fim_prefix|>")))
+
+
 def test_a_list_of_prompts_gives_one_choice_each_in_order(server):
     c = client(server)
     prompts = ["the cat the cat", "a dog and", "to the"]

@@ -59,6 +59,8 @@ class ServerState:
     model_id: str = "localspec"
     draft_id: str | None = None
     load_error: str | None = None
+    # Control-token text in a /v1/completions prompt acts as control tokens (never in chat).
+    parse_special: bool = False
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -135,7 +137,7 @@ def create_app(state: ServerState) -> FastAPI:
             token_lists = [
                 p if isinstance(p, list)
                 else session.infill_tokens(p, suffix) if suffix
-                else session.text_tokens(p, raw=True)
+                else session.text_tokens(p, raw=True, parse_special=state.parse_special)
                 for p in prompts
             ]  # fmt: skip
             for tokens in token_lists:  # all fit (the engine's check) before the first runs
