@@ -234,6 +234,23 @@ def test_a_list_of_prompts_gives_one_choice_each_in_order(server):
     assert chunks[-1].choices == [] and chunks[-1].usage == together.usage
 
 
+def test_a_prompt_that_fails_ends_the_request_with_a_500(server, monkeypatch):
+    session, calls = server["session"], []
+    plain = session.generate
+
+    def second_fails(tokens, params, cancel=None):
+        calls.append(tokens)
+        if len(calls) == 2:
+            raise RuntimeError("the second prompt broke")
+        return plain(tokens, params, cancel)
+
+    monkeypatch.setattr(session, "generate", second_fails)
+    r = httpx.post(server["url"] + "/v1/completions",
+                   json={"prompt": ["the cat", "a dog", "to the"], "max_tokens": 4})  # fmt: skip
+    assert r.status_code == 500 and "second prompt broke" in r.json()["error"]["message"]
+    assert len(calls) == 2  # the third never ran
+
+
 def test_token_id_prompts_are_taken_as_they_are(server):
     c = client(server)
     tokens = server["session"].text_tokens("the cat the cat", raw=True)
