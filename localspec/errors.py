@@ -51,6 +51,10 @@ class IncompatibleModelsError(LocalspecError):
     """Target and draft do not share a vocabulary, so drafts cannot be verified."""
 
 
+class UnsupportedByModelError(LocalspecError):
+    """The loaded model cannot do what was asked (fill-in-the-middle without FIM tokens)."""
+
+
 class ContextOverflowError(LocalspecError):
     """The prompt (or conversation) does not fit in the context window."""
 

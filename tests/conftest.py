@@ -78,6 +78,17 @@ def tiny_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fim_pair(tmp_path_factory):
+    """A compatible tiny target/draft pair whose vocabulary has Qwen2.5-Coder's FIM tokens."""
+    from tests.tiny_gguf import QWEN_FIM, write_tiny_llama
+
+    d = tmp_path_factory.mktemp("tiny-fim")
+    target = write_tiny_llama(d / "fim-target.gguf", seed=1, fim=QWEN_FIM)
+    draft = write_tiny_llama(d / "fim-draft.gguf", seed=2, fim=QWEN_FIM)
+    return target, draft
+
+
+@pytest.fixture(scope="session")
 def real_pair_home():
     """LOCALSPEC_HOME holding the real default pair (downloaded once per test cache)."""
     from localspec.models.catalog import resolve_model

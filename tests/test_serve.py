@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 
 from localspec.core.events import Finished
 from localspec.core.params import GenerationParams
@@ -23,6 +24,8 @@ from localspec.session.session import ModelOptions, open_session
 
 PROMPTS = [f"the cat {i} sat on the mat" for i in range(8)]
 MAX = 24
+FIM_PREFIX = "def add(a, b):\n    return "
+FIM_SUFFIX = "\n\nprint(add(1, 2))\n"
 
 
 def _free_port() -> int:
@@ -71,6 +74,26 @@ def server(tiny_pair):
     thread.join(5)
     worker.stop()
     session.close()
+
+
+@pytest.fixture(scope="module")
+def fim_worker(fim_pair):
+    target, draft = fim_pair
+    options = ModelOptions(target=str(target), draft=str(draft), n_ctx=256, threads=1,
+                           calibrate=False)  # fmt: skip
+    session = open_session(options)
+    worker = GenerationWorker(session, max_queue=16)
+    worker.start()
+    yield worker
+    worker.stop()
+    session.close()
+
+
+@pytest.fixture
+def fim_server(server, fim_worker, monkeypatch):
+    """The shared server, answering from the pair with FIM tokens for one test."""
+    monkeypatch.setattr(server["state"], "worker", fim_worker)
+    return {**server, "worker": fim_worker}
 
 
 def client(server, key="none"):
@@ -129,10 +152,138 @@ def test_completions_raw_prompt_streamed_and_not(server):
     assert whole.usage.completion_tokens > 0 and whole.object == "text_completion"
 
 
-def test_completions_suffix_is_refused_by_name(server):
+def test_suffix_on_a_model_without_fim_tokens_is_a_400_naming_it(server):
+    r = httpx.post(server["url"] + "/v1/completions",
+                   json={"prompt": "def f(", "suffix": "):\n", "max_tokens": 4})  # fmt: skip
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == "suffix" and "FIM tokens" in error["message"]
+    # An empty suffix is no suffix: a plain completion.
+    plain = client(server).completions.create(model="x", prompt="def f(", suffix="", max_tokens=4)
+    assert plain.choices[0].text
+
+
+def test_fim_completion_is_what_the_engine_writes_from_the_fim_tokens(fim_server):
+    session, params = fim_server["worker"].session, fim_server["state"].defaults
+    tokens = session.infill_tokens(FIM_PREFIX, FIM_SUFFIX)
+    expected = list(session.generate(tokens, params))[-1]  # the worker is idle meanwhile
+    c = client(fim_server)
+    answer = c.completions.create(model="x", prompt=FIM_PREFIX, suffix=FIM_SUFFIX)
+    assert answer.choices[0].text == expected.text and expected.text
+    assert answer.choices[0].finish_reason in ("length", "stop")
+    assert answer.usage.prompt_tokens == len(tokens)
+    assert answer.usage.completion_tokens == len(expected.token_ids)
+    assert answer.model_extra["timings"]["predicted_n"] == len(expected.token_ids)
+    streamed = c.completions.create(model="x", prompt=FIM_PREFIX, suffix=FIM_SUFFIX, stream=True)
+    assert "".join(ch.choices[0].text for ch in streamed) == expected.text
+
+
+def test_fim_prompt_and_suffix_longer_than_the_context(fim_server):
     with pytest.raises(openai.BadRequestError) as err:
-        client(server).completions.create(model="x", prompt="def f(", suffix="\n", max_tokens=4)
-    assert err.value.body["param"] == "suffix"
+        client(fim_server).completions.create(model="x", prompt="def f(", suffix="the cat " * 200)
+    assert err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError) as err:
+        client(fim_server).completions.create(model="x", prompt=[1, 2, 3], suffix="x")
+    assert err.value.body["param"] == "prompt"
+
+
+def test_parse_special_lets_a_prompt_carry_its_own_fim_tokens(fim_server, monkeypatch):
+    # What an editor that renders the model's FIM template itself sends (Continue).
+    prompt = f"<|fim_prefix|>{FIM_PREFIX}<|fim_suffix|>{FIM_SUFFIX}<|fim_middle|>"
+    session, params = fim_server["worker"].session, fim_server["state"].defaults
+    c = client(fim_server)
+    as_text = c.completions.create(model="x", prompt=prompt, max_tokens=2)
+    monkeypatch.setattr(fim_server["state"], "parse_special", True)
+    tokens = session.text_tokens(prompt, raw=True, parse_special=True)
+    fim = session.fim
+    assert [t for t in tokens if t in (fim.pre, fim.suf, fim.mid)] == [fim.pre, fim.suf, fim.mid]
+    expected = list(session.generate(tokens, params))[-1]
+    answer = c.completions.create(model="x", prompt=prompt)
+    assert answer.choices[0].text == expected.text
+    assert answer.usage.prompt_tokens == len(tokens) < as_text.usage.prompt_tokens
+    # Chat messages keep control-token text as text whatever the option says.
+    chat = c.chat.completions.create(model="x", messages=ask("<|fim_prefix|>"), max_tokens=2)
+    assert chat.usage.prompt_tokens == len(session.chat_tokens(ask("<|fim_prefix|>")))
+
+
+def test_a_list_of_prompts_gives_one_choice_each_in_order(server):
+    c = client(server)
+    prompts = ["the cat the cat", "a dog and", "to the"]
+    alone = [c.completions.create(model="x", prompt=p, max_tokens=8) for p in prompts]
+    together = c.completions.create(model="x", prompt=prompts, max_tokens=8)
+    assert [ch.index for ch in together.choices] == [0, 1, 2]
+    assert [ch.text for ch in together.choices] == [a.choices[0].text for a in alone]
+    for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert getattr(together.usage, field) == sum(getattr(a.usage, field) for a in alone)
+    timings = together.model_extra["timings"]
+    assert timings["predicted_n"] == together.usage.completion_tokens
+    assert timings["draft_n"] == sum(a.model_extra["timings"]["draft_n"] for a in alone)
+
+    stream = c.completions.create(model="x", prompt=prompts, max_tokens=8, stream=True,
+                                  stream_options={"include_usage": True})  # fmt: skip
+    texts, reasons, chunks = ["", "", ""], [None, None, None], list(stream)
+    for ch in chunks[:-1]:
+        (choice,) = ch.choices
+        texts[choice.index] += choice.text
+        if choice.finish_reason:
+            assert reasons[choice.index] is None  # one finish per choice
+            reasons[choice.index] = choice.finish_reason
+    assert texts == [ch.text for ch in together.choices] and None not in reasons
+    assert chunks[-1].choices == [] and chunks[-1].usage == together.usage
+
+
+def test_a_prompt_that_fails_ends_the_request_with_a_500(server, monkeypatch):
+    session, calls = server["session"], []
+    plain = session.generate
+
+    def second_fails(tokens, params, cancel=None):
+        calls.append(tokens)
+        if len(calls) == 2:
+            raise RuntimeError("the second prompt broke")
+        return plain(tokens, params, cancel)
+
+    monkeypatch.setattr(session, "generate", second_fails)
+    r = httpx.post(server["url"] + "/v1/completions",
+                   json={"prompt": ["the cat", "a dog", "to the"], "max_tokens": 4})  # fmt: skip
+    assert r.status_code == 500 and "second prompt broke" in r.json()["error"]["message"]
+    assert len(calls) == 2  # the third never ran
+
+
+def test_token_id_prompts_are_taken_as_they_are(server):
+    c = client(server)
+    tokens = server["session"].text_tokens("the cat the cat", raw=True)
+    text = c.completions.create(model="x", prompt="the cat the cat", max_tokens=8)
+    by_ids = c.completions.create(model="x", prompt=tokens, max_tokens=8)
+    assert by_ids.choices[0].text == text.choices[0].text
+    assert by_ids.usage.prompt_tokens == len(tokens)
+    several = c.completions.create(model="x", prompt=[tokens, tokens[:3]], max_tokens=8)
+    assert [ch.index for ch in several.choices] == [0, 1]
+    assert several.choices[0].text == text.choices[0].text
+
+
+@pytest.mark.parametrize(
+    "prompt, says",
+    [(["the cat"] * 17, "at most 16"), ([1, 2, 10**6], "outside the vocabulary"),
+     ([[1, 2], [-1]], "prompt[1] has token id -1"), ([True, False], "must be a string"),
+     ([], "must be a string"), ("", "empty"), (["a", 3.5], "prompt[1] must be"),
+     ({"text": "a"}, "must be a string")],
+)  # fmt: skip
+def test_bad_prompts_get_a_400_naming_prompt(server, prompt, says):
+    r = httpx.post(server["url"] + "/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "prompt" and says in error["message"], error
+
+
+def test_one_prompt_over_the_context_refuses_the_whole_list_before_any_runs(server):
+    before = len(server["reasons"])
+    with pytest.raises(openai.BadRequestError) as err:
+        client(server).completions.create(model="x", prompt=["the cat", "the cat " * 200])
+    assert err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["param"] == "prompt"
+    assert len(server["reasons"]) == before  # nothing was generated
 
 
 def test_stop_string_cuts_the_answer(server):
@@ -281,3 +432,66 @@ def test_serve_with_a_missing_model_exits_with_the_clear_error(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 1
     assert "error: model file not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+PREFLIGHT = {"Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
+
+
+def test_no_cors_headers_without_cors_origin():
+    http = TestClient(create_app(ServerState(defaults=GenerationParams())))
+    origin = {"Origin": "http://127.0.0.1:3000"}
+    r = http.options("/v1/chat/completions", headers={**origin, **PREFLIGHT})
+    assert "access-control-allow-origin" not in r.headers
+    assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert "access-control-allow-origin" not in http.get("/health", headers=origin).headers
+
+
+def test_cors_preflight_is_allowed_for_the_named_origin_only():
+    allowed = "http://localhost:3000"
+    state = ServerState(defaults=GenerationParams(), cors_origins=[allowed], api_key="k")
+    http = TestClient(create_app(state))
+    # A preflight carries no key: the browser sends it before the request that does.
+    r = http.options("/v1/chat/completions", headers={"Origin": allowed, **PREFLIGHT})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == allowed
+    assert "POST" in r.headers["access-control-allow-methods"]
+    assert "authorization" in r.headers["access-control-allow-headers"].lower()
+    assert http.get("/health", headers={"Origin": allowed}).headers[
+        "access-control-allow-origin"] == allowed  # fmt: skip
+    other = {"Origin": "http://evil.example"}
+    r = http.options("/v1/chat/completions", headers={**other, **PREFLIGHT})
+    assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    assert "access-control-allow-origin" not in http.get("/health", headers=other).headers
+
+
+def test_loading_answers_503_until_the_pair_is_loaded(server, monkeypatch):
+    from localspec.cli.serve import load_into
+    from localspec.session import session as session_module
+
+    loaded = threading.Event()  # the fake load finishes only when the test says so
+
+    def slow_open(options, on_progress=None):
+        assert loaded.wait(10)
+        return server["session"]
+
+    monkeypatch.setattr(session_module, "open_session", slow_open)
+    state = ServerState(defaults=GenerationParams(max_tokens=4, drafter="model"))
+    loader = threading.Thread(target=load_into, args=(state, server["options"], 4), daemon=True)
+    loader.start()
+    with TestClient(create_app(state)) as http:
+        r = http.get("/health")
+        assert r.status_code == 503 and r.json() == {"status": "loading"}
+        for method, path in [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+                             ("GET", "/v1/models")]:  # fmt: skip
+            r = http.request(method, path, json={"prompt": "a", "messages": ask("a")})
+            assert r.status_code == 503 and int(r.headers["retry-after"]) > 0, path
+            assert r.json()["error"]["code"] == "loading"
+        loaded.set()
+        loader.join(10)
+        try:
+            assert http.get("/health").json()["status"] == "ok"
+            assert http.get("/v1/models").json()["data"][0]["id"] == "target"
+            r = http.post("/v1/completions", json={"prompt": "the cat"})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        finally:
+            state.worker.stop()

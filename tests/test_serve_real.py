@@ -1,5 +1,6 @@
 """Slow: the real default pair through ``localspec serve`` answers with the same greedy
-tokens as ``localspec complete --json``, and its ``timings`` agree with that run's stats."""
+tokens as ``localspec complete --json``, and its ``timings`` agree with that run's stats;
+a fill-in-the-middle request on the same server writes a missing function body."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from tests.test_serve import _free_port
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 MAX = 48
+FIM_PREFIX = 'def is_prime(n: int) -> bool:\n    """Whether n is a prime number."""\n'
+FIM_SUFFIX = "\n\nprint([k for k in range(30) if is_prime(k)])\n"
 
 
 def _healthy(port: int) -> bool:
@@ -58,6 +61,7 @@ def test_real_pair_through_the_server_matches_complete(real_pair_home):
         answer = client.chat.completions.create(
             model="target", messages=[{"role": "user", "content": PROMPT}]
         )
+        fim = client.completions.create(model="target", prompt=FIM_PREFIX, suffix=FIM_SUFFIX)
     finally:
         server.terminate()
         server.wait(30)
@@ -68,3 +72,8 @@ def test_real_pair_through_the_server_matches_complete(real_pair_home):
     assert timings["draft_n"] == stats["drafted"]
     assert timings["draft_n_accepted"] == stats["accepted"]
     assert timings["target_passes"] == stats["rounds"]
+
+    middle = fim.choices[0].text
+    assert middle.strip() and fim.choices[0].finish_reason in ("stop", "length")
+    assert "print(" not in middle and FIM_SUFFIX.strip() not in middle, middle
+    assert fim.usage.completion_tokens > 0

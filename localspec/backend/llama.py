@@ -3,7 +3,8 @@
 ``LlamaModel`` is a ``CachedModel``: ``forward`` evaluates a batch on sequence 0 and returns
 logits only for the positions asked for (prefill asks for none), and rolls the KV cache
 back with ``llama_memory_seq_rm``. It also tokenizes, turns tokens into bytes, reads GGUF
-metadata (chat template) and describes its vocabulary for the compatibility check.
+metadata (chat template) and describes its vocabulary for the compatibility check, and
+names its fill-in-the-middle tokens (``fim_tokens``) when the vocabulary has them.
 
 llama.cpp's own log lines are captured, not printed; the last ones explain a failed load.
 """
@@ -123,6 +124,24 @@ class VocabInfo:
     eos: int
     add_bos: bool
     add_eos: bool
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """The vocabulary's fill-in-the-middle tokens, as llama.cpp found them (GGUF keys, or
+    known texts such as Qwen's ``<|fim_prefix|>``); ``None`` where there is none."""
+
+    pre: int | None
+    suf: int | None
+    mid: int | None
+    pad: int | None
+    rep: int | None
+    sep: int | None
+
+    @property
+    def infill(self) -> bool:
+        """Whether a prefix-suffix-middle prompt can be built: all three are needed."""
+        return None not in (self.pre, self.suf, self.mid)
 
 
 class LlamaModel(CachedModel):
@@ -337,6 +356,20 @@ class LlamaModel(CachedModel):
             eos=llama_cpp.llama_vocab_eos(v),
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
             add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
+        )
+
+    def fim_tokens(self) -> FimTokens:
+        def known(token: int) -> int | None:
+            return token if 0 <= token < self.n_vocab else None  # LLAMA_TOKEN_NULL is -1
+
+        v = self._vocab
+        return FimTokens(
+            pre=known(llama_cpp.llama_vocab_fim_pre(v)),
+            suf=known(llama_cpp.llama_vocab_fim_suf(v)),
+            mid=known(llama_cpp.llama_vocab_fim_mid(v)),
+            pad=known(llama_cpp.llama_vocab_fim_pad(v)),
+            rep=known(llama_cpp.llama_vocab_fim_rep(v)),
+            sep=known(llama_cpp.llama_vocab_fim_sep(v)),
         )
 
     def metadata(self, key: str) -> str | None:

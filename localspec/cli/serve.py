@@ -3,7 +3,9 @@
 Binds 127.0.0.1 by default. The server starts at once (``/health`` says ``loading``) and
 loads the pair in the background (progress on stderr); a key from ``--api-key`` or
 ``LOCALSPEC_API_KEY`` is then required on every endpoint but ``/health``. Binding another
-address without a key prints a warning.
+address without a key prints a warning. ``--parse-special`` lets control-token text in a
+raw completion prompt act as control tokens (editors that write a model's FIM tokens into the
+prompt themselves need it); chat messages keep such text as text whatever the option says.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def serve(
     queue_size: Annotated[int, typer.Option(help="requests that may wait; more get 503")] = 16,
     max_body: Annotated[int, typer.Option(help="largest request body in bytes")] = 1 << 20,
     max_tokens: Annotated[int, typer.Option(help="default new tokens at most")] = 512,
+    parse_special: Annotated[
+        bool,
+        typer.Option(
+            help="let control tokens written in a /v1/completions prompt (e.g. <|fim_prefix|>) "
+            "act as such"
+        ),
+    ] = False,
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 40,
     top_p: TopPOpt = 0.95,
@@ -100,6 +109,7 @@ def serve(
         api_key=api_key or None,
         cors_origins=list(cors_origin or []),
         max_body=max_body,
+        parse_special=parse_special,
     )
     threading.Thread(
         target=load_into, args=(state, options, queue_size), daemon=True, name="loader"

@@ -134,7 +134,9 @@ class SpecDecoder:
             self._controllers[key] = controller
         return self._controllers[key]
 
-    def _check(self, prompt: list[int], params: GenerationParams) -> None:
+    def check(self, prompt: list[int], params: GenerationParams) -> None:
+        """Raise what ``generate`` would raise for this prompt before its first event
+        (``ContextOverflowError`` for a prompt the context cannot hold), without running it."""
         n_ctx = self.target.n_ctx
         if not prompt:
             raise ValueError("empty prompt")
@@ -156,7 +158,7 @@ class SpecDecoder:
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         prompt = list(prompt)
-        self._check(prompt, params)
+        self.check(prompt, params)
         stats = GenerationStats()
 
         def emit(event: Event) -> Event:

@@ -4,6 +4,10 @@
 (``{"error": {"message", "type", "param", "code"}}``). ``generation_params`` turns a request
 body into ``GenerationParams``, refusing with a 400 that names the field any option that
 would change the result and that localspec cannot honour (``n`` > 1, ``tools``, ...).
+``completion_prompts`` reads ``/v1/completions``' ``prompt`` in every form OpenAI accepts (a
+string, a list of strings, a list of token ids, a list of such lists), at most
+``MAX_PROMPTS`` of them. ``merged_stats`` sums the stats of several generations, so one
+``usage`` and one ``timings`` describe a request that had several prompts.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from localspec.core.params import GenerationParams
+
+MAX_PROMPTS = 16  # prompts in one /v1/completions request; each is generated in turn
 
 # Fields whose presence (with a value other than the neutral one) would change the answer.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -157,3 +163,81 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
             raise ApiError(400, f"messages[{i}].content must be text", param="messages")
         out.append({"role": m["role"], "content": content})
     return out
+
+
+def _is_token_ids(value: Any) -> bool:
+    # bool is an int subclass, and true/false are no token ids.
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+def completion_prompts(
+    body: dict[str, Any], n_vocab: int, *, infill: bool = False
+) -> list[str | list[int]]:
+    """The request's prompts in order: text, or token ids checked against the vocabulary.
+
+    Text may be empty only for an ``infill`` (the cursor at the start of the file); an
+    infill takes text only, as it is placed between the model's FIM tokens."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or _is_token_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        prompts = prompt
+    else:
+        raise ApiError(
+            400,
+            "prompt must be a string, a list of strings, a list of token ids or a list of "
+            "lists of token ids",
+            param="prompt",
+        )
+    if len(prompts) > MAX_PROMPTS:
+        raise ApiError(
+            400, f"at most {MAX_PROMPTS} prompts per request, not {len(prompts)}", param="prompt"
+        )
+    for i, p in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if isinstance(p, str):
+            if not p and not infill:
+                raise ApiError(400, f"{where} is empty", param="prompt")
+        elif not _is_token_ids(p):
+            raise ApiError(400, f"{where} must be a string or a non-empty list of token ids",
+                           param="prompt")  # fmt: skip
+        elif infill:
+            raise ApiError(400, "with a suffix the prompt must be text", param="prompt")
+        else:
+            bad = next((t for t in p if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise ApiError(
+                    400,
+                    f"{where} has token id {bad}, outside the vocabulary (0 to {n_vocab - 1})",
+                    param="prompt",
+                )
+    return prompts
+
+
+def merged_stats(all_stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fields ``usage`` and ``timings`` read, summed over several generations (rates
+    recomputed from the sums)."""
+    if len(all_stats) == 1:
+        return all_stats[0]
+    names = ("prompt_tokens", "prefill_evaluated_tokens", "generated_tokens", "drafted",
+             "accepted", "rounds", "prefill_s", "decode_s")  # fmt: skip
+    total: dict[str, Any] = {name: sum(s.get(name, 0) for s in all_stats) for name in names}
+    drafted, accepted, rounds = total["drafted"], total["accepted"], total["rounds"]
+    total["acceptance_rate"] = round(accepted / drafted, 4) if drafted else 0.0
+    total["mean_accepted_length"] = round(1 + accepted / rounds, 4) if rounds else 0.0
+    by: dict[str, dict[str, Any]] = {}
+    for s in all_stats:
+        for name, d in s.get("by_drafter", {}).items():
+            sums = by.setdefault(name, {"rounds": 0, "drafted": 0, "accepted": 0})
+            for key in sums:
+                sums[key] += d[key]
+    for sums in by.values():
+        sums["acceptance_rate"] = (
+            round(sums["accepted"] / sums["drafted"], 4) if sums["drafted"] else 0.0
+        )
+    total["by_drafter"] = by
+    return total

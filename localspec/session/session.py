@@ -9,7 +9,8 @@ restored by the next session (``learning.LearningStore``), so a second ``localsp
 starts warm; a damaged or foreign state file is ignored with a warning.
 
 ``Session.complete`` and ``Session.chat`` turn text or messages into tokens (the target's
-chat template, or raw) and return the engine's event stream. The models' KV caches persist
+chat template, or raw) and return the engine's event stream; ``Session.infill_tokens``
+builds a fill-in-the-middle prompt from the target's FIM tokens. The models' KV caches persist
 across calls, so a chat turn evaluates only the tokens that are new.
 """
 
@@ -37,6 +38,7 @@ from localspec.errors import (
     ContextOverflowError,
     IncompatibleModelsError,
     InputError,
+    UnsupportedByModelError,
     UsageError,
 )
 from localspec.session.calibrate import (
@@ -127,6 +129,7 @@ class Session:
         self._bos = (
             target.token_text(target.vocab_info().bos) if target.vocab_info().add_bos else ""
         )
+        self.fim = target.fim_tokens()
 
     # -- prompts --------------------------------------------------------------------------
 
@@ -195,6 +198,32 @@ class Session:
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": text})
         return self.chat_tokens(messages, parse_special=parse_special)
+
+    def infill_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt, laid out as llama.cpp's server lays out an infill:
+        ``[BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID`` (BOS only if the vocabulary adds
+        one); the model then writes the middle. Both texts stay plain text: a control
+        token's text in them is not parsed. ``UnsupportedByModelError`` when the target's
+        vocabulary has no FIM tokens."""
+        fim = self.fim
+        if fim.pre is None or fim.suf is None or fim.mid is None:
+            raise UnsupportedByModelError(
+                f"{self.target_label} has no fill-in-the-middle tokens",
+                "use a code model trained for infill (such as Qwen2.5-Coder), or drop the suffix",
+            )
+        vocab = self.target.vocab_info()
+        tokens = [vocab.bos] if vocab.add_bos and vocab.bos >= 0 else []
+        tokens.append(fim.pre)
+        tokens += self.target.tokenize(prefix, add_special=False, parse_special=False)
+        tokens.append(fim.suf)
+        tokens += self.target.tokenize(suffix, add_special=False, parse_special=False)
+        tokens.append(fim.mid)
+        return tokens
+
+    def check_prompt(self, tokens: list[int], params: GenerationParams) -> None:
+        """Raise what ``generate`` would for these tokens (a prompt the context cannot hold:
+        ``ContextOverflowError``) without running anything."""
+        self.decoder.check(tokens, params)
 
     def count_chat_tokens(self, messages: list[dict[str, str]]) -> int:
         return len(self.chat_tokens(messages))
