@@ -178,7 +178,7 @@ class FakeSession:
             stats.observe(event)
             return event
 
-        yield emit(PrefillDone(n_tokens, n_tokens, answer.prefill_seconds))
+        yield emit(PrefillDone(n_tokens, self.evaluated[-1], answer.prefill_seconds))
         text, ids, emitted = "", [], 0
         reason = answer.finish
         for r, scripted in enumerate(answer.rounds):

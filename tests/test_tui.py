@@ -574,6 +574,50 @@ async def test_real_session_answers_and_counts(tiny_pair) -> None:  # type: igno
 
 
 @pytest.mark.asyncio
+async def test_real_session_regenerates_and_resumes_from_the_kv_cache(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+    """With real models: Ctrl+R evaluates nothing before sampling again; a resumed
+    conversation evaluates its earlier prefix once, then only new tokens."""
+    from localspec.session.conversations import read_conversation
+
+    target, draft, _ = tiny_pair
+    params = GenerationParams(max_tokens=8, temperature=0.8, seed=1)
+    app = ChatApp(real_factory(target, draft), params)  # type: ignore[arg-type]
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert app.session is not None, app.load_error
+        await send(pilot, "the cat")
+        await wait_for(pilot, lambda: not app.generating, timeout=60)
+        prompt = app.session.count_chat_tokens([{"role": "user", "content": "the cat"}])
+        # the engine's prefill evaluates all but the last prompt token (its round does that)
+        assert app.conversation.turns[0].stats["prefill_evaluated_tokens"] == prompt - 1
+        gen = app._gen
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app._gen > gen and not app.generating, timeout=60)
+        [turn] = app.conversation.turns
+        assert turn.stats["prefill_evaluated_tokens"] == 0  # all of it was in the cache
+        path = app.autosave_file
+    assert path is not None
+    saved = read_conversation(path)
+    assert len(saved.messages) == 2
+    app = ChatApp(real_factory(target, draft), params, resume=saved, resume_path=path)  # type: ignore[arg-type]
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert app.session is not None, app.load_error
+        await send(pilot, "and the dog")
+        await wait_for(pilot, lambda: not app.generating, timeout=60)
+        first = app.conversation.turns[1].stats
+        assert first["prefill_evaluated_tokens"] == first["prompt_tokens"] - 1
+        await send(pilot, "and the bird")
+        await wait_for(pilot, lambda: not app.generating, timeout=60)
+        second = app.conversation.turns[2].stats
+        assert (
+            0
+            < second["prefill_evaluated_tokens"]
+            < second["prompt_tokens"] - first["prompt_tokens"]
+        )
+
+
+@pytest.mark.asyncio
 async def test_real_incompatible_pair_shows_the_error_in_the_app(tiny_pair) -> None:  # type: ignore[no-untyped-def]
     target, _, alien = tiny_pair
     app = ChatApp(real_factory(target, alien), PARAMS)  # type: ignore[arg-type]
