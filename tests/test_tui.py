@@ -945,6 +945,12 @@ async def test_resuming_with_another_model_warns_and_goes_on(tmp_path: Path) -> 
     async with same.run_test() as pilot:
         await ready(pilot)
         assert not same.query(".notice.warning")
+    no_draft = FakeSession(draft_label=None)
+    no_draft.draft_path = None  # --drafter ngram: no draft model to differ from the saved one
+    app = resumed_app(no_draft, saved_conversation(), tmp_path / "c.json")
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert not app.query(".notice.warning")
 
 
 @pytest.mark.asyncio
@@ -1063,6 +1069,10 @@ async def test_regenerate_greedy_says_so_and_refuses_while_writing_or_with_nothi
         assert "Escape stops it" in seen[-1][0] and len(session.calls) == 3
         session.release.set()
         await wait_for(pilot, lambda: not app.generating)
+        app.push_screen(OverflowScreen(5000, 4096, alone=False))
+        await pilot.pause()
+        await pilot.press("ctrl+r")  # behind a dialog: not acted on
+        assert len(session.calls) == 3 and len(app.conversation.turns) == 2
 
 
 @pytest.mark.asyncio

@@ -290,6 +290,8 @@ class ChatApp(App[int]):
             ("draft", session.draft_label, _loaded_path(session, "draft"),
              settings.draft, settings.draft_path),
         ):  # fmt: skip
+            if label is None and path is None:
+                continue  # none loaded (drafting by n-gram or not at all): nothing differs
             if saved_path and path:
                 differs = not _same_file(Path(saved_path), Path(path))
             else:
@@ -510,6 +512,10 @@ class ChatApp(App[int]):
             # Only while an answer is written on the chat screen; otherwise the key falls
             # through (Escape closes dialogs, Ctrl+C copies a selection).
             return self.generating and len(self.screen_stack) == 1
+        if action in ("regenerate", "copy_code", "toggle_markdown"):
+            # Not behind a dialog: the overflow dialog holds a message that is about to be
+            # sent, and a regenerated answer must not start beside it.
+            return len(self.screen_stack) == 1
         return True
 
     def action_stop(self) -> None:
