@@ -156,8 +156,8 @@ class RecentConversation:
 
     def first_line(self, width: int = 50) -> str:
         messages = self.conversation.messages
-        line = messages[0].content.strip().splitlines()[0] if messages else ""
-        line = line.strip() if line else ""
+        lines = messages[0].content.strip().splitlines() if messages else []
+        line = lines[0].strip() if lines else ""
         return line if len(line) <= width else line[: width - 1] + "…"
 
 

@@ -41,7 +41,6 @@ from textual.widgets import Footer, Header, Static
 from localspec.core.events import EngineWarning, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.session.conversations import (
-    ChatSettings,
     SavedConversation,
     autosave_path,
     conversations_dir,
@@ -54,6 +53,7 @@ from localspec.tui.conversation import (
     last_code_block,
     save_transcript,
 )
+from localspec.tui.saving import chat_settings, model_mismatch, same_file
 from localspec.tui.screens import HelpScreen, OverflowScreen
 from localspec.tui.stats_panel import LiveStats, StatsPanel, summary_line
 from localspec.tui.widgets import (
@@ -137,7 +137,7 @@ class ChatApp(App[int]):
         # One file per conversation; a resumed one goes on in its own file when it is one
         # of the autosaved ones, else in a new file there.
         self.autosave_file: Path | None = None
-        if resume_path is not None and _same_file(resume_path.parent, conversations_dir()):
+        if resume_path is not None and same_file(resume_path.parent, conversations_dir()):
             self.autosave_file = resume_path
         self._autosave_failed = False
         self.live = LiveStats()
@@ -273,37 +273,11 @@ class ChatApp(App[int]):
             for widget in (user, answer):
                 widget.set_class(turn.dropped, "dropped")
                 transcript.mount(widget)
-        mismatch = self._model_mismatch(saved.settings)
+        mismatch = model_mismatch(self.session, saved.settings) if self.session else ""
         if mismatch:
             self._notice(mismatch, "warning")
             self.notify(mismatch, severity="warning")
         transcript.scroll_end(animate=False)
-
-    def _model_mismatch(self, settings: ChatSettings) -> str:
-        session = self.session
-        if session is None:
-            return ""
-        problems = []
-        for role, label, path, saved_label, saved_path in (
-            ("target", session.target_label, _loaded_path(session, "target"),
-             settings.target, settings.target_path),
-            ("draft", session.draft_label, _loaded_path(session, "draft"),
-             settings.draft, settings.draft_path),
-        ):  # fmt: skip
-            if label is None and path is None:
-                continue  # none loaded (drafting by n-gram or not at all): nothing differs
-            if saved_path and path:
-                differs = not _same_file(Path(saved_path), Path(path))
-            else:
-                differs = bool(saved_label) and saved_label != label
-            if differs:
-                problems.append(f"{role} {saved_label or saved_path}")
-        if not problems:
-            return ""
-        return (
-            f"This conversation was held with {' and '.join(problems)}; it goes on with the "
-            "models loaded now."
-        )
 
     def on_load_failed(self, message: LoadFailed) -> None:
         self.load_error = (message.message, message.hint)
@@ -468,26 +442,9 @@ class ChatApp(App[int]):
             self._autosave_failed = True
             self.notify(problem, title="Could not autosave the conversation", severity="warning")
 
-    def _saved(self) -> SavedConversation:
-        return self.conversation.to_saved(self._settings(), self.created, self.clock())
-
-    def _settings(self) -> ChatSettings:
-        session, params = self.session, self.params
-        target_path = _loaded_path(session, "target") if session else None
-        draft_path = _loaded_path(session, "draft") if session else None
-        return ChatSettings(
-            target=session.target_label if session else None,
-            target_path=str(target_path) if target_path else None,
-            draft=session.draft_label if session else None,
-            draft_path=str(draft_path) if draft_path else None,
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            min_p=params.min_p,
-            seed=params.seed,
-            max_tokens=params.max_tokens,
-            drafter=params.drafter.value,
-        )
+    def _saved(self, now: datetime | None = None) -> SavedConversation:
+        settings = chat_settings(self.session, self.params)
+        return self.conversation.to_saved(settings, self.created, now or self.clock())
 
     def _withdraw_pending(self) -> str:
         """Take back a message whose prompt never reached the model; returns its text."""
@@ -557,7 +514,7 @@ class ChatApp(App[int]):
             }
         folder = self.save_dir or Path.cwd()
         now = self.clock()
-        saved = self.conversation.to_saved(self._settings(), self.created, now)
+        saved = self._saved(now)
         try:
             markdown, data = save_transcript(self.conversation, folder, header, saved, now)
         except OSError as error:
@@ -640,17 +597,6 @@ class ChatApp(App[int]):
                 session.close()
             finally:
                 self._session_lock.release()
-
-
-def _loaded_path(session: ChatSession, role: str) -> Path | None:
-    return session.target_path if role == "target" else session.draft_path
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except OSError:
-        return a == b
 
 
 def run_chat(
