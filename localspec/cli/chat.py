@@ -138,7 +138,8 @@ def _given(ctx: typer.Context, name: str) -> bool:
 def print_recent() -> None:
     """The recent conversations, newest first: number (for --resume), last update, turns,
     the first message (cut) and the file."""
-    from localspec.session.conversations import conversations_dir, recent
+    from localspec.models.paths import conversations_dir
+    from localspec.session.conversations import recent
 
     found = recent()
     if not found:

@@ -9,10 +9,10 @@ assistant alternating, starting with a user message; only finished answers are s
 ``read_conversation(path)`` returns the validated conversation or raises ``InputError``
 with a one-line reason (missing, unreadable, not JSON, another format, a newer version,
 invalid fields). ``write_conversation`` writes atomically (``store.write_json``) and returns
-"" or why it failed. Autosaved conversations live in ``conversations_dir()`` (under the
-localspec home), one file per conversation named from its start time; ``recent(n)`` lists
-the newest first (by file time), skipping files that do not read, and ``resolve_resume``
-turns ``last``, an index of that list or a path into a file.
+"" or why it failed. Autosaved conversations live in ``models.paths.conversations_dir()``,
+one file per conversation named from its start time (``autosave_path``); ``recent(n)``
+lists the newest first (by file time), skipping files that do not read, and
+``resolve_resume`` turns ``last``, an index of that list or a path into a file.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from localspec.errors import InputError, validation_problem
-from localspec.models.paths import cache_root
+from localspec.models.paths import conversations_dir
 from localspec.session.store import write_json
 
 FORMAT = "localspec-chat"
@@ -88,10 +88,6 @@ class SavedConversation(BaseModel):
         """(user text, assistant message) pairs, oldest first."""
         m = self.messages
         return [(m[i].content, m[i + 1]) for i in range(0, len(m), 2)]
-
-
-def conversations_dir() -> Path:
-    return cache_root() / "conversations"
 
 
 def autosave_path(created: datetime, folder: Path | None = None) -> Path:

@@ -40,10 +40,10 @@ from textual.widgets import Footer, Header, Static
 
 from localspec.core.events import EngineWarning, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
+from localspec.models.paths import conversations_dir
 from localspec.session.conversations import (
     SavedConversation,
     autosave_path,
-    conversations_dir,
     write_conversation,
 )
 from localspec.tui.conversation import (
