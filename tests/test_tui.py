@@ -1028,6 +1028,7 @@ async def test_regenerate_samples_again_with_a_new_seed_and_keeps_one_answer() -
     params = GenerationParams(max_tokens=64, temperature=0.8, seed=5)
     app = ChatApp(fake_factory(session), params, clock=lambda: FIXED_NOW)  # type: ignore[arg-type]
     async with app.run_test() as pilot:
+        seen = record_notifications(app)
         await ready(pilot)
         await send(pilot, "say something")
         gen = app._gen
@@ -1037,6 +1038,7 @@ async def test_regenerate_samples_again_with_a_new_seed_and_keeps_one_answer() -
         assert session.calls[1] == session.calls[0]  # the same prompt
         assert session.params[0].seed == 5
         assert session.params[1].seed not in (None, 5)
+        assert f"Answering again with seed {session.params[1].seed}." in [m for m, _, _ in seen]
         assert session.evaluated[1] == 1  # the prompt was in the cache: only the logits row
         assert [(t.user, t.answer) for t in app.conversation.turns] == [
             ("say something", "Second.")

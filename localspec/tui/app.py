@@ -545,6 +545,7 @@ class ChatApp(App[int]):
             self.notify("Greedy decoding (temperature 0) writes the same answer again.")
         else:
             params = params.model_copy(update={"seed": self._new_seed()})
+            self.notify(f"Answering again with seed {params.seed}.")
         self.conversation.remove_last()
         self.query(f".{turn_class(turn)}").remove()
         # The prompt is the one the removed answer had: the KV cache holds it already, so
