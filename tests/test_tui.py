@@ -638,7 +638,8 @@ async def test_real_default_pair_answers_one_short_turn(real_pair_home) -> None:
     async with app.run_test(size=(140, 45)) as pilot:
         await wait_for(pilot, lambda: app.session is not None or app.load_error is not None, 180)
         assert app.session is not None, app.load_error
-        await send(pilot, "Write a one-line Python expression that sums the squares of 1..10.")
+        text = "Write a one-line Python expression that sums the squares of 1..10."
+        await send(pilot, text, wait=False)  # a real answer takes longer than send waits
         await wait_for(pilot, lambda: not app.generating, timeout=180)
         turn = app.conversation.turns[0]
         assert turn.finish in ("eos", "length") and turn.stats["generated_tokens"] > 0
