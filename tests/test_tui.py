@@ -1117,3 +1117,20 @@ async def test_up_in_the_empty_box_recalls_the_last_message() -> None:
         assert box.cursor_location == box.document.end  # ready to edit at the end
         await pilot.press("up")  # in a box with text, Up moves the cursor as usual
         assert box.text == "second one"
+
+
+@pytest.mark.asyncio
+async def test_autosave_failure_warns_once_and_the_chat_goes_on(isolated_home: Path) -> None:
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    (isolated_home / "conversations").write_text("a file where the folder should be")
+    session = FakeSession()
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        await send(pilot, "one")
+        await send(pilot, "two")
+        failures = [s for s in seen if s[1] == "Could not autosave the conversation"]
+        assert len(failures) == 1 and failures[0][2] == "warning"
+        assert "conversations" in failures[0][0]
+        assert [t.answer for t in app.conversation.turns] == ["OK.", "OK."]
