@@ -66,7 +66,7 @@ class SavedMessage(BaseModel):
 class SavedConversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["localspec-chat"] = FORMAT
+    format: Literal["localspec-chat"] = "localspec-chat"
     version: int = FORMAT_VERSION
     created: datetime
     updated: datetime
