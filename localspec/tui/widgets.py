@@ -119,14 +119,15 @@ class AssistantMessage(Static):
         self.redraw()
 
     def finalize(self, text: str | None = None) -> None:
-        """Settle the spans on the final text and show how the answer ended."""
+        """Settle the spans on the final text, parse it as Markdown (the only time it is
+        parsed) and show how the answer ended."""
         if text is not None and text != self.text:
             self.spans = _truncate(self.spans, text) if self.text.startswith(text) else []
             if not self.spans and text:
                 self.spans = [(text, None)]
         self.note = answer_note(self.turn)
-        text = self.text
-        self.markdown = Markdown(text, code_theme=CODE_THEME) if text.strip() else None
+        answer = self.text
+        self.markdown = Markdown(answer, code_theme=CODE_THEME) if answer.strip() else None
         self.redraw()
 
     def redraw(self) -> None:
