@@ -5,10 +5,15 @@ event stream: ``PrefillDone``, then per round its ``TokenEmitted`` and ``RoundCo
 (with the fixed seconds of the script, never the clock), then ``Finished`` with
 ``GenerationStats.to_dict()``. It checks the cancel event between tokens; ``hold_after``
 makes it stop after that many tokens until cancelled or ``release`` is set, so a test can
-press Escape at a known point. It records every prompt it is given in ``calls``.
+press Escape at a known point. It records every prompt it is given in ``calls`` and the
+parameters in ``params``.
 
 Tokens count one per whitespace-separated word, plus 4 per message and 2 for the generation
 prompt, so tests can build conversations that overflow a small ``n_ctx`` on purpose.
+``fake_tokens`` spells those tokens out, and the fake keeps a KV cache of them as the real
+models do (``CachedModel.forward``): a call evaluates only what follows the longest common
+prefix with the cache (always at least one token, for the logits), and the cache then holds
+the prompt and the answer's words. ``evaluated`` lists each call's count.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from localspec.core.cached_model import common_prefix_length
 from localspec.core.events import (
     EngineWarning,
     Event,
@@ -98,6 +105,16 @@ def count_tokens(messages: list[dict[str, str]]) -> int:
     return sum(len(m["content"].split()) + 4 for m in messages) + 2
 
 
+def fake_tokens(messages: list[dict[str, str]]) -> list[str]:
+    """``count_tokens``'s tokens: a message is its role, a newline, its words, an end mark
+    and a newline; the generation prompt is the assistant role and a newline, so that an
+    answer's words follow it in the cache as they do in the next turn's prompt."""
+    tokens: list[str] = []
+    for m in messages:
+        tokens += [f"<{m['role']}>", "\n", *m["content"].split(), "<end>", "\n"]
+    return tokens + ["<assistant>", "\n"]
+
+
 class FakeSession:
     def __init__(
         self,
@@ -120,6 +137,11 @@ class FakeSession:
         self.held = threading.Event()  # set when a held answer is waiting
         self.release = threading.Event()
         self.calls: list[list[dict[str, str]]] = []
+        self.params: list[GenerationParams] = []
+        self.cached: list[str] = []  # the fake KV cache
+        self.evaluated: list[int] = []  # tokens evaluated by each call
+        self.target_path: Path | None = Path("/models/fake-target-1.5b.gguf")
+        self.draft_path: Path | None = Path("/models/fake-draft-0.5b.gguf")
         self.closed = False
         self.on_lost: Callable[[str], None] | None = None  # what the app gave the factory
 
@@ -144,6 +166,11 @@ class FakeSession:
                 f"the prompt needs {n_tokens} tokens", n_tokens=n_tokens, n_ctx=self.n_ctx
             )
         self.calls.append([dict(m) for m in messages])
+        self.params.append(params)
+        prompt = fake_tokens(messages)
+        keep = min(common_prefix_length(self.cached, prompt), len(prompt) - 1)
+        self.evaluated.append(len(prompt) - keep)
+        self.cached = list(prompt)
         answer = self.answers.popleft() if self.answers else ScriptedAnswer.plain("OK.")
         cancel = cancel or threading.Event()
         stats = GenerationStats()
@@ -152,7 +179,7 @@ class FakeSession:
             stats.observe(event)
             return event
 
-        yield emit(PrefillDone(n_tokens, n_tokens, answer.prefill_seconds))
+        yield emit(PrefillDone(n_tokens, self.evaluated[-1], answer.prefill_seconds))
         text, ids, emitted = "", [], 0
         reason = answer.finish
         for r, scripted in enumerate(answer.rounds):
@@ -178,6 +205,7 @@ class FakeSession:
                 break
         if answer.error is not None and emitted == answer.error_after:
             raise answer.error
+        self.cached = prompt + text.split()
         yield Finished(reason, text, tuple(ids), stats.to_dict())
 
     def _should_stop(self, emitted: int, cancel: threading.Event) -> bool:

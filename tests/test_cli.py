@@ -207,3 +207,128 @@ def test_ctrl_c_stops_cleanly_and_still_prints_stats(tiny_pair, tmp_path):
     assert "Traceback" not in err
     assert proc.returncode == 130, err
     assert "finish: cancelled" in err and "tokens per pass" in err
+
+
+# -- chat: saved conversations (no model is loaded: the app itself is replaced) ------------
+
+
+def chat_cli(monkeypatch, *args):
+    """Run ``localspec chat ARGS`` in process; returns (result, the run_chat call or None)."""
+    from typer.testing import CliRunner
+
+    import localspec.tui
+    from localspec.cli.app import app
+
+    calls = []
+
+    def run_chat(factory, params, system_prompt=None, **kw):
+        calls.append({"params": params, "system": system_prompt, **kw})
+        return 0
+
+    monkeypatch.setattr(localspec.tui, "run_chat", run_chat)
+    result = CliRunner().invoke(app, ["chat", *args])
+    return result, (calls[0] if calls else None)
+
+
+def write_saved(path, first_user="What is 2 + 2?", turns=1, updated="2025-01-02T03:04:05",
+                **settings):  # fmt: skip
+    messages = []
+    for i in range(turns):
+        messages += [
+            {"role": "user", "content": first_user if i == 0 else f"more {i}"},
+            {"role": "assistant", "content": f"answer {i}", "finish": "eos"},
+        ]
+    data = {
+        "format": "localspec-chat",
+        "version": 1,
+        "created": "2025-01-02T03:04:05",
+        "updated": updated,
+        "system": "Be brief.",
+        "settings": {"temperature": 0.7, "seed": 3, "top_k": 10, "max_tokens": 99, **settings},
+        "messages": messages,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (b'{"format": "localspec-chat", "version": 1,', "not JSON"),
+        (b"\xff\xfe\x00garbage", "not UTF-8"),
+        (b"# a Markdown transcript\n", "not JSON"),
+        (b'{"format": "localspec-chat", "version": 7}', "format version 7"),
+        (b'{"format": "something-else", "version": 1}', "not a localspec conversation"),
+        (
+            b'{"format": "localspec-chat", "version": 1, "created": "2025-01-02T03:04:05",'
+            b' "updated": "2025-01-02T03:04:05", "messages": [{"role": "wizard", "content": ""}]}',
+            "damaged",
+        ),  # fmt: skip
+        (None, "no such file"),
+    ],
+)
+def test_chat_resume_refuses_a_bad_file_in_one_line(monkeypatch, tmp_path, content, needle):
+    path = tmp_path / "conversation.json"
+    if content is not None:
+        path.write_bytes(content)
+    result, call = chat_cli(monkeypatch, "--resume", str(path))
+    assert call is None  # refused before any model is loaded
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith(f"error: cannot resume {path}: ") and needle in lines[0]
+    assert lines[1:] == ["hint: localspec chat --recent lists the saved conversations"]
+
+
+def test_chat_recent_lists_newest_first_and_skips_damaged_files(monkeypatch, isolated_home):
+    folder = isolated_home / "conversations"
+    result, _ = chat_cli(monkeypatch, "--recent")
+    assert result.exit_code == 0 and result.output == f"no saved conversations in {folder}\n"
+    old = write_saved(
+        folder / "chat-1.json", "old question", turns=1, updated="2025-01-01T10:00:00"
+    )
+    long_line = "Explain, at length, " + "why " * 30 + "\nsecond line"
+    new = write_saved(folder / "chat-2.json", long_line, turns=3, updated="2025-01-03T11:30:00")
+    (folder / "chat-3.json").write_text("{ damaged")
+    os.utime(old, (1_000_000, 1_000_000))
+    os.utime(new, (2_000_000, 2_000_000))
+    os.utime(folder / "chat-3.json", (3_000_000, 3_000_000))
+    result, call = chat_cli(monkeypatch, "--recent")
+    assert result.exit_code == 0 and call is None
+    lines = result.output.splitlines()
+    assert len(lines) == 2
+    assert lines[0].split()[:5] == ["1", "2025-01-03", "11:30", "3", "turns"]
+    assert "Explain, at length, why why" in lines[0] and "…" in lines[0]
+    assert "second line" not in lines[0] and lines[0].endswith(str(new))
+    assert lines[1].split()[:5] == ["2", "2025-01-01", "10:00", "1", "turn"]
+    assert "old question" in lines[1] and lines[1].endswith(str(old))
+
+
+def test_chat_resume_last_takes_the_file_settings_unless_given(monkeypatch, isolated_home):
+    folder = isolated_home / "conversations"
+    result, _ = chat_cli(monkeypatch, "--resume", "last")
+    assert result.exit_code == 2 and "no saved conversation" in result.output
+    older = write_saved(folder / "a.json", "older")
+    newer = write_saved(folder / "b.json", "newer", turns=2)
+    os.utime(older, (1_000_000, 1_000_000))
+    os.utime(newer, (2_000_000, 2_000_000))
+
+    result, call = chat_cli(monkeypatch, "--resume", "last")
+    assert result.exit_code == 0, result.output
+    assert call["resume_path"] == newer and call["autosave"] is True
+    assert call["resume"].messages[0].content == "newer"
+    p = call["params"]
+    assert (p.temperature, p.seed, p.top_k, p.max_tokens) == (0.7, 3, 10, 99)
+    assert call["system"] == "Be brief."
+
+    result, call = chat_cli(
+        monkeypatch, "--resume", "2", "--temperature", "0.2", "--system", "Be long.", "--no-save"
+    )
+    assert result.exit_code == 0, result.output
+    assert call["resume_path"] == older and call["autosave"] is False
+    assert (call["params"].temperature, call["params"].seed) == (0.2, 3)
+    assert call["system"] == "Be long."
+
+    result, call = chat_cli(monkeypatch, "--no-save")
+    assert result.exit_code == 0 and call["autosave"] is False and call["resume"] is None

@@ -574,6 +574,50 @@ async def test_real_session_answers_and_counts(tiny_pair) -> None:  # type: igno
 
 
 @pytest.mark.asyncio
+async def test_real_session_regenerates_and_resumes_from_the_kv_cache(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+    """With real models: Ctrl+R evaluates nothing before sampling again; a resumed
+    conversation evaluates its earlier prefix once, then only new tokens."""
+    from localspec.session.conversations import read_conversation
+
+    target, draft, _ = tiny_pair
+    params = GenerationParams(max_tokens=8, temperature=0.8, seed=1)
+    app = ChatApp(real_factory(target, draft), params)  # type: ignore[arg-type]
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert app.session is not None, app.load_error
+        await send(pilot, "the cat")
+        await wait_for(pilot, lambda: not app.generating, timeout=60)
+        prompt = app.session.count_chat_tokens([{"role": "user", "content": "the cat"}])
+        # the engine's prefill evaluates all but the last prompt token (its round does that)
+        assert app.conversation.turns[0].stats["prefill_evaluated_tokens"] == prompt - 1
+        gen = app._gen
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app._gen > gen and not app.generating, timeout=60)
+        [turn] = app.conversation.turns
+        assert turn.stats["prefill_evaluated_tokens"] == 0  # all of it was in the cache
+        path = app.autosave_file
+    assert path is not None
+    saved = read_conversation(path)
+    assert len(saved.messages) == 2
+    app = ChatApp(real_factory(target, draft), params, resume=saved, resume_path=path)  # type: ignore[arg-type]
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert app.session is not None, app.load_error
+        await send(pilot, "and the dog")
+        await wait_for(pilot, lambda: not app.generating, timeout=60)
+        first = app.conversation.turns[1].stats
+        assert first["prefill_evaluated_tokens"] == first["prompt_tokens"] - 1
+        await send(pilot, "and the bird")
+        await wait_for(pilot, lambda: not app.generating, timeout=60)
+        second = app.conversation.turns[2].stats
+        assert (
+            0
+            < second["prefill_evaluated_tokens"]
+            < second["prompt_tokens"] - first["prompt_tokens"]
+        )
+
+
+@pytest.mark.asyncio
 async def test_real_incompatible_pair_shows_the_error_in_the_app(tiny_pair) -> None:  # type: ignore[no-untyped-def]
     target, _, alien = tiny_pair
     app = ChatApp(real_factory(target, alien), PARAMS)  # type: ignore[arg-type]
@@ -594,7 +638,8 @@ async def test_real_default_pair_answers_one_short_turn(real_pair_home) -> None:
     async with app.run_test(size=(140, 45)) as pilot:
         await wait_for(pilot, lambda: app.session is not None or app.load_error is not None, 180)
         assert app.session is not None, app.load_error
-        await send(pilot, "Write a one-line Python expression that sums the squares of 1..10.")
+        text = "Write a one-line Python expression that sums the squares of 1..10."
+        await send(pilot, text, wait=False)  # a real answer takes longer than send waits
         await wait_for(pilot, lambda: not app.generating, timeout=180)
         turn = app.conversation.turns[0]
         assert turn.finish in ("eos", "length") and turn.stats["generated_tokens"] > 0
@@ -659,3 +704,433 @@ async def test_system_prompt_heads_the_conversation_and_survives_a_new_chat(tmp_
         assert any("System:" in str(n.render()) for n in app.query(Notice))
         await send(pilot, "again")
         assert session.calls[-1][0]["role"] == "system" and len(session.calls[-1]) == 2
+
+
+# -- Markdown answers ---------------------------------------------------------------------
+
+MD_TEXT = (
+    "## Adding numbers\n\n"
+    "- takes `a` and `b`\n"
+    "- returns their sum\n\n"
+    "```python\n"
+    "def add(a, b):\n"
+    "    return a + b\n"
+    "```\n"
+    "Call it as `add(1, 2)`."
+)
+MD_CODE = "def add(a, b):\n    return a + b\n"
+
+
+def markdown_answer() -> ScriptedAnswer:
+    """MD_TEXT as tokens of every origin, three to a round."""
+    pieces = ScriptedAnswer.plain(MD_TEXT).rounds
+    origins = ["model", "model", "target", "ngram", "ngram", "target"]
+    tokens = [(r.tokens[0][0], origins[i % len(origins)], i // 3) for i, r in enumerate(pieces)]
+    return ScriptedAnswer.from_tokens(tokens, seconds=0.02)
+
+
+@pytest.mark.asyncio
+async def test_finished_answer_is_parsed_as_markdown_once_and_ctrl_t_shows_the_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from localspec.tui import widgets
+
+    parsed: list[str] = []
+    real_markdown = widgets.Markdown
+
+    def counting_markdown(text: str, **kw: object) -> object:
+        parsed.append(text)
+        return real_markdown(text, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(widgets, "Markdown", counting_markdown)
+    session = FakeSession([markdown_answer(), markdown_answer()], hold_after=8)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "add?", wait=False)
+        answer = app.query_one(AssistantMessage)
+        await wait_for(pilot, session.held.is_set)
+        await pilot.pause(0.2)
+        assert len(answer.spans) == 8 and parsed == []
+        assert not answer.shows_markdown  # streaming: the coloured tokens
+        session.hold_after = None
+        session.release.set()
+        await wait_for(pilot, lambda: not app.generating)
+        await pilot.pause()
+        assert parsed == [MD_TEXT]  # once per finished answer, not per token
+        assert answer.shows_markdown and answer.markdown is not None
+        assert answer.markdown.markup == MD_TEXT
+        assert len(answer.spans) > 20  # the tokens and their origins are kept
+        await pilot.press("ctrl+t")
+        assert not answer.shows_markdown and app.rendered is False
+        assert style_at(answer, 0) == ORIGIN_STYLES[Origin.DRAFT_MODEL]
+        await send(pilot, "again")  # a new answer follows the chosen view
+        second = app.query(AssistantMessage).last()
+        assert not second.shows_markdown and second.markdown is not None
+        await pilot.press("ctrl+t")
+        assert all(a.shows_markdown for a in app.query(AssistantMessage))
+        assert parsed == [MD_TEXT, MD_TEXT]  # toggling parses nothing again
+
+
+async def answer_markdown(pilot: Pilot) -> None:
+    app = await ready(pilot)
+    app.query_one(ChatInput).cursor_blink = False
+    await send(pilot, "Write add.")
+    await pilot.pause()
+
+
+def test_snapshot_markdown_answer_with_code(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(FakeSession([markdown_answer()], plain_tokens_per_s=10.0))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=answer_markdown)
+
+
+def test_snapshot_markdown_toggled_to_origin_colours(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(FakeSession([markdown_answer()], plain_tokens_per_s=10.0))
+
+    async def run_before(pilot: Pilot) -> None:
+        await answer_markdown(pilot)
+        await pilot.press("ctrl+t")
+        app.clear_notifications()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+# -- conversations as files ---------------------------------------------------------------
+
+
+def saved_conversation(system: str | None = "Be brief.", **settings: object):  # type: ignore[no-untyped-def]
+    from localspec.session.conversations import ChatSettings, SavedConversation, SavedMessage
+
+    messages = [
+        SavedMessage(role="user", content="What is 2 + 2?"),
+        SavedMessage(role="assistant", content="**4**", finish="eos"),
+        SavedMessage(role="user", content="Show it in Python."),
+        SavedMessage(role="assistant", content="```python\nprint(2 + 2)\n```", finish="eos"),
+    ]
+    base = {
+        "target": "fake-target-1.5b (Q4_K_M)",
+        "target_path": "/models/fake-target-1.5b.gguf",
+        "draft": "fake-draft-0.5b (Q8_0)",
+        "draft_path": "/models/fake-draft-0.5b.gguf",
+    }
+    return SavedConversation(
+        created=FIXED_NOW,
+        updated=FIXED_NOW,
+        system=system,
+        settings=ChatSettings(**{**base, **settings}),  # type: ignore[arg-type]
+        messages=messages,
+    )
+
+
+def resumed_app(session: FakeSession, saved, path: Path, **kw: object) -> ChatApp:  # type: ignore[no-untyped-def]
+    return ChatApp(
+        fake_factory(session),  # type: ignore[arg-type]
+        PARAMS,
+        system_prompt=saved.system,
+        clock=lambda: FIXED_NOW,
+        resume=saved,
+        resume_path=path,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_snapshot_resumed_conversation(snap_compare, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    saved = saved_conversation()
+    app = resumed_app(FakeSession(), saved, tmp_path / "chat-20250102-030405.json")
+
+    async def run_before(pilot: Pilot) -> None:
+        await ready(pilot)
+        app.query_one(ChatInput).cursor_blink = False
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+@pytest.mark.asyncio
+async def test_save_then_resume_evaluates_the_prefix_once_then_only_new_tokens(
+    tmp_path: Path, isolated_home: Path
+) -> None:
+    from localspec.session.conversations import read_conversation
+    from tests.fake_session import fake_tokens
+
+    first = FakeSession([spec_answer(), ScriptedAnswer.plain("Four.")])
+    app = ChatApp(
+        fake_factory(first),  # type: ignore[arg-type]
+        GenerationParams(max_tokens=64, temperature=0.5, seed=7, top_k=20),
+        system_prompt="Be brief.",
+        save_dir=tmp_path,
+        clock=lambda: FIXED_NOW,
+    )
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        await send(pilot, "write add")
+        await send(pilot, "and 2 + 2?")
+        await pilot.press("ctrl+s")
+        assert any("localspec-chat-20250102-030405.json" in m for m, _, _ in seen)
+    path = tmp_path / "localspec-chat-20250102-030405.json"
+    saved = read_conversation(path)
+    assert saved.system == "Be brief."
+    assert [(m.role, m.content) for m in saved.messages] == [
+        ("user", "write add"),
+        ("assistant", SPEC_TEXT),
+        ("user", "and 2 + 2?"),
+        ("assistant", "Four."),
+    ]
+    s = saved.settings
+    assert (s.temperature, s.seed, s.top_k, s.top_p, s.max_tokens) == (0.5, 7, 20, 0.95, 64)
+    assert s.target == "fake-target-1.5b (Q4_K_M)"
+    assert s.target_path == "/models/fake-target-1.5b.gguf"
+    assert saved.created == FIXED_NOW
+    # the same conversation was autosaved after each answer
+    autosaved = read_conversation(isolated_home / "conversations" / "chat-20250102-030405.json")
+    assert autosaved.messages == saved.messages
+
+    second = FakeSession([ScriptedAnswer.plain("Six."), ScriptedAnswer.plain("Eight.")])
+    app = resumed_app(second, saved, path)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert [m.text for m in app.query(AssistantMessage)] == [SPEC_TEXT, "Four."]
+        assert len(app.query(UserMessage)) == 2
+        await send(pilot, "and 3 + 3?")
+        assert second.calls[0] == [
+            {"role": "system", "content": "Be brief."},
+            *[{"role": m.role, "content": m.content} for m in saved.messages],
+            {"role": "user", "content": "and 3 + 3?"},
+        ]
+        # the first new turn evaluates the whole earlier prefix, once
+        assert second.evaluated[0] == len(fake_tokens(second.calls[0]))
+        await send(pilot, "and 4 + 4?")
+        # the next one only the end of the last answer, the new message and the prompt
+        assert second.evaluated[1] == 2 + (4 + 4) + 2
+        assert len(app.conversation.turns) == 4
+    # resumed from outside the conversations folder: autosaved as a new file there
+    again = read_conversation(isolated_home / "conversations" / "chat-20250102-030405-1.json")
+    assert [m.content for m in again.messages][-2:] == ["and 4 + 4?", "Eight."]
+
+
+@pytest.mark.asyncio
+async def test_resumed_system_prompt_is_shown_sent_and_kept(isolated_home: Path) -> None:
+    from localspec.session.conversations import autosave_path, read_conversation
+
+    saved = saved_conversation(system="Answer in [bold] French.")
+    path = autosave_path(FIXED_NOW)
+    session = FakeSession()
+    app = resumed_app(session, saved, path)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        shown = [str(n.render()) for n in app.query(Notice)]
+        assert any("System: Answer in [bold] French." in text for text in shown)
+        assert any("Resumed chat-20250102-030405.json: 2 turns" in text for text in shown)
+        await send(pilot, "next")
+        assert session.calls[0][0] == {"role": "system", "content": "Answer in [bold] French."}
+    # a conversation from the conversations folder goes on in its own file
+    kept = read_conversation(path)
+    assert kept.system == "Answer in [bold] French." and len(kept.messages) == 6
+
+
+@pytest.mark.asyncio
+async def test_resuming_with_another_model_warns_and_goes_on(tmp_path: Path) -> None:
+    saved = saved_conversation(target="other-7b (Q4_K_M)", target_path="/models/other-7b.gguf")
+    session = FakeSession()
+    app = resumed_app(session, saved, tmp_path / "c.json")
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        warnings = [str(n.render()) for n in app.query(".notice.warning").results(Notice)]
+        assert len(warnings) == 1
+        assert "other-7b (Q4_K_M)" in warnings[0] and "draft" not in warnings[0]
+        await send(pilot, "go on")
+        assert len(session.calls) == 1
+    same = resumed_app(FakeSession(), saved_conversation(), tmp_path / "c.json")
+    async with same.run_test() as pilot:
+        await ready(pilot)
+        assert not same.query(".notice.warning")
+    no_draft = FakeSession(draft_label=None)
+    no_draft.draft_path = None  # --drafter ngram: no draft model to differ from the saved one
+    app = resumed_app(no_draft, saved_conversation(), tmp_path / "c.json")
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert not app.query(".notice.warning")
+
+
+@pytest.mark.asyncio
+async def test_stop_and_quit_keep_every_finished_turn_in_the_autosave(
+    isolated_home: Path,
+) -> None:
+    from localspec.session.conversations import read_conversation
+
+    session = FakeSession([ScriptedAnswer.plain("One."), spec_answer()], hold_after=None)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        session.hold_after = 3
+        await send(pilot, "second", wait=False)
+        await wait_for(pilot, session.held.is_set)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating)
+        await pilot.press("ctrl+q")
+    saved = read_conversation(isolated_home / "conversations" / "chat-20250102-030405.json")
+    partial = "".join(t for t, _, _ in SPEC_TOKENS[:3])
+    assert [(m.content, m.finish) for m in saved.messages[1::2]] == [
+        ("One.", "eos"),
+        (partial, "cancelled"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_no_save_writes_no_conversation_file(isolated_home: Path) -> None:
+    session = FakeSession()
+    app = ChatApp(fake_factory(session), PARAMS, autosave=False)  # type: ignore[arg-type]
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hello")
+        assert app.conversation.turns[0].done
+    assert not (isolated_home / "conversations").exists()
+
+
+def test_conversation_file_round_trip_and_refusals(tmp_path: Path) -> None:
+    import json
+
+    from localspec.errors import InputError
+    from localspec.session.conversations import read_conversation, write_conversation
+
+    path = tmp_path / "c.json"
+    assert write_conversation(path, saved_conversation()) == ""
+    assert read_conversation(path) == saved_conversation()
+    data = json.loads(path.read_text())
+    assert (data["format"], data["version"]) == ("localspec-chat", 1)
+
+    def refused(content: str) -> str:
+        path.write_text(content)
+        with pytest.raises(InputError) as err:
+            read_conversation(path)
+        return err.value.message
+
+    assert "not JSON" in refused('{"format": "localspec-chat", ')
+    assert "not a localspec conversation" in refused("[1, 2]")
+    assert "format version 2" in refused(json.dumps({**data, "version": 2}))
+    odd = {**data, "messages": data["messages"][1:]}
+    assert "damaged" in refused(json.dumps(odd))
+    assert "not a localspec conversation" in refused("{}")
+    assert "damaged" in refused(json.dumps({**data, "created": "yesterday"}))
+    path.unlink()
+    with pytest.raises(InputError, match="no such file"):
+        read_conversation(path)
+
+
+# -- regenerate, copy, recall -------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_regenerate_samples_again_with_a_new_seed_and_keeps_one_answer() -> None:
+    session = FakeSession([ScriptedAnswer.plain("First try."), ScriptedAnswer.plain("Second.")])
+    params = GenerationParams(max_tokens=64, temperature=0.8, seed=5)
+    app = ChatApp(fake_factory(session), params, clock=lambda: FIXED_NOW)  # type: ignore[arg-type]
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        await send(pilot, "say something")
+        gen = app._gen
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app._gen > gen and not app.generating)
+        await pilot.pause()
+        assert session.calls[1] == session.calls[0]  # the same prompt
+        assert session.params[0].seed == 5
+        assert session.params[1].seed not in (None, 5)
+        assert f"Answering again with seed {session.params[1].seed}." in [m for m, _, _ in seen]
+        assert session.evaluated[1] == 1  # the prompt was in the cache: only the logits row
+        assert [(t.user, t.answer) for t in app.conversation.turns] == [
+            ("say something", "Second.")
+        ]
+        assert [a.text for a in app.query(AssistantMessage)] == ["Second."]
+        assert len(app.query(UserMessage)) == 1
+
+
+@pytest.mark.asyncio
+async def test_regenerate_greedy_says_so_and_refuses_while_writing_or_with_nothing() -> None:
+    session = FakeSession(
+        [ScriptedAnswer.plain("Same."), spec_answer(), ScriptedAnswer.plain("a b c d")]
+    )
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        await pilot.press("ctrl+r")
+        assert seen[-1][0] == "No answer to regenerate." and session.calls == []
+        await send(pilot, "hi")
+        gen = app._gen
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app._gen > gen and not app.generating)
+        assert any("same answer again" in m for m, _, _ in seen)
+        assert session.params[1].seed is None  # greedy: nothing to reseed
+        session.hold_after = 2
+        await send(pilot, "long", wait=False)
+        await wait_for(pilot, session.held.is_set)
+        await pilot.press("ctrl+r")
+        assert "Escape stops it" in seen[-1][0] and len(session.calls) == 3
+        session.release.set()
+        await wait_for(pilot, lambda: not app.generating)
+        app.push_screen(OverflowScreen(5000, 4096, alone=False))
+        await pilot.pause()
+        await pilot.press("ctrl+r")  # behind a dialog: not acted on
+        assert len(session.calls) == 3 and len(app.conversation.turns) == 2
+
+
+@pytest.mark.asyncio
+async def test_copy_code_copies_the_last_block_of_the_last_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    two_blocks = "First:\n\n```\nold()\n```\n\nThen:\n\n" + MD_TEXT
+    session = FakeSession([ScriptedAnswer.plain(two_blocks), ScriptedAnswer.plain("No code.")])
+    app = make_app(session)
+    copied: list[str] = []
+    async with app.run_test() as pilot:
+        monkeypatch.setattr(app, "copy_to_clipboard", copied.append)
+        seen = record_notifications(app)
+        await ready(pilot)
+        await pilot.press("ctrl+o")
+        assert seen[-1][0] == "No code block in the last answer." and copied == []
+        await send(pilot, "add?")
+        await pilot.press("ctrl+o")
+        assert copied == [MD_CODE]
+        assert seen[-1][0] == "Copied 2 lines."
+        await send(pilot, "thanks")
+        await pilot.press("ctrl+o")
+        assert seen[-1][0] == "No code block in the last answer." and len(copied) == 1
+
+
+@pytest.mark.asyncio
+async def test_up_in_the_empty_box_recalls_the_last_message() -> None:
+    app = make_app(FakeSession())
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        await pilot.press("up")
+        assert seen[-1][0] == "No earlier message to recall."
+        await send(pilot, "first\nline two")
+        await send(pilot, "second one")
+        box = app.query_one(ChatInput)
+        await pilot.press("up")
+        assert box.text == "second one"
+        assert box.cursor_location == box.document.end  # ready to edit at the end
+        await pilot.press("up")  # in a box with text, Up moves the cursor as usual
+        assert box.text == "second one"
+
+
+@pytest.mark.asyncio
+async def test_autosave_failure_warns_once_and_the_chat_goes_on(isolated_home: Path) -> None:
+    isolated_home.mkdir(parents=True, exist_ok=True)
+    (isolated_home / "conversations").write_text("a file where the folder should be")
+    session = FakeSession()
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        seen = record_notifications(app)
+        await ready(pilot)
+        await send(pilot, "one")
+        await send(pilot, "two")
+        failures = [s for s in seen if s[1] == "Could not autosave the conversation"]
+        assert len(failures) == 1 and failures[0][2] == "warning"
+        assert "conversations" in failures[0][0]
+        assert [t.answer for t in app.conversation.turns] == ["OK.", "OK."]

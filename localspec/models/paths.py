@@ -9,6 +9,7 @@ Contract:
   ``downloads_dir(name)`` until the model is verified, then it is deleted.
 - ``registry_path()`` is a small JSON file naming models made on this machine (requantized
   copies) so they resolve by name like catalog entries.
+- ``conversations_dir()`` holds the chats ``localspec chat`` saves, one JSON file each.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def downloads_dir(name: str) -> Path:
 
 def registry_path() -> Path:
     return models_dir() / "registry.json"
+
+
+def conversations_dir() -> Path:
+    return cache_root() / "conversations"
 
 
 def ensure_dir(path: Path) -> Path:

@@ -125,6 +125,9 @@ class Session:
         self.n_ctx = target.n_ctx
         self.target_label = target.description()
         self.draft_label = draft.description() if draft is not None else None
+        # The files loaded, as resolved: a saved chat names them to be continued with them.
+        self.target_path: Path | None = target.path
+        self.draft_path: Path | None = draft.path if draft is not None else None
         self._template = target.chat_template()
         self._bos = (
             target.token_text(target.vocab_info().bos) if target.vocab_info().add_bos else ""

@@ -10,11 +10,21 @@ stats panel, the context budget). Escape/Ctrl+C set the generation's ``threading
 the engine stops between rounds and its ``Finished`` carries the partial answer, which stays
 in the transcript and the history. Generations are numbered so that the late events of a
 stopped one are ignored once a new conversation has started.
+
+A finished answer shows as Markdown (parsed once, when it finishes); Ctrl+T switches every
+answer between that and its origin-coloured tokens. After each finished answer the
+conversation is saved as JSON in the conversations folder (``session.conversations``)
+unless autosave is off; Ctrl+S writes the Markdown transcript and the JSON file to the
+current directory. A conversation given to ``resume`` is shown and continued: its first new
+turn evaluates the earlier prefix, later turns only their new tokens (the session's KV
+cache). Ctrl+R answers the last message again (a new seed when sampling), Ctrl+O copies the
+last code block of the last answer, Up in the empty box recalls the last message.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sys
 import threading
 from collections.abc import Callable
@@ -33,7 +43,20 @@ from textual.widgets import Footer, Header, Static
 from localspec.core.events import EngineWarning, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.errors import EXIT_FAILURE
-from localspec.tui.conversation import Conversation, Turn, describe_params, save_markdown
+from localspec.models.paths import conversations_dir
+from localspec.session.conversations import (
+    SavedConversation,
+    autosave_path,
+    write_conversation,
+)
+from localspec.tui.conversation import (
+    Conversation,
+    Turn,
+    describe_params,
+    last_code_block,
+    save_transcript,
+)
+from localspec.tui.saving import chat_settings, model_mismatch, same_file
 from localspec.tui.screens import HelpScreen, OverflowScreen
 from localspec.tui.stats_panel import LiveStats, StatsPanel, summary_line
 from localspec.tui.widgets import (
@@ -79,6 +102,9 @@ class ChatApp(App[int]):
         Binding("ctrl+c", "stop", "Stop", show=False, priority=True),
         Binding("ctrl+n", "new_chat", "New chat", priority=True),
         Binding("ctrl+s", "save", "Save", priority=True),
+        Binding("ctrl+t", "toggle_markdown", "Markdown", priority=True),
+        Binding("ctrl+r", "regenerate", "Retry", priority=True),
+        Binding("ctrl+o", "copy_code", "Copy code", priority=True),
         Binding("f1", "help", "Help"),
         Binding("f2", "toggle_colour", "Colours"),
         Binding("f3", "toggle_stats", "Stats"),
@@ -93,6 +119,9 @@ class ChatApp(App[int]):
         system_prompt: str | None = None,
         save_dir: Path | None = None,
         clock: Callable[[], datetime] = datetime.now,
+        resume: SavedConversation | None = None,
+        resume_path: Path | None = None,
+        autosave: bool = True,
     ) -> None:
         super().__init__()
         self.session_factory = session_factory
@@ -102,9 +131,25 @@ class ChatApp(App[int]):
         self.session: ChatSession | None = None
         self.load_error: tuple[str, str] | None = None
         self.workers_lost: str | None = None  # why the target's RPC workers are gone
-        self.conversation = Conversation(system_prompt)
+        self.resumed = resume
+        self.resume_path = resume_path
+        if resume is not None:
+            self.conversation = Conversation.from_saved(resume, system_prompt)
+            self.created = resume.created
+        else:
+            self.conversation = Conversation(system_prompt)
+            self.created = clock()
+        self.autosave = autosave
+        # One file per conversation; a resumed one goes on in its own file when it is one
+        # of the autosaved ones, else in a new file there.
+        self.autosave_file: Path | None = None
+        if resume_path is not None and same_file(resume_path.parent, conversations_dir()):
+            self.autosave_file = resume_path
+        self._autosave_failed = False
         self.live = LiveStats()
         self.colour = True
+        self.rendered = True  # finished answers as Markdown (Ctrl+T: origin tokens)
+        self._last_seed: int | None = params.seed
         self.generating = False
         self.plain_tokens_per_s: float | None = None
         self._stats_due = False  # a stats redraw is scheduled
@@ -211,8 +256,34 @@ class ChatApp(App[int]):
             f"context {session.n_ctx} tokens; {describe_params(self.params)}."
         )
         self._show_system()
+        if self.resumed is not None:
+            self._show_resumed(self.resumed)
         self._ready_status()
         self._refresh_stats()
+
+    def _show_resumed(self, saved: SavedConversation) -> None:
+        """The earlier turns of a resumed conversation, and a warning when it was held with
+        another model than the one loaded."""
+        name = self.resume_path.name if self.resume_path else "conversation"
+        turns = len(self.conversation.turns)
+        self._notice(
+            f"Resumed {name}: {turns} turn{'s' if turns != 1 else ''}, "
+            f"started {saved.created:%Y-%m-%d %H:%M}."
+        )
+        transcript = self.query_one(Transcript)
+        for turn in self.conversation.turns:
+            answer = AssistantMessage(turn, self.colour, self.rendered)
+            answer.spans = [(turn.answer, None)] if turn.answer else []
+            answer.finalize()
+            user = UserMessage(turn)
+            for widget in (user, answer):
+                widget.set_class(turn.dropped, "dropped")
+                transcript.mount(widget)
+        mismatch = model_mismatch(self.session, saved.settings) if self.session else ""
+        if mismatch:
+            self._notice(mismatch, "warning")
+            self.notify(mismatch, severity="warning")
+        transcript.scroll_end(animate=False)
 
     def on_load_failed(self, message: LoadFailed) -> None:
         self.load_error = (message.message, message.hint)
@@ -245,12 +316,21 @@ class ChatApp(App[int]):
         self.query_one(ChatInput).clear()
         self.send(text)
 
-    def send(self, text: str, allow_drop: bool = False) -> None:
+    @on(ChatInput.Recall)
+    def _recall(self) -> None:
+        if not self.conversation.turns:
+            self.notify("No earlier message to recall.")
+            return
+        self._restore_input(self.conversation.turns[-1].user)
+
+    def send(
+        self, text: str, allow_drop: bool = False, params: GenerationParams | None = None
+    ) -> None:
         assert self.session is not None
         turns = self.conversation.context_turns()
         turn = self.conversation.start(text)
         transcript = self.query_one(Transcript)
-        self._answer = AssistantMessage(turn, self.colour)
+        self._answer = AssistantMessage(turn, self.colour, self.rendered)
         transcript.mount(UserMessage(turn))
         transcript.mount(self._answer)
         transcript.scroll_end(animate=False)
@@ -265,7 +345,7 @@ class ChatApp(App[int]):
             system=self.conversation.system,
             turns=turns,
             user=text,
-            params=self.params,
+            params=params or self.params,
             cancel=self._cancel,
             allow_drop=allow_drop,
         )
@@ -291,7 +371,7 @@ class ChatApp(App[int]):
         if isinstance(event, EngineWarning):
             self.notify(event.message, severity="warning")
         elif isinstance(event, Finished):
-            self.conversation.finish(event.text, event.reason.value, event.stats)
+            self._finish_turn(event.text, event.reason.value, event.stats)
             self._answer.finalize(event.text)
             if event.reason.value == "cancelled":
                 self.notify("Stopped; the partial answer is kept.")
@@ -335,7 +415,7 @@ class ChatApp(App[int]):
         self.notify(message.hint or message.message, title=message.message, severity="error")
         answer = self._answer
         if answer is not None and answer.text and self.conversation.pending:
-            self.conversation.finish(answer.text, "error", self.live.answer.to_dict())
+            self._finish_turn(answer.text, "error", self.live.answer.to_dict())
             answer.finalize()
         else:
             self._restore_input(self._withdraw_pending())
@@ -361,7 +441,7 @@ class ChatApp(App[int]):
         if self.conversation.pending is not None:
             # The stream ended without Finished: keep what arrived, as for a stop.
             answer = self._answer.text if self._answer else ""
-            self.conversation.finish(answer, "cancelled", self.live.answer.to_dict())
+            self._finish_turn(answer, "cancelled", self.live.answer.to_dict())
             if self._answer:
                 self._answer.finalize()
         self.generating = False
@@ -369,6 +449,26 @@ class ChatApp(App[int]):
         self._ready_status()
         self._refresh_stats()
         self.refresh_bindings()
+
+    def _finish_turn(self, answer: str, reason: str, stats: dict[str, object]) -> None:
+        """Record the answer in the history, then save the conversation so that no finished
+        turn is lost whatever happens next."""
+        self.conversation.finish(answer, reason, stats)
+        self._autosave()
+
+    def _autosave(self) -> None:
+        if not self.autosave or not any(turn.done for turn in self.conversation.turns):
+            return
+        if self.autosave_file is None:
+            self.autosave_file = autosave_path(self.created)
+        problem = write_conversation(self.autosave_file, self._saved())
+        if problem and not self._autosave_failed:  # said once, not after every answer
+            self._autosave_failed = True
+            self.notify(problem, title="Could not autosave the conversation", severity="warning")
+
+    def _saved(self, now: datetime | None = None) -> SavedConversation:
+        settings = chat_settings(self.session, self.params)
+        return self.conversation.to_saved(settings, self.created, now or self.clock())
 
     def _withdraw_pending(self) -> str:
         """Take back a message whose prompt never reached the model; returns its text."""
@@ -393,6 +493,10 @@ class ChatApp(App[int]):
             # Only while an answer is written on the chat screen; otherwise the key falls
             # through (Escape closes dialogs, Ctrl+C copies a selection).
             return self.generating and len(self.screen_stack) == 1
+        if action in ("regenerate", "copy_code", "toggle_markdown"):
+            # Not behind a dialog: the overflow dialog holds a message that is about to be
+            # sent, and a regenerated answer must not start beside it.
+            return len(self.screen_stack) == 1
         return True
 
     def action_stop(self) -> None:
@@ -407,6 +511,9 @@ class ChatApp(App[int]):
         self.generating = False
         self._answer = None
         self.conversation.clear()
+        self.created = self.clock()
+        self.autosave_file = None  # the next answer starts the new conversation's file
+        self.resumed = None
         self.live.reset()
         self.query_one(Transcript).remove_children()
         self._notice("New conversation.")
@@ -430,12 +537,64 @@ class ChatApp(App[int]):
                 **header,
             }
         folder = self.save_dir or Path.cwd()
+        now = self.clock()
+        saved = self._saved(now)
         try:
-            path = save_markdown(self.conversation, folder, header, self.clock())
+            markdown, data = save_transcript(self.conversation, folder, header, saved, now)
         except OSError as error:
             self.notify(f"{error}", title="Could not save the transcript", severity="error")
             return
-        self.notify(f"Saved to {path}", title="Transcript saved")
+        self.notify(f"Saved to {markdown} and {data.name}", title="Transcript saved")
+
+    def action_toggle_markdown(self) -> None:
+        self.rendered = not self.rendered
+        for answer in self.query(AssistantMessage):
+            answer.set_rendered(self.rendered)
+        view = "as Markdown" if self.rendered else "as tokens coloured by origin"
+        self.notify(f"Answers shown {view}.")
+
+    def action_regenerate(self) -> None:
+        if self.session is None:
+            self.notify("Nothing to regenerate: the models are not loaded.", severity="warning")
+            return
+        if self.workers_lost:  # its answer would stay, the new one could not be written
+            self.notify(LOST_HINT, title=self.workers_lost, severity="error")
+            return
+        if self.generating:
+            self.notify("An answer is being written: Escape stops it.", severity="warning")
+            return
+        turn = self.conversation.last_done()
+        if turn is None:
+            self.notify("No answer to regenerate.", severity="warning")
+            return
+        params = self.params
+        if params.greedy:
+            self.notify("Greedy decoding (temperature 0) writes the same answer again.")
+        else:
+            params = params.model_copy(update={"seed": self._new_seed()})
+            self.notify(f"Answering again with seed {params.seed}.")
+        self.conversation.remove_last()
+        self.query(f".{turn_class(turn)}").remove()
+        # The prompt is the one the removed answer had: the KV cache holds it already, so
+        # the session rolls back to it and evaluates almost nothing before sampling again.
+        self.send(turn.user, params=params)
+
+    def _new_seed(self) -> int:
+        seed = self._last_seed
+        while seed == self._last_seed:
+            seed = random.randrange(2**31)
+        self._last_seed = seed
+        return seed
+
+    def action_copy_code(self) -> None:
+        turn = next((t for t in reversed(self.conversation.turns) if t.done), None)
+        code = last_code_block(turn.answer) if turn is not None else None
+        if code is None:
+            self.notify("No code block in the last answer.", severity="warning")
+            return
+        self.copy_to_clipboard(code)
+        lines = len(code.splitlines())
+        self.notify(f"Copied {lines} line{'s' if lines != 1 else ''}.")
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -471,10 +630,23 @@ class ChatApp(App[int]):
 
 
 def run_chat(
-    session_factory: SessionFactory, params: GenerationParams, system_prompt: str | None = None
+    session_factory: SessionFactory,
+    params: GenerationParams,
+    system_prompt: str | None = None,
+    *,
+    resume: SavedConversation | None = None,
+    resume_path: Path | None = None,
+    autosave: bool = True,
 ) -> int:
     """Run the chat app until the user quits; returns the process exit code."""
-    app = ChatApp(session_factory, params, system_prompt=system_prompt)
+    app = ChatApp(
+        session_factory,
+        params,
+        system_prompt=system_prompt,
+        resume=resume,
+        resume_path=resume_path,
+        autosave=autosave,
+    )
     result = app.run()
     if app.workers_lost:
         # A thread still waits on the lost workers, and the interpreter would wait for it

@@ -5,7 +5,10 @@ what the model sees: ``messages()`` returns the chat-template messages of every 
 the context, then the new user message. A turn leaves the model's context (but stays in the
 transcript) when its answer is empty (stopped before the first token) or when it was dropped
 to make room. ``turns_to_drop`` finds how many of the oldest turns must go for a prompt to
-fit; ``save_markdown`` writes the transcript to a new, timestamped file.
+fit; ``save_transcript`` writes the Markdown transcript and the JSON conversation to new,
+timestamped files; ``last_code_block`` finds what Ctrl+Y copies. ``to_saved`` and
+``from_saved`` convert to and from the JSON file format (``session.conversations``), which
+holds finished turns only.
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from markdown_it import MarkdownIt
+
 from localspec.core.params import GenerationParams
+from localspec.session.conversations import (
+    ChatSettings,
+    SavedConversation,
+    SavedMessage,
+    write_conversation,
+)
 
 Message = dict[str, str]
 
@@ -130,6 +141,54 @@ class Conversation:
     def clear(self) -> None:
         self.turns.clear()
 
+    def last_done(self) -> Turn | None:
+        """The last turn, when its answer has finished."""
+        return self.turns[-1] if self.turns and self.turns[-1].done else None
+
+    def remove_last(self) -> Turn:
+        """Take the last, finished turn out of the conversation (to answer it again)."""
+        if self.last_done() is None:
+            raise RuntimeError("no finished turn to remove")
+        return self.turns.pop()
+
+    def to_saved(
+        self, settings: ChatSettings, created: datetime, updated: datetime
+    ) -> SavedConversation:
+        messages: list[SavedMessage] = []
+        for turn in self.turns:
+            if turn.done:  # an answer still being written is saved once it finishes
+                messages.append(SavedMessage(role="user", content=turn.user))
+                messages.append(
+                    SavedMessage(
+                        role="assistant",
+                        content=turn.answer,
+                        finish=turn.finish,
+                        dropped=turn.dropped,
+                    )
+                )
+        return SavedConversation(
+            created=created,
+            updated=updated,
+            system=self.system,
+            settings=settings,
+            messages=messages,
+        )
+
+    @classmethod
+    def from_saved(cls, saved: SavedConversation, system: str | None = None) -> Conversation:
+        """The conversation of a file; ``system`` replaces its system prompt when given."""
+        conversation = cls(system if system is not None else saved.system)
+        for user, answer in saved.exchanges():
+            conversation.turns.append(
+                Turn(
+                    user=user,
+                    answer=answer.content,
+                    finish=answer.finish or "eos",
+                    dropped=answer.dropped,
+                )
+            )
+        return conversation
+
     def to_markdown(self, header: dict[str, str], now: datetime) -> str:
         lines = [f"# localspec chat, {now:%Y-%m-%d %H:%M:%S}", ""]
         lines += [f"- {key}: {value}" for key, value in header.items()]
@@ -170,16 +229,37 @@ def describe_params(params: GenerationParams) -> str:
     return f"{sampling}, drafter {params.drafter}, at most {params.max_tokens} tokens"
 
 
-def save_markdown(
-    conversation: Conversation, folder: Path, header: dict[str, str], now: datetime
-) -> Path:
-    """Write the transcript to ``localspec-chat-<timestamp>.md`` in ``folder``, never over
-    an existing file; returns the path written."""
-    stem = f"localspec-chat-{now:%Y%m%d-%H%M%S}"
-    path = folder / f"{stem}.md"
-    n = 1
-    while path.exists():
-        path = folder / f"{stem}-{n}.md"
-        n += 1
-    path.write_text(conversation.to_markdown(header, now), encoding="utf-8")
-    return path
+def last_code_block(text: str) -> str | None:
+    """The content of the last fenced code block in Markdown ``text`` (an unclosed fence
+    runs to the end, as when an answer was stopped inside it); None when there is none."""
+    fences = [t.content for t in MarkdownIt("commonmark").parse(text) if t.type == "fence"]
+    return fences[-1] if fences else None
+
+
+def transcript_stem(folder: Path, now: datetime) -> Path:
+    """``folder/localspec-chat-<timestamp>``, numbered so that neither its ``.md`` nor its
+    ``.json`` exists yet."""
+    base = f"localspec-chat-{now:%Y%m%d-%H%M%S}"
+    stem, n = folder / base, 1
+    while stem.with_suffix(".md").exists() or stem.with_suffix(".json").exists():
+        stem, n = folder / f"{base}-{n}", n + 1
+    return stem
+
+
+def save_transcript(
+    conversation: Conversation,
+    folder: Path,
+    header: dict[str, str],
+    saved: SavedConversation,
+    now: datetime,
+) -> tuple[Path, Path]:
+    """Write the transcript to ``localspec-chat-<timestamp>.md`` in ``folder`` and the
+    conversation file (``saved``) beside it as ``.json``, never over existing files; returns
+    both paths. Raises ``OSError`` when either cannot be written."""
+    stem = transcript_stem(folder, now)
+    markdown, data = stem.with_suffix(".md"), stem.with_suffix(".json")
+    markdown.write_text(conversation.to_markdown(header, now), encoding="utf-8")
+    problem = write_conversation(data, saved)
+    if problem:
+        raise OSError(problem)
+    return markdown, data

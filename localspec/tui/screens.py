@@ -22,15 +22,25 @@ HELP = """\
 | Shift+Enter, Ctrl+J | new line in the message |
 | Escape, Ctrl+C | stop the answer (what was written so far is kept) |
 | Ctrl+N | new conversation |
-| Ctrl+S | save the transcript as Markdown in the current directory |
+| Up | in the empty box: the last message again, to edit |
+| Ctrl+S | save the transcript (Markdown) and the conversation (JSON) here |
+| Ctrl+T | answers as rendered Markdown, or as tokens coloured by origin |
+| Ctrl+R | answer the last message again (a new seed when sampling) |
+| Ctrl+O | copy the last code block of the last answer |
 | F2 | origin colours on/off |
 | F3 | statistics panel on/off (narrow terminals show one line of figures instead) |
 | F1 | this help |
 | Ctrl+Q | quit |
 
-**Colours.** Green tokens were drafted by the draft model and accepted by the target,
-blue ones came from n-gram lookup in the prompt and the text so far, plain ones are the
-target's own. The output is the target's either way: drafting only changes the speed.
+**Saved conversations.** After each answer the conversation is saved in the
+`conversations` folder of the localspec home (not with `--no-save`);
+`localspec chat --recent` lists them and `--resume last` (or FILE) continues one.
+
+**Colours.** While an answer is written its tokens are coloured by origin; once it is
+finished it shows as Markdown (Ctrl+T shows the coloured tokens again). Green tokens were
+drafted by the draft model and accepted by the target, blue ones came from n-gram lookup in
+the prompt and the text so far, plain ones are the target's own. The output is the target's
+either way: drafting only changes the speed.
 
 **Figures.** *acceptance* is accepted / drafted tokens; *tokens/pass* is how many tokens
 one target forward pass yields (1 without drafting); *speedup* is decode tokens/s over the

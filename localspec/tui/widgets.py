@@ -1,15 +1,20 @@
 """Widgets of the chat screen: the input box, the transcript and its messages.
 
-``ChatInput`` sends on Enter and inserts a newline on Shift+Enter or Ctrl+J.
+``ChatInput`` sends on Enter and inserts a newline on Shift+Enter or Ctrl+J; Up in the empty
+box posts ``Recall`` (the app puts the last message back for editing).
 ``AssistantMessage`` keeps the answer as spans of (text, origin) so it can be drawn with or
 without the origin colours at any time; ``finalize`` makes the spans agree with the text the
-engine reports in ``Finished`` (a stop string is not part of the answer).
+engine reports in ``Finished`` (a stop string is not part of the answer) and parses the
+answer as Markdown, once. A finished answer shows that Markdown when ``rendered`` is on, and
+its origin-coloured tokens otherwise; while it streams it always shows the tokens.
 """
 
 from __future__ import annotations
 
 import re
 
+from rich.console import Group, RenderableType
+from rich.markdown import Markdown
 from rich.text import Text
 from textual import events
 from textual.containers import Vertical, VerticalScroll
@@ -25,6 +30,7 @@ _PERCENT = re.compile(r"\s\d+(?:\.\d+)?%")
 # so the answer is redrawn a few times a second rather than at the terminal's frame rate.
 REDRAW_INTERVAL_S = 1 / 8
 NEWLINE_KEYS = frozenset({"shift+enter", "ctrl+j", "newline"})
+CODE_THEME = "monokai"  # Pygments style of fenced code in rendered answers
 
 
 class ChatInput(TextArea):
@@ -35,10 +41,18 @@ class ChatInput(TextArea):
             super().__init__()
             self.text = text
 
+    class Recall(Message):
+        """Up was pressed in the empty box."""
+
     def __init__(self, **kwargs: object) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, **kwargs)  # type: ignore[arg-type]
 
     async def _on_key(self, event: events.Key) -> None:
+        if event.key == "up" and not self.text:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Recall())
+            return
         if event.key == "enter":
             event.stop()
             event.prevent_default()
@@ -65,14 +79,20 @@ class UserMessage(Static):
 class AssistantMessage(Static):
     """An answer as it streams; each span remembers which drafter (if any) produced it."""
 
-    def __init__(self, turn: Turn, colour: bool = True) -> None:
+    def __init__(self, turn: Turn, colour: bool = True, rendered: bool = True) -> None:
         super().__init__(classes=f"message assistant {turn_class(turn)}")
         self.border_title = "Assistant"
         self.turn = turn
         self.spans: list[tuple[str, Origin | None]] = []
         self.colour = colour
+        self.rendered = rendered  # a finished answer shows as Markdown
+        self.markdown: Markdown | None = None  # parsed once, when the answer finishes
         self.note = ""
         self._redraw_due = False
+
+    @property
+    def shows_markdown(self) -> bool:
+        return self.rendered and self.markdown is not None
 
     @property
     def text(self) -> str:
@@ -94,18 +114,33 @@ class AssistantMessage(Static):
         self.colour = colour
         self.redraw()
 
+    def set_rendered(self, rendered: bool) -> None:
+        self.rendered = rendered
+        self.redraw()
+
     def finalize(self, text: str | None = None) -> None:
-        """Settle the spans on the final text and show how the answer ended."""
+        """Settle the spans on the final text, parse it as Markdown (the only time it is
+        parsed) and show how the answer ended."""
         if text is not None and text != self.text:
             self.spans = _truncate(self.spans, text) if self.text.startswith(text) else []
             if not self.spans and text:
                 self.spans = [(text, None)]
         self.note = answer_note(self.turn)
+        answer = self.text
+        self.markdown = Markdown(answer, code_theme=CODE_THEME) if answer.strip() else None
         self.redraw()
 
     def redraw(self) -> None:
         self._redraw_due = False
-        self.update(self.body())
+        self.update(self.view())
+
+    def view(self) -> RenderableType:
+        """The Markdown of a finished answer (with its note), or the coloured tokens."""
+        if self.markdown is None or not self.rendered:
+            return self.body()
+        if not self.note:
+            return self.markdown
+        return Group(self.markdown, Text(self.note, style="dim italic"))
 
     def body(self) -> Text:
         body = Text()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from textual.message import Message
@@ -36,6 +37,8 @@ class ChatSession(Protocol):
 
     target_label: str
     draft_label: str | None
+    target_path: Path | None  # the model files, as resolved
+    draft_path: Path | None
     n_ctx: int
 
     def chat(
