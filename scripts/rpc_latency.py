@@ -16,6 +16,7 @@ A benchmark, not a test: one run's tok/s moves by 10% with whatever else the mac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -53,11 +54,14 @@ class DelayRelay:
             worker = socket.create_connection(("127.0.0.1", self.worker_port))
             for sock in (client, worker):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            pair = (client, worker)
             for src, dst in ((client, worker), (worker, client)):
                 queue: deque[tuple[float, bytes]] = deque()
                 ready = threading.Condition()
                 threading.Thread(target=self._read, args=(src, queue, ready), daemon=True).start()
-                threading.Thread(target=self._write, args=(dst, queue, ready), daemon=True).start()
+                threading.Thread(
+                    target=self._write, args=(dst, queue, ready, pair), daemon=True
+                ).start()
 
     def _read(self, src: socket.socket, queue: deque, ready: threading.Condition) -> None:
         while True:
@@ -71,7 +75,9 @@ class DelayRelay:
             if not data:
                 return
 
-    def _write(self, dst: socket.socket, queue: deque, ready: threading.Condition) -> None:
+    def _write(
+        self, dst: socket.socket, queue: deque, ready: threading.Condition, pair: tuple
+    ) -> None:
         while True:
             with ready:
                 while not queue:
@@ -80,8 +86,10 @@ class DelayRelay:
             wait = due - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            if not data:
-                dst.close()
+            if not data:  # one side closed: end both (shutdown wakes the blocked reads)
+                for sock in pair:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
                 return
             try:
                 dst.sendall(data)

@@ -28,7 +28,6 @@ from localspec.tui.stats_panel import ORIGIN_STYLES
 _PERCENT = re.compile(r"\s\d+(?:\.\d+)?%")
 # The UI shares the CPU with llama.cpp's threads: every redraw is time taken from decoding,
 # so the answer is redrawn a few times a second rather than at the terminal's frame rate.
-REDRAW_INTERVAL_S = 1 / 8
 NEWLINE_KEYS = frozenset({"shift+enter", "ctrl+j", "newline"})
 CODE_THEME = "monokai"  # Pygments style of fenced code in rendered answers
 
@@ -102,13 +101,17 @@ class AssistantMessage(Static):
         self.redraw()
 
     def append(self, text: str, origin: Origin) -> None:
+        """Add a token; it shows at the next ``flush`` (the app's frame), because redrawing
+        re-renders and re-lays out the whole answer."""
         if not text:
             return
         self.spans.append((text, origin))
-        # Redrawing re-renders the whole answer: do it at most once per interval, not per token.
-        if not self._redraw_due:
-            self._redraw_due = True
-            self.set_timer(REDRAW_INTERVAL_S, self.redraw)
+        self._redraw_due = True
+
+    def flush(self) -> None:
+        """Show the tokens appended since the last redraw, if any."""
+        if self._redraw_due:
+            self.redraw()
 
     def set_colour(self, colour: bool) -> None:
         self.colour = colour
