@@ -223,9 +223,10 @@ def workers(tmp_path):
         worker.stop()
 
 
-def complete_args(target: Path, draft: Path, *extra: str) -> list[str]:
+def complete_args(target: Path, draft: Path, *extra: str, ctx: int = 512) -> list[str]:
     return [sys.executable, "-m", "localspec", "complete", "--target", str(target),
-            "--draft", str(draft), "--raw", "--ctx", "512", "--threads", "1", *extra]  # fmt: skip
+            "--draft", str(draft), "--raw", "--ctx", str(ctx), "--threads", "1",
+            *extra]  # fmt: skip
 
 
 def run_complete(home: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -291,7 +292,7 @@ def slower_target(tmp_path_factory) -> Path:
 
 def start_long_run(target: Path, home: Path, worker: Worker, *extra: str) -> subprocess.Popen:
     args = complete_args(target, target, "--drafter", "none", "--max-tokens", "1500",
-                         "--ctx", "2048", "--rpc", worker.endpoint, *extra)  # fmt: skip
+                         "--rpc", worker.endpoint, *extra, ctx=2048)  # fmt: skip
     proc = subprocess.Popen(
         args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=env_for(home),

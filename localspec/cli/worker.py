@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from localspec.backend.rpc import DEFAULT_PORT
+from localspec.backend.rpc import DEFAULT_PORT, serve_worker
 from localspec.cli.common import cli_errors, is_loopback
 from localspec.errors import EXIT_CANCELLED, UsageError
 
@@ -50,8 +50,6 @@ def worker(
             )
         if not is_loopback(host):
             typer.echo(WARNING.format(where=f"{host}:{port}"), err=True)
-        from localspec.backend.rpc import serve_worker
-
         # llama.cpp's server blocks in C, where Python never sees Ctrl-C: it runs in a
         # thread, and the main thread waits for the signal.
         failure: list[BaseException] = []

@@ -209,7 +209,7 @@ class Session:
         token's text in them is not parsed. ``UnsupportedByModelError`` when the target's
         vocabulary has no FIM tokens."""
         fim = self.fim
-        if fim.pre is None or fim.suf is None or fim.mid is None:
+        if not fim.infill:
             raise UnsupportedByModelError(
                 f"{self.target_label} has no fill-in-the-middle tokens",
                 "use a code model trained for infill (such as Qwen2.5-Coder), or drop the suffix",

@@ -23,9 +23,7 @@ last code block of the last answer, Up in the empty box recalls the last message
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +41,6 @@ from textual.widgets import Footer, Header, Static
 
 from localspec.core.events import EngineWarning, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
-from localspec.errors import EXIT_FAILURE
 from localspec.models.paths import conversations_dir
 from localspec.session.conversations import (
     SavedConversation,
@@ -666,11 +663,10 @@ def run_chat(
     result = app.run()
     if app.workers_lost:
         # A thread still waits on the lost workers, and the interpreter would wait for it
-        # at exit: the terminal is restored, so end the process here.
-        sys.stdout.flush()
-        sys.stderr.write(f"error: {app.workers_lost}\n")
-        sys.stderr.flush()
-        os._exit(EXIT_FAILURE)
+        # at exit: the terminal is restored, so end the process here, as the CLI does.
+        from localspec.session.session import exit_on_lost  # loads llama.cpp: only now
+
+        exit_on_lost(app.workers_lost)
     if app.return_code:
         return app.return_code
     return result if isinstance(result, int) else 0
