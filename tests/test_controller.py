@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.core.controller import Controller, ngram_bucket
+from localspec.core.controller import (
+    COPY_DOUBT,
+    DOUBT_BELOW,
+    UNPROVEN_MAX,
+    Controller,
+    Plan,
+    ngram_bucket,
+)
 from localspec.core.costs import CostProfile
 from localspec.core.drafters import Offer
 from localspec.core.params import DrafterKind
@@ -47,7 +54,8 @@ def learn(c: Controller, offer: Offer, drafted: int, accepted: int, times: int) 
 def expected_rate(c: Controller, offer: Offer, k: int) -> float:
     est = c.estimate(offer)
     step = CPU.draft_step_s * k if offer.kind == MODEL else 0.0
-    return (1 + est.expected_accepted(k)[-1]) / (CPU.verify(k) + step)
+    doubt = c.doubt if offer.kind == NGRAM and not offer.streak else 1.0
+    return (1 + est.expected_accepted(k, doubt)[-1]) / (CPU.verify(k) + step)
 
 
 def test_never_picks_a_draft_slower_than_a_plain_step():
@@ -254,6 +262,7 @@ def test_learned_state_round_trips_discounted():
         {"model": {"hits": [2], "tries": [1]}, "ngram": {}},
         {"model": {"hits": [1], "tries": [1, 2]}, "ngram": {}},
         {"model": {"hits": "x", "tries": []}, "ngram": {}},
+        {"copy": [-1, 2], "model": {"hits": [1], "tries": [1]}, "ngram": {}},
     ],
 )
 def test_restore_rejects_malformed_state_and_changes_nothing(bad):
@@ -286,3 +295,54 @@ def test_a_machine_that_really_slowed_down_is_followed():
     for _ in range(40):
         c.observe_timing(0, 3 * CPU.plain_s)
     assert c.costs.plain_s == pytest.approx(3 * CPU.plain_s, rel=0.05)
+
+
+def test_a_plain_step_faster_than_calibrated_does_not_make_batches_look_cheap():
+    c = Controller(CPU)
+    for _ in range(30):
+        c.observe_timing(0, 0.5 * CPU.plain_s)  # a calibration whose plain steps were disturbed
+    assert c.costs.plain_s == pytest.approx(0.5 * CPU.plain_s, rel=0.01)
+    assert c.costs.verify(4) == pytest.approx(CPU.verify(4))  # not halved on its word
+    for _ in range(30):
+        c.observe_timing(4, 0.5 * CPU.verify(4))
+    assert c.costs.verify(8) == pytest.approx(0.5 * CPU.verify(8), rel=0.02)  # batches say so
+
+
+def test_a_text_whose_drafts_part_at_once_is_doubted_and_one_that_copies_is_trusted():
+    prose, code = Controller(CPU, allow=(NGRAM,)), Controller(CPU, allow=(NGRAM,))
+    assert prose.doubt == code.doubt == pytest.approx(COPY_DOUBT)  # a new text is doubted
+    offer = ngram(16, 6)
+    for _ in range(4):
+        prose.observe(Plan(NGRAM, 4, 0.0, ""), offer, 4, 0)
+        code.observe(Plan(NGRAM, 4, 0.0, ""), offer, 4, 4)
+    assert prose.doubt > COPY_DOUBT and code.doubt < 1.0
+    # a long copy accepted whole is evidence too, weighed against its own (high) prior
+    before = code.doubt
+    code.observe(Plan(NGRAM, 40, 0.0, ""), ngram(40, 20, streak=True), 40, 40)
+    assert code.doubt < before
+    assert code.doubt > 0.0
+
+
+# Verify costs relative to a plain step as measured on a 2-core CPU during real answers.
+IN_SITU = CostProfile(plain_s=0.033, verify_s={1: 0.055, 2: 0.075, 3: 0.085, 15: 0.185})
+
+
+def test_a_first_draft_on_a_middling_match_is_sized_for_prose_until_copies_show():
+    c = Controller(IN_SITU, allow=(NGRAM,))
+    first = c.plan([ngram(40, match=8)])
+    assert first.drafter is None or first.k <= UNPROVEN_MAX  # parting at once costs little
+    assert c.plan([ngram(40, match=DOUBT_BELOW)]).k > UNPROVEN_MAX  # a copy in prose too
+    for _ in range(3):  # short drafts accepted whole: this text copies
+        c.observe(Plan(NGRAM, 3, 0.0, ""), ngram(40, match=8), 3, 3)
+    assert c.doubt < 1.0
+    assert c.plan([ngram(40, match=8)]).k > UNPROVEN_MAX
+
+
+def test_a_draft_expected_to_win_by_less_than_the_margin_is_not_taken():
+    c = Controller(IN_SITU, allow=(NGRAM,), margin=1.0)
+    offer = ngram(1, match=20, streak=True)
+    rate = (1 + c.estimate(offer).expected_accepted(1)[-1]) / IN_SITU.verify(1)
+    assert rate > 1 / IN_SITU.plain_s  # it would win, a little
+    assert c.plan([offer]).drafter == NGRAM
+    c.margin = rate * IN_SITU.plain_s * 1.01
+    assert c.plan([offer]).drafter is None

@@ -55,6 +55,21 @@ NGRAM_DEPTH_GAIN = 0.8
 NGRAM_FIRST_MAX = 16
 COPY_MATCH = 16
 MODEL_PRIOR = 0.6
+# A draft is taken only when it is expected to beat a plain step by this factor: estimates
+# and measured costs are noisy, and the best of many noisy candidates is biased upward, so a
+# draft expected to win by less loses about as often as it wins (measured on prose).
+SPECULATE_MARGIN = 1.1
+# How far this text copies is learned per generation from every n-gram draft: the positions
+# that failed against the failures the priors expected there (``Controller.doubt``). Code
+# copies far more than prose, and a long first draft that parts at once costs several plain
+# steps, so a new text starts doubted: drafts on matches shorter than DOUBT_BELOW have their
+# chance of failure scaled by the doubt, and while it is 1 or more they draft at most
+# UNPROVEN_MAX tokens. COPY_PSEUDO expected failures' worth of the starting doubt stands
+# before the evidence. Chosen with scripts/ngram_replay.py over code and prose answers.
+COPY_DOUBT = 1.5
+COPY_PSEUDO = 1.0
+UNPROVEN_MAX = 4
+DOUBT_BELOW = 12  # matches this long are copies in prose too (measured): never doubted
 OPTIMISTIC_ALPHA = 0.9  # acceptance a probe hopes for; no probe if even that would not pay
 FIXED_MODEL_P_MIN = 0.75  # llama.cpp's default draft confidence cut-off
 
@@ -79,30 +94,41 @@ class AcceptanceEstimate:
     hits: list[float] = field(default_factory=list)
     tries: list[float] = field(default_factory=list)
 
-    def alphas(self, k: int) -> list[float]:
+    def alphas(self, k: int, doubt: float = 1.0) -> list[float]:
         """Conditional acceptance for positions 1..k. Each position's estimate shrinks
         toward the one before it, since acceptance varies smoothly with depth and deep
         positions are tried less often; unless ``extrapolate``, never above the prior's own
         value at that depth, so a few short successes do not vouch for positions never
-        tried."""
+        tried. ``doubt`` scales the prior's chance of failure at every depth (see
+        ``Controller.doubt``); evidence is weighed against the scaled prior."""
         out: list[float] = []
-        anchor = prior = self.prior
+        prior_curve = self.prior_curve(k)
+        anchor = 1.0 - min(1.0, (1.0 - self.prior) * doubt)
         for i in range(k):
             h = self.hits[i] if i < len(self.hits) else 0.0
             t = self.tries[i] if i < len(self.tries) else 0.0
+            prior = 1.0 - min(1.0, (1.0 - prior_curve[i]) * doubt)
             if i > 0:
                 anchor = 1.0 - (1.0 - anchor) * self.depth_gain
-                prior = 1.0 - (1.0 - prior) * self.depth_gain
             if not self.extrapolate:
                 anchor = min(anchor, prior)
             anchor = (h + anchor * self.prior_weight) / (t + self.prior_weight)
             out.append(anchor)
         return out
 
-    def expected_accepted(self, k: int) -> list[float]:
+    def prior_curve(self, k: int) -> list[float]:
+        """The prior's own acceptance at positions 1..k, before any evidence."""
+        out, p = [], self.prior
+        for i in range(k):
+            if i > 0:
+                p = 1.0 - (1.0 - p) * self.depth_gain
+            out.append(p)
+        return out
+
+    def expected_accepted(self, k: int, doubt: float = 1.0) -> list[float]:
         """Cumulative expected accepted tokens for draft lengths 1..k."""
         out, reach, total = [], 1.0, 0.0
-        for a in self.alphas(k):
+        for a in self.alphas(k, doubt):
             reach *= a
             total += reach
             out.append(total)
@@ -186,6 +212,7 @@ class Controller:
         draft_min: int = 1,
         probe_every: int = 64,
         fixed: bool = False,
+        margin: float = SPECULATE_MARGIN,
     ) -> None:
         """``fixed`` drafts ``draft_max`` tokens whenever a drafter can (no cost model)."""
         self.costs = LiveCosts(costs)
@@ -199,10 +226,13 @@ class Controller:
         self.draft_min = draft_min
         self.probe_every = probe_every
         self.fixed = fixed
+        self.margin = margin
         self.model = AcceptanceEstimate(prior=MODEL_PRIOR)
         self.ngram: dict[tuple[int, bool], AcceptanceEstimate] = {}
         self._idle = {kind: 0 for kind in DrafterKind}
         self._generations = 0
+        self._failed = 0.0  # n-gram positions that failed (not on a streak), this text
+        self._expected_failed = 0.0  # failures the unscaled priors expected there
 
     def limit(self, kind: DrafterKind, remaining: int) -> int:
         """The longest draft ``kind`` may propose when ``remaining`` drafts can still be used."""
@@ -235,24 +265,43 @@ class Controller:
                 p_min = FIXED_MODEL_P_MIN if offer.kind == DrafterKind.MODEL else 0.0
                 reason = f"fixed {offer.kind} draft of {offer.available}"
                 return Plan(offer.kind, offer.available, 0.0, reason, p_min, offer.match)
-        best = Plan(None, 0, 1.0 / self.costs.plain_s, "plain step")
+        plain = Plan(None, 0, 1.0 / self.costs.plain_s, "plain step")
+        best = Plan(None, 0, plain.expected_tokens_per_s * self.margin, "plain step")
         for offer in offers:
             top = offer.available
             if offer.kind == DrafterKind.NGRAM and not offer.streak and offer.match < COPY_MATCH:
                 top = min(top, NGRAM_FIRST_MAX)
-            acc = self.estimate(offer).expected_accepted(top)
+            if self._doubted(offer) and self.doubt >= 1.0:
+                top = min(top, UNPROVEN_MAX)
+            doubt = self.doubt if self._doubted(offer) else 1.0
+            acc = self.estimate(offer).expected_accepted(top, doubt)
             for k in range(self.draft_min, top + 1):
                 rate = (1.0 + acc[k - 1]) / self._seconds(offer, k)
                 if rate > best.expected_tokens_per_s:
                     what = f"{offer.kind} k={k}{_evidence(offer)}"
                     best = Plan(offer.kind, k, rate, f"{what}: {rate:.1f} tok/s expected")
         if best.drafter is None:
-            return self._probe(offers) or best
+            return self._probe(offers) or plain
         offer = next(o for o in offers if o.kind == best.drafter)
         p_min = self._p_min() if best.drafter == DrafterKind.MODEL else 0.0
         return Plan(
             best.drafter, best.k, best.expected_tokens_per_s, best.reason, p_min, offer.match
         )
+
+    @staticmethod
+    def _doubted(offer: Offer) -> bool:
+        """Whether ``offer``'s estimate is scaled by ``doubt``: n-gram drafts not yet
+        shown to be copies (no streak, a match shorter than DOUBT_BELOW)."""
+        return (
+            offer.kind == DrafterKind.NGRAM
+            and not offer.streak
+            and (offer.resync or offer.match < DOUBT_BELOW)
+        )
+
+    @property
+    def doubt(self) -> float:
+        """How many times the priors' chance of failure this text's n-gram drafts show."""
+        return (self._failed + COPY_PSEUDO * COPY_DOUBT) / (self._expected_failed + COPY_PSEUDO)
 
     def _probe(self, offers: list[Offer]) -> Plan | None:
         """A short draft from a drafter left idle for long, if it could pay at all: a probe
@@ -292,6 +341,8 @@ class Controller:
         self.model.shrink(keep)
         for est in self.ngram.values():
             est.shrink(keep)
+        self._failed *= keep
+        self._expected_failed *= keep
 
     def observe_timing(self, k: int, verify_s: float, draft: Any = None) -> None:
         """What a round took: verifying k drafts, and the draft model's passes if it drafted."""
@@ -305,13 +356,24 @@ class Controller:
         for kind in self._idle:
             self._idle[kind] = 0 if kind == plan.drafter else self._idle[kind] + 1
         if offer is not None and drafted > 0:
-            self.estimate(offer).observe(drafted, accepted)
+            self.observe_acceptance(offer, drafted, accepted)
+
+    def observe_acceptance(self, offer: Offer, drafted: int, accepted: int) -> None:
+        """Fold in how a draft of ``offer`` fared."""
+        if drafted > 0:
+            est = self.estimate(offer)
+            if offer.kind == DrafterKind.NGRAM:  # each tells how far this text copies
+                tested = min(drafted, accepted + 1)
+                self._failed += tested - accepted
+                self._expected_failed += sum(1.0 - a for a in est.prior_curve(tested))
+            est.observe(drafted, accepted)
 
     # -- persistence ----------------------------------------------------------------------
 
     def learned(self) -> dict[str, Any]:
         """The acceptance evidence, as plain data (see ``restore``)."""
         return {
+            "copy": [round(self._failed, 4), round(self._expected_failed, 4)],
             "model": self.model.to_dict(),
             "ngram": {
                 f"{bucket}{'s' if streak else ''}": est.to_dict()
@@ -333,4 +395,8 @@ class Controller:
             est = _ngram_estimate(bucket, streak)
             est.load(value, keep)
             ngram[(bucket, streak)] = est
+        failed, expected = (float(x) for x in data.get("copy", (0.0, 0.0)))
+        if not (failed >= 0 and expected >= 0 and math.isfinite(failed + expected)):
+            raise ValueError("copy evidence must be two non-negative numbers")
         self.model, self.ngram = model, ngram
+        self._failed, self._expected_failed = failed * keep, expected * keep

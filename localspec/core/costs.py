@@ -139,14 +139,24 @@ class LiveCosts:
             self._catch_up.add(seconds / tokens, self.weight, expected)
 
     def scale(self) -> float:
-        """Geometric mean of observed/calibrated over well-observed batch sizes (1: none)."""
+        """Observed/calibrated for batch sizes not observed enough yet: the geometric mean
+        over well-observed verify batches; before any, the plain step's ratio, but never
+        below 1. A plain step that runs faster than calibrated says little about batches
+        (a disturbed calibration of the plain step makes every batch look cheap next to
+        it), and pricing batches down on its word drafts where it does not pay; a machine
+        that got slower is slower for both."""
         if self._scale is None:
             logs = [
                 math.log(e.value / self.base.verify(k))
                 for k, e in self._verify.items()
-                if e.count >= self.min_obs and e.value > 0
+                if k > 0 and e.count >= self.min_obs and e.value > 0
             ]
-            self._scale = math.exp(sum(logs) / len(logs)) if logs else 1.0
+            if logs:
+                self._scale = math.exp(sum(logs) / len(logs))
+            else:
+                plain = self._verify.get(0)
+                seen = plain is not None and plain.count >= self.min_obs
+                self._scale = max(1.0, plain.value / self.base.plain_s) if seen else 1.0
         return self._scale
 
     def verify(self, k: int) -> float:

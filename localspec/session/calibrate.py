@@ -34,6 +34,7 @@ def _timed(fn: Callable[[], object]) -> float:
 # batch (drafts + 1) is 20, 24, 32, 48 or 64 tokens: kernels favour multiples of 8 and 16.
 DRAFT_SIZES = (*range(1, 17), 19, 23, 31, 47, 63)
 LONG_SWEEPS = 2  # long batches take most of the time and vary less between runs
+PLAIN_REPEATS = 4  # plain steps per sweep: every verify cost is weighed against this one
 
 
 def measure_costs(
@@ -70,7 +71,7 @@ def measure_costs(
     best: dict[int, float] = {}
     draft_best = float("inf")
     for sweep in range(sweeps):
-        for k in (0, *sizes):
+        for k in (*[0] * PLAIN_REPEATS, *sizes):
             if k > 16 and sweep >= LONG_SWEEPS:
                 continue
             t = step(target, k + 1)

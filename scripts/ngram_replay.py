@@ -1,0 +1,112 @@
+"""Replay auto's n-gram choices over recorded greedy answers, to see what they would cost.
+
+A bench run of mode ``none`` with greedy decoding records each answer's token ids
+(``records.jsonl``). With greedy decoding a draft is accepted as far as it agrees with that
+answer, so the n-gram drafter and the controller can be run against it without the target:
+each round's cost is taken from the pair's calibration (a plain step, or a verify batch of
+k drafts). Prints, per prompt and category, the estimated speedup over plain decoding of a
+cold controller (a fresh one per prompt, as a fresh ``localspec complete`` starts).
+
+This is an estimate for tuning the cost model, not a benchmark: it assumes the measured
+batch costs hold exactly and leaves the draft model out (auto rarely picks it on a CPU
+where a draft step costs half a plain step). Quote ``localspec bench --cold`` instead.
+
+    python scripts/ngram_replay.py bench-results/<run>/records.jsonl [--costs FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from localspec.bench.runner import load_prompts
+from localspec.core.controller import SPECULATE_MARGIN, Controller
+from localspec.core.costs import CostProfile
+from localspec.core.drafters import NgramDrafter
+from localspec.core.params import DrafterKind, GenerationParams
+from localspec.session.session import ModelOptions, open_session
+
+
+def replay(
+    prompt: list[int],
+    answer: list[int],
+    costs: CostProfile,
+    max_tokens: int,
+    margin: float = SPECULATE_MARGIN,
+) -> tuple[float, list[tuple[int, int, int]]]:
+    """Estimated seconds of a cold auto run (n-gram only) and its drafts (k, accepted, match)."""
+    params = GenerationParams(max_tokens=max_tokens)
+    controller = Controller(costs, allow=(DrafterKind.NGRAM,), margin=margin)
+    controller.new_generation()
+    drafter = NgramDrafter(params.ngram_min, params.ngram_max)
+    drafter.begin(prompt)
+    committed, done, seconds, drafts = list(prompt), 0, 0.0, []
+    rng = np.random.default_rng(0)
+    while done < len(answer):
+        remaining = max_tokens - done - 1
+        offer = drafter.offer(committed, controller.limit(DrafterKind.NGRAM, remaining))
+        plan = controller.plan([offer] if offer else [])
+        tokens: list[int] = []
+        if plan.drafter is not None:
+            tokens = drafter.propose(committed, plan.k, params, rng, 0.0).tokens
+        truth = answer[done : done + len(tokens)]
+        accepted = 0
+        while accepted < len(truth) and tokens[accepted] == truth[accepted]:
+            accepted += 1
+        seconds += costs.verify(len(tokens))
+        emitted = min(accepted + 1, len(answer) - done)
+        committed.extend(answer[done : done + emitted])
+        done += emitted
+        if tokens:
+            drafts.append((len(tokens), accepted, offer.match if offer else 0))
+        drafter.observe(committed, len(tokens), accepted)
+        controller.observe(plan, offer if tokens else None, len(tokens), accepted)
+    return seconds, drafts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records", type=Path)
+    parser.add_argument("--costs", type=Path, help="a calibration file (default: the pair's)")
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--margin", type=float, default=SPECULATE_MARGIN)
+    parser.add_argument("--verbose", action="store_true", help="print every prompt's drafts")
+    args = parser.parse_args()
+
+    session = open_session(ModelOptions())
+    costs = session.costs
+    if args.costs:
+        costs = CostProfile.from_dict(json.loads(args.costs.read_text()))
+    assert costs is not None
+    prompts = {(p.category, p.id): p.prompt for p in load_prompts()}
+    by_category: dict[str, list[float]] = defaultdict(list)
+    for line in args.records.read_text().splitlines():
+        record = json.loads(line)
+        if record["mode"] != "none" or record.get("repeat", 0) != 0:
+            continue
+        key = (record["category"], record["prompt_id"])
+        if key not in prompts or len(record["token_ids"]) < 64:
+            continue
+        prompt = session.text_tokens(prompts[key], raw=False)
+        answer = list(record["token_ids"])
+        seconds, drafts = replay(prompt, answer, costs, args.max_tokens, args.margin)
+        ratio = len(answer) * costs.plain_s / seconds
+        by_category[key[0]].append(ratio)
+        print(f"{key[0]:16} {key[1]:28} {len(answer):4} tokens {ratio:5.2f}x", end="")
+        print(f"  {drafts}" if args.verbose else "")
+    print()
+    for category, ratios in by_category.items():
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        print(f"{category:16} geo-mean {geo:5.3f}x  min {min(ratios):5.3f}x  ({len(ratios)})")
+    session.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
