@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec.bench.runner import load_prompts
+from localspec.core.cached_model import common_prefix_length
 from localspec.core.controller import SPECULATE_MARGIN, Controller
 from localspec.core.costs import CostProfile
 from localspec.core.drafters import NgramDrafter
@@ -55,10 +56,7 @@ def replay(
         tokens: list[int] = []
         if plan.drafter is not None:
             tokens = drafter.propose(committed, plan.k, params, rng, 0.0).tokens
-        truth = answer[done : done + len(tokens)]
-        accepted = 0
-        while accepted < len(truth) and tokens[accepted] == truth[accepted]:
-            accepted += 1
+        accepted = common_prefix_length(tokens, answer[done : done + len(tokens)])
         seconds += costs.verify(len(tokens))
         emitted = min(accepted + 1, len(answer) - done)
         committed.extend(answer[done : done + emitted])

@@ -54,7 +54,7 @@ def learn(c: Controller, offer: Offer, drafted: int, accepted: int, times: int) 
 def expected_rate(c: Controller, offer: Offer, k: int) -> float:
     est = c.estimate(offer)
     step = CPU.draft_step_s * k if offer.kind == MODEL else 0.0
-    doubt = c.doubt if offer.kind == NGRAM and not offer.streak else 1.0
+    doubt = c.doubt if Controller._doubted(offer) else 1.0
     return (1 + est.expected_accepted(k, doubt)[-1]) / (CPU.verify(k) + step)
 
 

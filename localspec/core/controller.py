@@ -102,12 +102,11 @@ class AcceptanceEstimate:
         tried. ``doubt`` scales the prior's chance of failure at every depth (see
         ``Controller.doubt``); evidence is weighed against the scaled prior."""
         out: list[float] = []
-        prior_curve = self.prior_curve(k)
-        anchor = 1.0 - min(1.0, (1.0 - self.prior) * doubt)
-        for i in range(k):
+        priors = [1.0 - min(1.0, (1.0 - p) * doubt) for p in self.prior_curve(k)]
+        anchor = priors[0] if priors else self.prior
+        for i, prior in enumerate(priors):
             h = self.hits[i] if i < len(self.hits) else 0.0
             t = self.tries[i] if i < len(self.tries) else 0.0
-            prior = 1.0 - min(1.0, (1.0 - prior_curve[i]) * doubt)
             if i > 0:
                 anchor = 1.0 - (1.0 - anchor) * self.depth_gain
             if not self.extrapolate:
@@ -231,7 +230,7 @@ class Controller:
         self.ngram: dict[tuple[int, bool], AcceptanceEstimate] = {}
         self._idle = {kind: 0 for kind in DrafterKind}
         self._generations = 0
-        self._failed = 0.0  # n-gram positions that failed (not on a streak), this text
+        self._failed = 0.0  # drafted n-gram positions that failed, this text
         self._expected_failed = 0.0  # failures the unscaled priors expected there
 
     def limit(self, kind: DrafterKind, remaining: int) -> int:
@@ -271,9 +270,9 @@ class Controller:
             top = offer.available
             if offer.kind == DrafterKind.NGRAM and not offer.streak and offer.match < COPY_MATCH:
                 top = min(top, NGRAM_FIRST_MAX)
-            if self._doubted(offer) and self.doubt >= 1.0:
-                top = min(top, UNPROVEN_MAX)
             doubt = self.doubt if self._doubted(offer) else 1.0
+            if doubt >= 1.0 and self._doubted(offer):  # not yet shown to copy: short drafts
+                top = min(top, UNPROVEN_MAX)
             acc = self.estimate(offer).expected_accepted(top, doubt)
             for k in range(self.draft_min, top + 1):
                 rate = (1.0 + acc[k - 1]) / self._seconds(offer, k)
@@ -356,11 +355,6 @@ class Controller:
         for kind in self._idle:
             self._idle[kind] = 0 if kind == plan.drafter else self._idle[kind] + 1
         if offer is not None and drafted > 0:
-            self.observe_acceptance(offer, drafted, accepted)
-
-    def observe_acceptance(self, offer: Offer, drafted: int, accepted: int) -> None:
-        """Fold in how a draft of ``offer`` fared."""
-        if drafted > 0:
             est = self.estimate(offer)
             if offer.kind == DrafterKind.NGRAM:  # each tells how far this text copies
                 tested = min(drafted, accepted + 1)
