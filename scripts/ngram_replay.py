@@ -21,15 +21,16 @@ import json
 import math
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from localspec.bench.runner import load_prompts
 from localspec.core.cached_model import common_prefix_length
-from localspec.core.controller import SPECULATE_MARGIN, Controller
+from localspec.core.controller import COPY_DEPTH, SPECULATE_MARGIN, Controller
 from localspec.core.costs import CostProfile
-from localspec.core.drafters import NgramDrafter
+from localspec.core.drafters import NgramDrafter, PassedDraft
 from localspec.core.params import DrafterKind, GenerationParams
 from localspec.session.session import ModelOptions, open_session
 
@@ -40,19 +41,24 @@ def replay(
     costs: CostProfile,
     max_tokens: int,
     margin: float = SPECULATE_MARGIN,
+    ends: Callable[[int], bool] | None = None,
 ) -> tuple[float, list[tuple[int, int, int]]]:
-    """Estimated seconds of a cold auto run (n-gram only) and its drafts (k, accepted, match)."""
+    """Estimated seconds of a cold auto run (n-gram only) and its drafts (k, accepted, match);
+    ``ends`` tells end-of-generation tokens, as the engine's n-gram drafter is told."""
     params = GenerationParams(max_tokens=max_tokens)
     controller = Controller(costs, allow=(DrafterKind.NGRAM,), margin=margin)
     controller.new_generation()
-    drafter = NgramDrafter(params.ngram_min, params.ngram_max)
+    drafter = NgramDrafter(params.ngram_min, params.ngram_max, ends)
     drafter.begin(prompt)
     committed, done, seconds, drafts = list(prompt), 0, 0.0, []
     rng = np.random.default_rng(0)
+    passed: PassedDraft | None = None
     while done < len(answer):
         remaining = max_tokens - done - 1
         offer = drafter.offer(committed, controller.limit(DrafterKind.NGRAM, remaining))
         plan = controller.plan([offer] if offer else [])
+        if plan.drafter is None and offer is not None and passed is None:
+            passed = PassedDraft(offer, drafter.preview(COPY_DEPTH), len(committed))
         tokens: list[int] = []
         if plan.drafter is not None:
             tokens = drafter.propose(committed, plan.k, params, rng, 0.0).tokens
@@ -65,6 +71,9 @@ def replay(
             drafts.append((len(tokens), accepted, offer.match if offer else 0))
         drafter.observe(committed, len(tokens), accepted)
         controller.observe(plan, offer if tokens else None, len(tokens), accepted)
+        if passed is not None and (graded := passed.verdict(committed)):
+            controller.observe_passed(passed.offer, *graded)
+            passed = None
     return seconds, drafts
 
 
@@ -93,7 +102,9 @@ def main() -> int:
             continue
         prompt = session.text_tokens(prompts[key], raw=False)
         answer = list(record["token_ids"])
-        seconds, drafts = replay(prompt, answer, costs, args.max_tokens, args.margin)
+        seconds, drafts = replay(
+            prompt, answer, costs, args.max_tokens, args.margin, session.target.is_eog
+        )
         ratio = len(answer) * costs.plain_s / seconds
         by_category[key[0]].append(ratio)
         print(f"{key[0]:16} {key[1]:28} {len(answer):4} tokens {ratio:5.2f}x", end="")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from localspec.core.controller import (
-    COPY_DOUBT,
-    DOUBT_BELOW,
-    UNPROVEN_MAX,
+    COPY_DEPTH,
+    COPY_ODDS,
     Controller,
     Plan,
     ngram_bucket,
@@ -52,10 +51,8 @@ def learn(c: Controller, offer: Offer, drafted: int, accepted: int, times: int) 
 
 
 def expected_rate(c: Controller, offer: Offer, k: int) -> float:
-    est = c.estimate(offer)
     step = CPU.draft_step_s * k if offer.kind == MODEL else 0.0
-    doubt = c.doubt if Controller._doubted(offer) else 1.0
-    return (1 + est.expected_accepted(k, doubt)[-1]) / (CPU.verify(k) + step)
+    return (1 + c.expected_accepted(offer, k)[-1]) / (CPU.verify(k) + step)
 
 
 def test_never_picks_a_draft_slower_than_a_plain_step():
@@ -76,7 +73,7 @@ def test_never_picks_a_draft_slower_than_a_plain_step():
 def test_chosen_plan_is_the_best_candidate():
     c = Controller(CPU)
     offer = ngram(12, 3)
-    learn(c, offer, 8, 8, 20)
+    learn(c, offer, COPY_DEPTH, COPY_DEPTH, 20)
     plan = c.plan([offer])
     assert plan.drafter == NGRAM and plan.match == 3
     best = max(expected_rate(c, offer, k) for k in range(1, 13))
@@ -84,16 +81,16 @@ def test_chosen_plan_is_the_best_candidate():
     assert plan.expected_tokens_per_s > 1 / CPU.plain_s
 
 
-def test_draft_length_grows_with_acceptance():
+def test_draft_length_grows_with_how_often_the_text_copies():
     lengths = []
-    for accept in (0.5, 0.75, 0.9, 1.0):
+    for copies in (0, 4, 8, 16):  # of 16 graded drafts, how many held COPY_DEPTH tokens
         c = Controller(CPU)
-        offer = ngram(16, 3)
-        for _ in range(60):
-            c.observe(c.plan([offer]), offer, 10, int(accept * 10))
+        offer = ngram(64, 6)
+        for i in range(16):
+            c.observe(Plan(NGRAM, 16, 0.0, ""), offer, 16, 16 if i < copies else 1)
         plan = c.plan([offer])
         lengths.append(plan.k if plan.drafter else 0)
-    assert lengths == sorted(lengths) and lengths[-1] > lengths[0]
+    assert lengths == sorted(lengths) and lengths[0] == 0 and lengths[-1] > 16
 
 
 def test_a_long_match_drafts_on_a_cold_start_and_a_streak_drafts_longer():
@@ -101,9 +98,9 @@ def test_a_long_match_drafts_on_a_cold_start_and_a_streak_drafts_longer():
     weak = c.plan([ngram(64, match=2)])
     assert weak.drafter is None  # a 2-token match does not pay for a verify batch here
     medium = c.plan([ngram(64, match=12)])
-    assert medium.drafter == NGRAM and medium.k <= 16  # a copy, not yet shown: a short batch
     strong = c.plan([ngram(64, match=20)])
-    assert strong.drafter == NGRAM and strong.k >= medium.k  # a long match is a copy
+    assert strong.drafter == NGRAM  # a long match is likely a copy
+    assert strong.expected_tokens_per_s > medium.expected_tokens_per_s
     assert ngram_bucket(20) == 16 and ngram_bucket(2) == 2
     copying = Controller(CPU)
     offer = ngram(64, match=20, streak=True)
@@ -228,7 +225,7 @@ def test_a_new_generation_relearns_acceptance_quickly():
     c = Controller(CPU, allow=(NGRAM,))
     offer = ngram(16, 6)
     c.new_generation()  # the first generation starts from what was restored, kept whole
-    learn(c, offer, 8, 8, 200)  # a long stretch of code being copied: drafts always accepted
+    learn(c, offer, 16, 16, 200)  # a long stretch of code being copied: drafts always accepted
     assert c.plan([offer]).drafter == NGRAM
     c.new_generation()
     for _ in range(6):  # prose: the same matches now fail at once
@@ -239,8 +236,10 @@ def test_a_new_generation_relearns_acceptance_quickly():
 def test_learned_state_round_trips_discounted():
     c = Controller(CPU)
     offer = ngram(16, 6)
-    learn(c, offer, 8, 8, 50)
-    learn(c, ngram(16, 20, streak=True), 16, 10, 20)
+    streak = ngram(16, 20, streak=True)
+    learn(c, offer, 16, 2, 20)
+    learn(c, offer, 16, 16, 50)
+    learn(c, streak, 16, 10, 20)
     learn(c, model(4), 4, 3, 10)
     saved = c.learned()
     fresh = Controller(CPU)
@@ -248,21 +247,24 @@ def test_learned_state_round_trips_discounted():
     assert fresh.learned() == saved
     a, b = fresh.plan([offer]), c.plan([offer])
     assert (a.drafter, a.k) == (b.drafter, b.k)
-    assert a.expected_tokens_per_s == pytest.approx(b.expected_tokens_per_s)
+    assert a.expected_tokens_per_s == pytest.approx(b.expected_tokens_per_s, rel=1e-4)  # rounded
     half = Controller(CPU)
     half.restore(saved, keep=0.5)
-    assert half.estimate(offer).evidence == pytest.approx(c.estimate(offer).evidence / 2, rel=1e-3)
+    evidence = c.estimate(streak).evidence
+    assert half.estimate(streak).evidence == pytest.approx(evidence / 2, rel=1e-3)
+    assert COPY_ODDS < half.copy_odds < c.copy_odds  # nearer the start: less evidence
 
 
 @pytest.mark.parametrize(
     "bad",
     [
         {},
-        {"model": {"hits": [1], "tries": [1]}, "ngram": {"5": {"hits": [1], "tries": [1]}}},
-        {"model": {"hits": [2], "tries": [1]}, "ngram": {}},
-        {"model": {"hits": [1], "tries": [1, 2]}, "ngram": {}},
-        {"model": {"hits": "x", "tries": []}, "ngram": {}},
-        {"copy": [-1, 2], "model": {"hits": [1], "tries": [1]}, "ngram": {}},
+        {"copies": [0, 0], "model": {"hits": [1], "tries": [1]}, "streaks": {"5": {}}},
+        {"copies": [0, 0], "model": {"hits": [2], "tries": [1]}, "streaks": {}},
+        {"copies": [0, 0], "model": {"hits": [1], "tries": [1, 2]}, "streaks": {}},
+        {"copies": [0, 0], "model": {"hits": "x", "tries": []}, "streaks": {}},
+        {"copies": [-1, 2], "model": {"hits": [1], "tries": [1]}, "streaks": {}},
+        {"model": {"hits": [1], "tries": [1]}, "streaks": {}},  # an older format's evidence
     ],
 )
 def test_restore_rejects_malformed_state_and_changes_nothing(bad):
@@ -308,34 +310,47 @@ def test_a_plain_step_faster_than_calibrated_does_not_make_batches_look_cheap():
     assert c.costs.verify(8) == pytest.approx(0.5 * CPU.verify(8), rel=0.02)  # batches say so
 
 
-def test_a_text_whose_drafts_part_at_once_is_doubted_and_one_that_copies_is_trusted():
+def test_a_text_whose_drafts_part_at_once_loses_its_odds_and_one_that_copies_gains_them():
     prose, code = Controller(CPU, allow=(NGRAM,)), Controller(CPU, allow=(NGRAM,))
-    assert prose.doubt == code.doubt == pytest.approx(COPY_DOUBT)  # a new text is doubted
+    assert prose.copy_odds == code.copy_odds == pytest.approx(COPY_ODDS)
     offer = ngram(16, 6)
     for _ in range(4):
-        prose.observe(Plan(NGRAM, 4, 0.0, ""), offer, 4, 0)
-        code.observe(Plan(NGRAM, 4, 0.0, ""), offer, 4, 4)
-    assert prose.doubt > COPY_DOUBT and code.doubt < 1.0
-    # a long copy accepted whole is evidence too, weighed against its own (high) prior
-    before = code.doubt
-    code.observe(Plan(NGRAM, 40, 0.0, ""), ngram(40, 20, streak=True), 40, 40)
-    assert code.doubt < before
-    assert code.doubt > 0.0
+        prose.observe(Plan(NGRAM, 16, 0.0, ""), offer, 16, 2)
+        code.observe(Plan(NGRAM, 16, 0.0, ""), offer, 16, 16)
+    assert prose.copy_odds < COPY_ODDS < code.copy_odds
+    assert prose.plan([ngram(64, 8)]).drafter is None
+    assert code.plan([ngram(64, 8)]).k > 16  # a text that copies drafts long on a middling match
+
+
+def test_what_says_nothing_about_copies_leaves_the_odds_alone():
+    c = Controller(CPU, allow=(NGRAM,))
+    c.observe(Plan(NGRAM, 4, 0.0, ""), ngram(16, 6), 4, 4)  # short and accepted whole
+    c.observe(Plan(NGRAM, 40, 0.0, ""), ngram(40, 20, streak=True), 40, 3)  # a streak's own
+    c.observe_passed(ngram(16, 6), 0, 0)  # nothing was there to pass over
+    assert c.copy_odds == pytest.approx(COPY_ODDS)
+
+
+def test_drafts_passed_over_are_graded_like_drafts():
+    drafted, passed = Controller(CPU, allow=(NGRAM,)), Controller(CPU, allow=(NGRAM,))
+    for _ in range(3):
+        drafted.observe(Plan(NGRAM, COPY_DEPTH, 0.0, ""), ngram(16, 4), COPY_DEPTH, COPY_DEPTH)
+        passed.observe_passed(ngram(16, 4), COPY_DEPTH, COPY_DEPTH)
+    assert passed.copy_odds == pytest.approx(drafted.copy_odds) and passed.copy_odds > COPY_ODDS
+    passed.observe_passed(ngram(16, 4), COPY_DEPTH, 1)  # it parted after one token
+    assert passed.copy_odds < drafted.copy_odds
 
 
 # Verify costs relative to a plain step as measured on a 2-core CPU during real answers.
 IN_SITU = CostProfile(plain_s=0.033, verify_s={1: 0.055, 2: 0.075, 3: 0.085, 15: 0.185})
 
 
-def test_a_first_draft_on_a_middling_match_is_sized_for_prose_until_copies_show():
+def test_a_new_text_waits_for_a_long_match_or_for_copies_to_show():
     c = Controller(IN_SITU, allow=(NGRAM,))
-    first = c.plan([ngram(40, match=8)])
-    assert first.drafter is None or first.k <= UNPROVEN_MAX  # parting at once costs little
-    assert c.plan([ngram(40, match=DOUBT_BELOW)]).k > UNPROVEN_MAX  # a copy in prose too
-    for _ in range(3):  # short drafts accepted whole: this text copies
-        c.observe(Plan(NGRAM, 3, 0.0, ""), ngram(40, match=8), 3, 3)
-    assert c.doubt < 1.0
-    assert c.plan([ngram(40, match=8)]).k > UNPROVEN_MAX
+    assert c.plan([ngram(40, match=4)]).drafter is None  # in prose, it would part at once
+    assert c.plan([ngram(40, match=20)]).drafter == NGRAM
+    for _ in range(2):  # the answer copied what plain steps passed over
+        c.observe_passed(ngram(40, match=4), COPY_DEPTH, COPY_DEPTH)
+    assert c.plan([ngram(40, match=4)]).drafter == NGRAM
 
 
 def test_a_draft_expected_to_win_by_less_than_the_margin_is_not_taken():

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from localspec.core.controller import COPY_ODDS
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import (
@@ -258,3 +259,19 @@ def test_a_draft_with_a_smaller_vocabulary_samples_exactly():
     decoder = SpecDecoder(target, draft, CHEAP_VERIFY)
     _, longer = run(decoder, PROMPT, max_tokens=30, drafter="model", temperature=0.9, seed=1)
     assert len(longer.token_ids) == 30 and longer.stats["drafted"] > 0
+
+
+def test_drafts_that_plain_steps_pass_over_are_graded_by_the_answer():
+    """A cycling answer copies what plain steps passed over; one that never repeats does
+    not. Verify batches cost many plain steps here, so nothing is drafted: what the
+    controller learns about the text comes from the passed-over drafts alone."""
+    costly = CostProfile(plain_s=1.0, verify_s={k: 2.0 + 0.25 * k for k in range(1, 17)})
+    odds = {}
+    for seed in (0, 5):  # seed 0: the answer cycles with period 11; seed 5: no repeats
+        target = FakeModel(seed=seed, window=2)
+        decoder = SpecDecoder(target, None, costly)
+        events, fin = run(decoder, PROMPT, max_tokens=60, drafter="auto")
+        assert list(fin.token_ids) == plain_greedy(target, PROMPT, 60)
+        assert all(r.drafted == 0 for r in events if isinstance(r, RoundCompleted))
+        odds[seed] = decoder.controllers()[0].copy_odds
+    assert odds[5] < COPY_ODDS < odds[0]

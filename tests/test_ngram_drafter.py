@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.core.drafters import NgramDrafter
+from localspec.core.drafters import NgramDrafter, Offer, PassedDraft
 from localspec.core.params import DrafterKind, GenerationParams
 
 GREEDY = GenerationParams()
@@ -140,3 +140,43 @@ def test_a_parted_copy_is_forgotten_when_the_answer_goes_elsewhere():
         toks.append(token)
         d.observe(toks, 0, 0)
     assert d.offer(toks, 64) is None
+
+
+END = 99  # an end-of-generation token: the end of a turn in the chat template
+
+
+def test_a_copy_ends_after_the_end_of_a_turn():
+    # The source turn ends with END, then the template goes on; the answer copies the turn.
+    toks = [1, 2, 3, 4, 5, END, 60, 61, 62, 63, 1, 2]
+    d = NgramDrafter(2, 16, ends=lambda t: t == END)
+    d.begin(toks)
+    offer = d.offer(toks, 64)
+    assert offer.available == 4  # 3 4 5 END: never the template after it
+    assert propose(d, toks, 64) == [3, 4, 5, END]
+    plain = NgramDrafter(2, 16)
+    plain.begin(toks)
+    assert propose(plain, toks, 64)[:6] == [3, 4, 5, END, 60, 61]
+
+
+def test_preview_shows_the_draft_without_drafting_it():
+    source = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    toks = [*source, 40, 1, 2, 3]
+    d, never = NgramDrafter(2, 16), NgramDrafter(2, 16)
+    d.begin(toks)
+    never.begin(toks)
+    assert d.preview(5) == [4, 5, 6, 7, 8]
+    for token in (4, 5, 77, 7):  # plain steps: the answer copies, parts, and comes back
+        toks.append(token)
+        d.observe(toks, 0, 0)
+        never.observe(toks, 0, 0)
+        assert d.offer(toks, 64) == never.offer(toks, 64)
+        assert propose(d, toks, 3) == propose(never, toks, 3)
+
+
+def test_a_passed_draft_is_graded_once_the_answer_shows_its_fate():
+    offer = Offer(DrafterKind.NGRAM, 4, match=3)
+    passed = PassedDraft(offer, [7, 8, 9, 10], start=3)
+    assert passed.verdict([1, 2, 3, 7, 8]) is None  # so far, so good: not known yet
+    assert passed.verdict([1, 2, 3, 7, 8, 5]) == (4, 2)  # parted at the third token
+    assert passed.verdict([1, 2, 3, 7, 8, 9, 10, 11]) == (4, 4)  # held whole
+    assert PassedDraft(offer, [], start=3).verdict([1, 2, 3]) == (0, 0)

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
+from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile
 from localspec.core.engine import run_to_completion
 from localspec.core.params import GenerationParams
 from localspec.session.calibrate import CostCache, fastest_of
-from localspec.session.learning import LearningStore
+from localspec.session.learning import FORMAT, LearningStore
 
 PROFILE = CostProfile(plain_s=0.04, verify_s={1: 0.07, 15: 0.3}, draft_step_s=0.02)
 
@@ -53,18 +54,19 @@ def test_two_measurements_keep_the_faster_of_each_cost():
 
 def test_learning_store_round_trip_damaged_and_foreign_files(tmp_path):
     store = LearningStore(tmp_path)
-    learned = {"model": {"hits": [1.0], "tries": [2.0]}, "ngram": {}}
+    learned = {"copies": [1.0, 2.0], "model": {"hits": [1.0], "tries": [2.0]}, "streaks": {}}
     assert store.load("pair") == (None, "")  # nothing saved yet: no warning either
     assert store.save("pair", learned) == ""
     assert store.load("pair") == (learned, "")
     store.path("pair").write_text("{broken")
     data, why = store.load("pair")
     assert data is None and "unreadable" in why
-    store.path("other").write_text(json.dumps({"format": 1, "pair": "pair", "learned": {}}))
+    store.path("other").write_text(json.dumps({"format": FORMAT, "pair": "pair", "learned": {}}))
     data, why = store.load("other")
     assert data is None and "another model pair" in why
-    store.path("old").write_text(json.dumps({"format": 0, "pair": "old", "learned": {}}))
-    assert store.load("old")[0] is None
+    store.path("old").write_text(json.dumps({"format": FORMAT - 1, "pair": "old", "learned": {}}))
+    data, why = store.load("old")  # an older release's evidence, of another shape
+    assert data is None and f"not a format {FORMAT} file" in why
     assert store.forget() == 3
 
 
@@ -91,7 +93,8 @@ def test_a_second_session_starts_from_what_the_first_learned(tiny_options, isola
     try:
         assert second.decoder.restored == saved
         fresh = second.decoder.controller_for(params)
-        assert fresh.learned()["ngram"].keys() == saved["ngram"].keys()
+        assert fresh.learned()["streaks"].keys() == saved["streaks"].keys()
+        assert fresh.copy_odds != Controller(second.decoder.costs).copy_odds  # warm
         second.forget_learning()
         assert second.decoder.restored is None
     finally:

@@ -2,16 +2,20 @@
 
 Inputs: what each drafter offers this round (``drafters.Offer``), this machine's costs
 (``costs.LiveCosts``) and running estimates of conditional acceptance per draft position:
-one for the draft model, and for n-gram drafts one per bucket of matched suffix length and
-streak (a long match is nearly always a copy; a 2-token match is weak evidence). For every
-candidate (plain step; each offer with k = 1..available) it computes
+one for the draft model, and for n-gram streaks (copies under way) one per bucket of
+matched suffix length. For every candidate (plain step; each offer with k = 1..available)
+it computes
 
     E[tokens] = 1 + sum_{j=1..k} prod_{i<=j} alpha_i        (the +1 is the target's token)
     seconds   = verify(k) + draft set-up + k * draft step   (n-gram drafts cost no steps)
 
 and picks the highest expected tokens per second, so a plain step wins whenever speculating
-is not expected to pay. A draft model that could pay if its acceptance were high, but has
-not been tried for a long while, is probed with a short draft so its estimate can recover.
+is not expected to pay. An n-gram offer not yet shown to be a copy is priced as a mixture:
+with this text's chance of a long copy it runs on at ``COPY_ALPHA`` a token, otherwise it
+parts at the match length's own rate. That chance is learned per text from the drafts and
+from the drafts plain steps passed over (``observe_passed``), graded as the answer goes
+on. A draft model that could pay if its acceptance were high, but has not been tried for a
+long while, is probed with a short draft so its estimate can recover.
 
 What was learned can be exported (``learned``) and restored (``restore``) so that the next
 process starts warm; restored evidence is discounted so that new rounds soon outweigh it.
@@ -25,51 +29,45 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localspec.core.costs import CostProfile, LiveCosts
-from localspec.core.drafters import Offer
+from localspec.core.drafters import STREAK_MIN, Offer
 from localspec.core.params import DrafterKind
 
-# n-gram match-length buckets: (smallest length, prior acceptance of the first draft token).
-# Measured over greedy answers of the default pair (code and prose, every answer position):
-# a match of 16+ tokens is a copy (0.99 per token on code, 0.92 on prose), a 2-token match
-# is right about half the time. Priors sit at the cautious end of what was measured.
+# n-gram match-length buckets: (smallest length, chance that a match this long starts a long
+# copy in a text that copies, acceptance per token of a match that parts). Measured over
+# greedy answers of the default pair at every answer position: in code a 16+ token match
+# runs on for 16 more tokens 92% of the time and a 2-token match 16%; in prose almost never
+# (2% at most, at any length), while a match that parts keeps a few tokens in both (mean 1.2
+# tokens after a 2-token match, 4-5 after 12). The parting rates below sit under those means:
+# at the measured ones, first drafts in prose cost more than they returned in replays of the
+# bench's answers (scripts/ngram_replay.py). Which kind of text this is is learned per text
+# (``Controller.copy_odds``).
 NGRAM_BUCKETS = (
-    (0, 0.5),  # RESYNC: resuming a parted copy
-    (1, 0.3),
-    (2, 0.4),
-    (3, 0.5),
-    (4, 0.65),
-    (6, 0.75),
-    (8, 0.8),
-    (12, 0.85),
-    (16, 0.95),
+    (0, 0.3, 0.25),  # RESYNC: resuming a parted copy
+    (1, 0.1, 0.0),
+    (2, 0.16, 0.1),
+    (3, 0.27, 0.25),
+    (4, 0.41, 0.48),
+    (6, 0.5, 0.62),
+    (8, 0.59, 0.7),
+    (12, 0.73, 0.78),
+    (16, 0.92, 0.92),
 )
+COPY_ALPHA = 0.99  # per token along a copy of code (measured)
 STREAK_PRIOR = 0.97  # the previous n-gram draft was accepted whole: the copy likely goes on
-# After a short match, a draft that survived a few tokens has found a copy and tends to go on:
-# each deeper position starts from the previous one's estimate with its failure chance
-# scaled by this. Long matches and streaks are copies already, flat with depth.
-NGRAM_DEPTH_GAIN = 0.8
-# A copy that has not yet shown itself (no streak, a match shorter than COPY_MATCH) drafts at
-# most NGRAM_FIRST_MAX tokens: long batches pay little more per accepted token, but cost many
-# plain steps when the copy parts at once. After a long draft accepted whole, or on a match
-# of COPY_MATCH tokens, the full length is allowed.
-NGRAM_FIRST_MAX = 16
-COPY_MATCH = 16
+# A new text's odds of long copies against the buckets' chances, worth COPY_PSEUDO drafts of
+# evidence: unknown text starts at half, so prose pays for at most a draft or two before
+# its drafts and passed-over drafts show that it does not copy. A draft or passed-over draft
+# is graded a copy when it held for COPY_DEPTH tokens.
+COPY_ODDS = 0.5
+COPY_PSEUDO = 1.0
+COPY_DEPTH = 12
+COPY_DECAY = 0.9  # per graded draft: a text that copied may go on to write anew
+COPY_MAX = 0.97  # never certain: a copy can always end
 MODEL_PRIOR = 0.6
 # A draft is taken only when it is expected to beat a plain step by this factor: estimates
 # and measured costs are noisy, and the best of many noisy candidates is biased upward, so a
 # draft expected to win by less loses about as often as it wins (measured on prose).
 SPECULATE_MARGIN = 1.1
-# How far this text copies is learned per generation from every n-gram draft: the positions
-# that failed against the failures the priors expected there (``Controller.doubt``). Code
-# copies far more than prose, and a long first draft that parts at once costs several plain
-# steps, so a new text starts doubted: drafts on matches shorter than DOUBT_BELOW have their
-# chance of failure scaled by the doubt, and while it is 1 or more they draft at most
-# UNPROVEN_MAX tokens. COPY_PSEUDO expected failures' worth of the starting doubt stands
-# before the evidence. Chosen with scripts/ngram_replay.py over code and prose answers.
-COPY_DOUBT = 1.5
-COPY_PSEUDO = 1.0
-UNPROVEN_MAX = 4
-DOUBT_BELOW = 12  # matches this long are copies in prose too (measured): never doubted
 OPTIMISTIC_ALPHA = 0.9  # acceptance a probe hopes for; no probe if even that would not pay
 FIXED_MODEL_P_MIN = 0.75  # llama.cpp's default draft confidence cut-off
 
@@ -79,7 +77,15 @@ RESYNC = 0  # the bucket of drafts that resume a parted copy (``Offer.resync``)
 
 def ngram_bucket(n: int) -> int:
     """The smallest length of the bucket that a match of ``n`` tokens falls in."""
-    return max(lo for lo, _ in NGRAM_BUCKETS if lo <= max(n, 1))
+    return max(lo for lo, _, _ in NGRAM_BUCKETS if lo <= max(n, 1))
+
+
+def _copy_chance(bucket: int) -> float:
+    return next(w for lo, w, _ in NGRAM_BUCKETS if lo == bucket)
+
+
+def _parting_alpha(bucket: int) -> float:
+    return next(a for lo, _, a in NGRAM_BUCKETS if lo == bucket)
 
 
 @dataclass
@@ -89,45 +95,31 @@ class AcceptanceEstimate:
     prior: float
     prior_weight: float = 2.0
     decay: float = 0.97
-    depth_gain: float = 1.0  # < 1: deeper positions lean toward acceptance (copies go on)
     extrapolate: bool = False  # untried depths may inherit more than the prior gives them
     hits: list[float] = field(default_factory=list)
     tries: list[float] = field(default_factory=list)
 
-    def alphas(self, k: int, doubt: float = 1.0) -> list[float]:
+    def alphas(self, k: int) -> list[float]:
         """Conditional acceptance for positions 1..k. Each position's estimate shrinks
         toward the one before it, since acceptance varies smoothly with depth and deep
         positions are tried less often; unless ``extrapolate``, never above the prior's own
         value at that depth, so a few short successes do not vouch for positions never
-        tried. ``doubt`` scales the prior's chance of failure at every depth (see
-        ``Controller.doubt``); evidence is weighed against the scaled prior."""
+        tried."""
         out: list[float] = []
-        priors = [1.0 - min(1.0, (1.0 - p) * doubt) for p in self.prior_curve(k)]
-        anchor = priors[0] if priors else self.prior
-        for i, prior in enumerate(priors):
+        anchor = self.prior
+        for i in range(k):
             h = self.hits[i] if i < len(self.hits) else 0.0
             t = self.tries[i] if i < len(self.tries) else 0.0
-            if i > 0:
-                anchor = 1.0 - (1.0 - anchor) * self.depth_gain
             if not self.extrapolate:
-                anchor = min(anchor, prior)
+                anchor = min(anchor, self.prior)
             anchor = (h + anchor * self.prior_weight) / (t + self.prior_weight)
             out.append(anchor)
         return out
 
-    def prior_curve(self, k: int) -> list[float]:
-        """The prior's own acceptance at positions 1..k, before any evidence."""
-        out, p = [], self.prior
-        for i in range(k):
-            if i > 0:
-                p = 1.0 - (1.0 - p) * self.depth_gain
-            out.append(p)
-        return out
-
-    def expected_accepted(self, k: int, doubt: float = 1.0) -> list[float]:
+    def expected_accepted(self, k: int) -> list[float]:
         """Cumulative expected accepted tokens for draft lengths 1..k."""
         out, reach, total = [], 1.0, 0.0
-        for a in self.alphas(k, doubt):
+        for a in self.alphas(k):
             reach *= a
             total += reach
             out.append(total)
@@ -172,14 +164,10 @@ class AcceptanceEstimate:
         self.tries = [t * keep for _, t in pairs]
 
 
-def _ngram_estimate(bucket: int, streak: bool) -> AcceptanceEstimate:
-    prior = dict(NGRAM_BUCKETS)[bucket]
-    if streak:  # a copy under way, proven by a long draft accepted whole: what held at the
-        # depths tried holds deeper too (measured: 0.99 a token all along copies of code)
-        return AcceptanceEstimate(prior=max(prior, STREAK_PRIOR), extrapolate=True)
-    if bucket >= 12:  # a copy, as likely to part at any token (measured)
-        return AcceptanceEstimate(prior=prior)
-    return AcceptanceEstimate(prior=prior, depth_gain=NGRAM_DEPTH_GAIN)
+def _streak_estimate() -> AcceptanceEstimate:
+    """A copy under way, proven by a long draft accepted whole: what held at the depths
+    tried holds deeper too (measured: 0.99 a token all along copies of code)."""
+    return AcceptanceEstimate(prior=STREAK_PRIOR, extrapolate=True)
 
 
 def _evidence(offer: Offer) -> str:
@@ -227,24 +215,54 @@ class Controller:
         self.fixed = fixed
         self.margin = margin
         self.model = AcceptanceEstimate(prior=MODEL_PRIOR)
-        self.ngram: dict[tuple[int, bool], AcceptanceEstimate] = {}
+        self.streaks: dict[int, AcceptanceEstimate] = {}  # per match-length bucket
         self._idle = {kind: 0 for kind in DrafterKind}
         self._generations = 0
-        self._failed = 0.0  # drafted n-gram positions that failed, this text
-        self._expected_failed = 0.0  # failures the unscaled priors expected there
+        self._copies = 0.0  # graded n-gram drafts of this text that held COPY_DEPTH tokens
+        self._expected_copies = 0.0  # how many of them the buckets' chances expected
 
     def limit(self, kind: DrafterKind, remaining: int) -> int:
         """The longest draft ``kind`` may propose when ``remaining`` drafts can still be used."""
         return min(self.limits[kind], remaining)
 
-    def estimate(self, offer: Offer) -> AcceptanceEstimate:
+    def estimate(self, offer: Offer) -> AcceptanceEstimate | None:
+        """The learned per-position acceptance ``offer`` is priced with: the draft model's,
+        or a streak's per match-length bucket; None for an n-gram offer not yet shown to be
+        a copy (priced by ``copy_curve``)."""
         if offer.kind == DrafterKind.MODEL:
             return self.model
+        if not offer.streak:
+            return None
+        bucket = ngram_bucket(offer.match)
+        if bucket not in self.streaks:
+            self.streaks[bucket] = _streak_estimate()
+        return self.streaks[bucket]
+
+    def expected_accepted(self, offer: Offer, k: int) -> list[float]:
+        """Cumulative expected accepted tokens for drafts of 1..k from ``offer``."""
+        est = self.estimate(offer)
+        return est.expected_accepted(k) if est is not None else self.copy_curve(offer, k)
+
+    def copy_curve(self, offer: Offer, k: int) -> list[float]:
+        """Expected accepted tokens for drafts of 1..k from an n-gram offer not yet shown to
+        be a copy: a long copy (``COPY_ALPHA`` a token) with this text's chance of one at
+        this match length, else a match that parts at its bucket's rate a token."""
         bucket = RESYNC if offer.resync else ngram_bucket(offer.match)
-        key = (bucket, offer.streak)
-        if key not in self.ngram:
-            self.ngram[key] = _ngram_estimate(bucket, offer.streak)
-        return self.ngram[key]
+        w = min(COPY_MAX, _copy_chance(bucket) * self.copy_odds)
+        parting = _parting_alpha(bucket)
+        out, copy, part, total = [], 1.0, 1.0, 0.0
+        for _ in range(k):
+            copy *= COPY_ALPHA
+            part *= parting
+            total += w * copy + (1.0 - w) * part
+            out.append(total)
+        return out
+
+    @property
+    def copy_odds(self) -> float:
+        """This text's long copies against what the buckets' chances expected, starting
+        from ``COPY_ODDS`` worth ``COPY_PSEUDO`` drafts."""
+        return (self._copies + COPY_PSEUDO * COPY_ODDS) / (self._expected_copies + COPY_PSEUDO)
 
     def _seconds(self, offer: Offer, k: int) -> float:
         """Draft and verify time of a k-token draft from ``offer``."""
@@ -268,12 +286,7 @@ class Controller:
         best = Plan(None, 0, plain.expected_tokens_per_s * self.margin, "plain step")
         for offer in offers:
             top = offer.available
-            if offer.kind == DrafterKind.NGRAM and not offer.streak and offer.match < COPY_MATCH:
-                top = min(top, NGRAM_FIRST_MAX)
-            doubt = self.doubt if self._doubted(offer) else 1.0
-            if doubt >= 1.0 and self._doubted(offer):  # not yet shown to copy: short drafts
-                top = min(top, UNPROVEN_MAX)
-            acc = self.estimate(offer).expected_accepted(top, doubt)
+            acc = self.expected_accepted(offer, top)
             for k in range(self.draft_min, top + 1):
                 rate = (1.0 + acc[k - 1]) / self._seconds(offer, k)
                 if rate > best.expected_tokens_per_s:
@@ -286,21 +299,6 @@ class Controller:
         return Plan(
             best.drafter, best.k, best.expected_tokens_per_s, best.reason, p_min, offer.match
         )
-
-    @staticmethod
-    def _doubted(offer: Offer) -> bool:
-        """Whether ``offer``'s estimate is scaled by ``doubt``: n-gram drafts not yet
-        shown to be copies (no streak, a match shorter than DOUBT_BELOW)."""
-        return (
-            offer.kind == DrafterKind.NGRAM
-            and not offer.streak
-            and (offer.resync or offer.match < DOUBT_BELOW)
-        )
-
-    @property
-    def doubt(self) -> float:
-        """How many times the priors' chance of failure this text's n-gram drafts show."""
-        return (self._failed + COPY_PSEUDO * COPY_DOUBT) / (self._expected_failed + COPY_PSEUDO)
 
     def _probe(self, offers: list[Offer]) -> Plan | None:
         """A short draft from a drafter left idle for long, if it could pay at all: a probe
@@ -338,10 +336,10 @@ class Controller:
         if self._generations == 1:
             return
         self.model.shrink(keep)
-        for est in self.ngram.values():
+        for est in self.streaks.values():
             est.shrink(keep)
-        self._failed *= keep
-        self._expected_failed *= keep
+        self._copies *= keep
+        self._expected_copies *= keep
 
     def observe_timing(self, k: int, verify_s: float, draft: Any = None) -> None:
         """What a round took: verifying k drafts, and the draft model's passes if it drafted."""
@@ -356,23 +354,43 @@ class Controller:
             self._idle[kind] = 0 if kind == plan.drafter else self._idle[kind] + 1
         if offer is not None and drafted > 0:
             est = self.estimate(offer)
-            if offer.kind == DrafterKind.NGRAM:  # each tells how far this text copies
-                tested = min(drafted, accepted + 1)
-                self._failed += tested - accepted
-                self._expected_failed += sum(1.0 - a for a in est.prior_curve(tested))
-            est.observe(drafted, accepted)
+            if est is None:
+                self._grade_copy(offer, drafted, accepted)
+            else:
+                est.observe(drafted, accepted)
+
+    def observe_passed(self, offer: Offer, drafted: int, accepted: int) -> None:
+        """A plain step passed over ``offer``; the answer has since shown that ``drafted``
+        tokens of its continuation would have had ``accepted`` accepted (``accepted ==
+        drafted``, or the token after the last accepted one is known). Free evidence of
+        whether this text copies."""
+        if offer.kind != DrafterKind.NGRAM or self.estimate(offer) is not None or drafted == 0:
+            return
+        if accepted == drafted >= STREAK_MIN:  # it held as far as the text went: a copy
+            drafted = accepted = COPY_DEPTH  # (a source a few tokens back, e.g. a repeated line)
+        self._grade_copy(offer, drafted, accepted)
+
+    def _grade_copy(self, offer: Offer, drafted: int, accepted: int) -> None:
+        """A draft held ``COPY_DEPTH`` tokens (a copy) or parted before; a shorter draft
+        accepted whole says nothing either way."""
+        if accepted < min(drafted, COPY_DEPTH):
+            copied = 0.0
+        elif accepted >= COPY_DEPTH:
+            copied = 1.0
+        else:
+            return
+        expected = _copy_chance(RESYNC if offer.resync else ngram_bucket(offer.match))
+        self._copies = self._copies * COPY_DECAY + copied
+        self._expected_copies = self._expected_copies * COPY_DECAY + expected
 
     # -- persistence ----------------------------------------------------------------------
 
     def learned(self) -> dict[str, Any]:
         """The acceptance evidence, as plain data (see ``restore``)."""
         return {
-            "copy": [round(self._failed, 4), round(self._expected_failed, 4)],
+            "copies": [round(self._copies, 4), round(self._expected_copies, 4)],
             "model": self.model.to_dict(),
-            "ngram": {
-                f"{bucket}{'s' if streak else ''}": est.to_dict()
-                for (bucket, streak), est in sorted(self.ngram.items())
-            },
+            "streaks": {str(bucket): est.to_dict() for bucket, est in sorted(self.streaks.items())},
         }
 
     def restore(self, data: Any, keep: float = 0.5) -> None:
@@ -380,17 +398,16 @@ class Controller:
         ``ValueError``/``KeyError``/``TypeError`` on malformed data, changing nothing."""
         model = AcceptanceEstimate(prior=MODEL_PRIOR)
         model.load(data["model"], keep)
-        ngram: dict[tuple[int, bool], AcceptanceEstimate] = {}
-        for key, value in data["ngram"].items():
-            streak = key.endswith("s")
-            bucket = int(key.rstrip("s"))
-            if bucket not in dict(NGRAM_BUCKETS):
+        streaks: dict[int, AcceptanceEstimate] = {}
+        for key, value in data["streaks"].items():
+            bucket = int(key)
+            if bucket not in {lo for lo, _, _ in NGRAM_BUCKETS}:
                 raise ValueError(f"unknown n-gram bucket {key!r}")
-            est = _ngram_estimate(bucket, streak)
+            est = _streak_estimate()
             est.load(value, keep)
-            ngram[(bucket, streak)] = est
-        failed, expected = (float(x) for x in data.get("copy", (0.0, 0.0)))
-        if not (failed >= 0 and expected >= 0 and math.isfinite(failed + expected)):
+            streaks[bucket] = est
+        copies, expected = (float(x) for x in data["copies"])
+        if not (copies >= 0 and expected >= 0 and math.isfinite(copies + expected)):
             raise ValueError("copy evidence must be two non-negative numbers")
-        self.model, self.ngram = model, ngram
-        self._failed, self._expected_failed = failed * keep, expected * keep
+        self.model, self.streaks = model, streaks
+        self._copies, self._expected_copies = copies * keep, expected * keep

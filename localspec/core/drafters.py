@@ -11,7 +11,11 @@ calls these without knowing which drafter it talks to.
   from, else the continuation most of them share, so one odd recent copy does not outvote
   the rest. When a copy parts (a renamed variable in a rewrite), it keeps its place in the
   source and offers to resume right after the replaced token (``Offer.resync``) before the
-  suffix matches again. Free to run; its q is one-hot, so ``Draft.probs`` is None.
+  suffix matches again. A continuation ends after an end-of-generation token (given as
+  ``ends``): past the end of a turn the source goes on with the chat template, which an
+  answer never copies. Free to run; its q is one-hot, so ``Draft.probs`` is None.
+  ``preview`` shows what it would draft without drafting, so that a ``PassedDraft`` can
+  grade, as the answer goes on, the drafts plain steps passed over.
 - ``ModelDrafter``: runs the draft model autoregressively on its own KV cache (only tokens
   it lacks are evaluated, in one catch-up batch timed apart from the one-token steps),
   greedy when decoding is greedy, otherwise sampling from its warped q (returned for exact
@@ -100,10 +104,13 @@ class NgramDrafter:
 
     kind = DrafterKind.NGRAM
 
-    def __init__(self, n_min: int = 2, n_max: int = 32) -> None:
+    def __init__(
+        self, n_min: int = 2, n_max: int = 32, ends: Callable[[int], bool] | None = None
+    ) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
+        self.ends = ends
         self._keys = sorted({k for k in (LONG_KEY, n_min) if n_min <= k <= n_max}, reverse=True)
         self._tokens: list[int] = []
         # key length -> key -> continuation starts (index after the key), oldest first
@@ -176,10 +183,21 @@ class NgramDrafter:
         found = self.match()
         if self._resyncing(found):
             assert self._pointer is not None
-            return Offer(self.kind, min(limit, len(self._tokens) - self._pointer), resync=True)
+            return Offer(self.kind, self._span(self._pointer, limit), resync=True)
         if found is None:
             return None
-        return Offer(self.kind, min(limit, found.available), found.n, self._streak)
+        available = self._span(max(found.starts), min(limit, found.available))
+        return Offer(self.kind, available, found.n, self._streak)
+
+    def _span(self, start: int, limit: int) -> int:
+        """How many of the ``limit`` tokens from ``start`` a draft may take: up to the
+        first end-of-generation token, itself included."""
+        toks = self._tokens[start : start + limit]
+        if self.ends is not None:
+            for i, token in enumerate(toks):
+                if self.ends(token):
+                    return i + 1
+        return len(toks)
 
     def _resyncing(self, found: NgramMatch | None) -> bool:
         """Resume a parted copy when the suffix itself offers nothing better."""
@@ -189,9 +207,10 @@ class NgramDrafter:
             and (found is None or found.n < RESYNC_BELOW)
         )
 
-    def continuation(self, found: NgramMatch, k: int) -> list[int]:
+    def continuation(self, found: NgramMatch, k: int) -> tuple[list[int], int]:
         """Up to ``k`` tokens following the matched occurrences: at each step the token
-        most of the still-agreeing occurrences continue with (ties: the most recent)."""
+        most of the still-agreeing occurrences continue with (ties: the most recent); and
+        where in the text the draft reads from."""
         toks, n = self._tokens, len(self._tokens)
         alive = sorted(found.starts, reverse=True)  # most recent first
         out: list[int] = []
@@ -206,8 +225,17 @@ class NgramDrafter:
             token = max(votes, key=votes.__getitem__)  # first maximum = most recent occurrence
             out.append(token)
             alive = [p for p in alive if p + i < n and toks[p + i] == token]
-        self._draft_start = alive[0] if alive else max(found.starts)
-        return out
+            if self.ends is not None and self.ends(token):
+                break
+        return out, alive[0] if alive else max(found.starts)
+
+    def preview(self, k: int) -> list[int]:
+        """Up to ``k`` tokens ``propose`` would draft now, without drafting them."""
+        found = self.match()
+        if self._resyncing(found):
+            assert self._pointer is not None
+            return self._tokens[self._pointer : self._pointer + self._span(self._pointer, k)]
+        return self.continuation(found, k)[0] if found is not None else []
 
     def propose(
         self,
@@ -223,8 +251,9 @@ class NgramDrafter:
         if self._resyncing(found):
             assert self._pointer is not None
             self._draft_start = self._pointer
-            return Draft(self.kind, self._tokens[self._pointer : self._pointer + k])
-        tokens = self.continuation(found, k)
+            return Draft(self.kind, self.preview(k))
+        assert found is not None
+        tokens, self._draft_start = self.continuation(found, k)
         return Draft(self.kind, tokens)
 
     def observe(self, committed: Sequence[int], drafted: int, accepted: int) -> None:
@@ -257,6 +286,25 @@ class NgramDrafter:
         self._misses += 1
         if self._misses > RESYNC_MISSES:
             self._parted = ()
+
+
+@dataclass
+class PassedDraft:
+    """A draft a plain step passed over (``NgramDrafter.preview``), graded as the answer
+    goes on: ``verdict`` is None until the answer has shown how many of its tokens would
+    have been accepted."""
+
+    offer: Offer
+    tokens: list[int]
+    start: int  # how many tokens were committed when it was passed over
+
+    def verdict(self, committed: Sequence[int]) -> tuple[int, int] | None:
+        """``(drafted, accepted)`` once known."""
+        seen = committed[self.start : self.start + len(self.tokens)]
+        accepted = common_prefix_length(self.tokens, seen)
+        if accepted == len(self.tokens) or accepted < len(seen):
+            return len(self.tokens), accepted
+        return None
 
 
 class ModelDrafter:

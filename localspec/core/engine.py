@@ -25,9 +25,16 @@ from typing import Protocol
 import numpy as np
 
 from localspec.core.cached_model import CachedModel
-from localspec.core.controller import Controller, Plan
+from localspec.core.controller import COPY_DEPTH, Controller, Plan
 from localspec.core.costs import CostProfile
-from localspec.core.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, Offer
+from localspec.core.drafters import (
+    Draft,
+    Drafter,
+    ModelDrafter,
+    NgramDrafter,
+    Offer,
+    PassedDraft,
+)
 from localspec.core.events import (
     EngineWarning,
     Event,
@@ -81,6 +88,7 @@ class _Run:
     generated: list[int] = field(default_factory=list)
     rounds: int = 0
     trace: list[dict] = field(default_factory=list)
+    passed: PassedDraft | None = None  # an n-gram draft a plain step passed over, ungraded
 
 
 @dataclass(frozen=True)
@@ -174,7 +182,7 @@ class SpecDecoder:
         controller = self.controller_for(params)
         controller.new_generation()
         drafters: dict[DrafterKind, Drafter] = {
-            DrafterKind.NGRAM: NgramDrafter(params.ngram_min, params.ngram_max)
+            DrafterKind.NGRAM: NgramDrafter(params.ngram_min, params.ngram_max, self.target.is_eog)
         }
         if self.model_drafter is not None:
             drafters[DrafterKind.MODEL] = self.model_drafter
@@ -212,6 +220,11 @@ class SpecDecoder:
                 if offer is not None:
                     offers[kind] = offer
         plan = run.controller.plan(list(offers.values()))
+        passing = offers.get(DrafterKind.NGRAM)
+        if plan.drafter is None and passing is not None and run.passed is None:
+            ngram = run.drafters[DrafterKind.NGRAM]
+            assert isinstance(ngram, NgramDrafter)
+            run.passed = PassedDraft(passing, ngram.preview(COPY_DEPTH), len(run.committed))
         draft = self._draft(run, plan)
         t_verify = time.perf_counter()
         verdict = self._verify_round(run.committed, draft, run.params, run.rng)
@@ -225,6 +238,9 @@ class SpecDecoder:
         run.controller.observe_timing(drafted, t_done - t_verify, draft)
         offer = offers.get(plan.drafter) if plan.drafter is not None else None
         run.controller.observe(plan, offer, drafted, verdict.accepted)
+        if run.passed is not None and (graded := run.passed.verdict(run.committed)):
+            run.controller.observe_passed(run.passed.offer, *graded)
+            run.passed = None
         event = RoundCompleted(
             index=run.rounds,
             drafter=draft.source if drafted else None,

@@ -17,7 +17,7 @@ from typing import Any
 
 from localspec.session.store import remove_json, write_json
 
-FORMAT = 1
+FORMAT = 2  # 2: n-gram evidence as copies per text and streaks per bucket
 
 
 class LearningStore:
