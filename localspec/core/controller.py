@@ -80,6 +80,11 @@ def ngram_bucket(n: int) -> int:
     return max(lo for lo, _, _ in NGRAM_BUCKETS if lo <= max(n, 1))
 
 
+def _copy_bucket(offer: Offer) -> int:
+    """The bucket an n-gram offer not yet shown to be a copy is priced and graded in."""
+    return RESYNC if offer.resync else ngram_bucket(offer.match)
+
+
 def _copy_chance(bucket: int) -> float:
     return next(w for lo, w, _ in NGRAM_BUCKETS if lo == bucket)
 
@@ -247,7 +252,7 @@ class Controller:
         """Expected accepted tokens for drafts of 1..k from an n-gram offer not yet shown to
         be a copy: a long copy (``COPY_ALPHA`` a token) with this text's chance of one at
         this match length, else a match that parts at its bucket's rate a token."""
-        bucket = RESYNC if offer.resync else ngram_bucket(offer.match)
+        bucket = _copy_bucket(offer)
         w = min(COPY_MAX, _copy_chance(bucket) * self.copy_odds)
         parting = _parting_alpha(bucket)
         out, copy, part, total = [], 1.0, 1.0, 0.0
@@ -364,7 +369,7 @@ class Controller:
         tokens of its continuation would have had ``accepted`` accepted (``accepted ==
         drafted``, or the token after the last accepted one is known). Free evidence of
         whether this text copies."""
-        if offer.kind != DrafterKind.NGRAM or self.estimate(offer) is not None or drafted == 0:
+        if offer.kind != DrafterKind.NGRAM or offer.streak or drafted == 0:  # streaks: own estimate
             return
         if accepted == drafted >= STREAK_MIN:  # it held as far as the text went: a copy
             drafted = accepted = COPY_DEPTH  # (a source a few tokens back, e.g. a repeated line)
@@ -379,7 +384,7 @@ class Controller:
             copied = 1.0
         else:
             return
-        expected = _copy_chance(RESYNC if offer.resync else ngram_bucket(offer.match))
+        expected = _copy_chance(_copy_bucket(offer))
         self._copies = self._copies * COPY_DECAY + copied
         self._expected_copies = self._expected_copies * COPY_DECAY + expected
 
