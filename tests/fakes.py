@@ -3,6 +3,8 @@
 ``FakeModel`` is a real ``CachedModel``: it records every evaluation, so tests can check
 rollback bookkeeping and that nothing is evaluated twice. Two fakes built with the same
 ``seed`` agree everywhere; ``noise`` makes a draft disagree with its target some of the time.
+It evaluates draft trees too: a node's row is exactly what the chain from the root down to
+that node would give.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from localspec.core.cached_model import CachedModel
+from localspec.core.tree import DraftTree
 
 
 class FakeModel(CachedModel):
@@ -54,6 +57,21 @@ class FakeModel(CachedModel):
 
     def _remove_from(self, n: int) -> None:
         pass  # nothing to free: the cached list is the whole state
+
+    @property
+    def supports_trees(self) -> bool:
+        return True
+
+    def _evaluate_tree(self, start: int, last: int, tree: DraftTree) -> np.ndarray:
+        self.calls.append((start, 1 + len(tree), 1 + len(tree)))
+        ctx = [*self.cached, last]
+        rows = [self.logits_after(ctx)]
+        for i in range(len(tree)):
+            rows.append(self.logits_after(ctx + [tree.tokens[j] for j in tree.path(i)]))
+        return np.array(rows, dtype=np.float32).reshape(1 + len(tree), self.n_vocab)
+
+    def _keep_path(self, start: int, tree: DraftTree, path: list[int]) -> None:
+        pass  # the base class appends the path's tokens to ``cached``
 
     def token_bytes(self, token: int) -> bytes:
         return chr(ord("a") + token % 26).encode() if token < 26 else f"<{token}>".encode()

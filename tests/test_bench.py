@@ -96,6 +96,10 @@ class FakeBenchSession:
         self.decoder = SpecDecoder(self.target, self.draft, costs)
         self.costs = costs
         self.forgotten = 0  # forget_learning calls
+        self.store_corpora = []
+
+    def use_stores(self, on):
+        self.decoder.corpora = self.store_corpora if on else []
 
     def forget_learning(self):
         self.forgotten += 1
@@ -459,3 +463,30 @@ def test_ctrl_c_keeps_the_runs_already_recorded(tmp_path):
     records, code = bench_cli._run(Interrupted(), [], tmp_path, 4, 1)
     assert code == 130 and len(records) == 1
     assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 1
+
+
+def test_auto_store_drafts_from_the_sessions_stores_and_auto_beside_it_does_not():
+    from localspec.core.engine import run_to_completion
+    from localspec.session.datastore import TokenIndex
+
+    session = FakeBenchSession()
+    prompt = fake_prompts()[2]
+    tokens = session.text_tokens(prompt.prompt, raw=False)
+    # The store holds the target's own answer to this prompt, as a history store would.
+    answer = run_to_completion(
+        session.generate(tokens, bench.GenerationParams(max_tokens=80, drafter="none"))
+    )
+    session.store_corpora = [("history", TokenIndex.build([tokens + list(answer.token_ids)]))]
+    config = bench.BenchConfig(modes=("none", "auto", bench.STORE_MODE), max_tokens=80)
+    records = bench.BenchRunner(session, config).run([prompt])
+    by_mode = {r["mode"]: r for r in records}
+    assert by_mode[bench.STORE_MODE]["tokens_by_origin"]["store"] > 40
+    assert by_mode["auto"]["tokens_by_origin"]["store"] == 0
+    assert by_mode[bench.STORE_MODE]["token_ids"] == by_mode["none"]["token_ids"]
+    summary = bench.summarize(records, config.modes, greedy=True)
+    assert bench.STORE_MODE in summary["overall"]
+
+
+def test_auto_store_without_a_store_is_refused():
+    with pytest.raises(UsageError, match="datastore"):
+        bench.BenchRunner(FakeBenchSession(), bench.BenchConfig(modes=("none", bench.STORE_MODE)))

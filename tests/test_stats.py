@@ -25,7 +25,7 @@ def test_stats_arithmetic_and_per_position_acceptance():
     assert d["mean_accepted_length"] == 2.5  # 1 + 6 / 4
     assert d["generated_tokens"] == 10
     assert d["decode_tokens_per_s"] == 10.0
-    assert d["tokens_by_origin"] == {"model": 6, "ngram": 0, "target": 4}
+    assert d["tokens_by_origin"] == {"model": 6, "ngram": 0, "store": 0, "target": 4}
     by_model = d["by_drafter"]["model"]
     assert by_model["per_position_acceptance"] == [1.0, 1.0, 0.5, 0.5]
     assert by_model["mean_accepted_length"] == 4.0

@@ -2,9 +2,11 @@
 
 ``LlamaModel`` is a ``CachedModel``: ``forward`` evaluates a batch on sequence 0 and returns
 logits only for the positions asked for (prefill asks for none), and rolls the KV cache
-back with ``llama_memory_seq_rm``. It also tokenizes, turns tokens into bytes, reads GGUF
-metadata (chat template) and describes its vocabulary for the compatibility check, and
-names its fill-in-the-middle tokens (``fim_tokens``) when the vocabulary has them.
+back with ``llama_memory_seq_rm``. It verifies draft trees too (``forward_tree``), with
+sequence ids as branch tags in one unified cache (see "draft trees" below). It also
+tokenizes, turns tokens into bytes, reads GGUF metadata (chat template) and describes its
+vocabulary for the compatibility check, and names its fill-in-the-middle tokens
+(``fim_tokens``) when the vocabulary has them.
 
 llama.cpp's own log lines are captured, not printed; the last ones explain a failed load.
 """
@@ -16,6 +18,7 @@ import ctypes
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ import llama_cpp
 import numpy as np
 
 from localspec.core.cached_model import CachedModel
+from localspec.core.tree import DraftTree
 from localspec.errors import BackendError, ModelFileError
 
 _LOG_TAIL: deque[str] = deque(maxlen=40)
@@ -52,6 +56,10 @@ GGML_TYPE_BF16 = 30
 TILED_MM_SWITCH = "GGML_CPU_TILED_MM"
 # Rows of the load-time check: the tiled matmul starts at 8.
 EXACT_CHECK_ROWS = 9
+# Leaves of the largest draft tree one pass verifies: each leaf takes a sequence id of its
+# own, besides sequence 0, which holds the committed tokens.
+MAX_TREE_SEQS = 8
+LLAMA_MAX_SEQ = 256  # llama.cpp's cap on sequence ids (src/llama-cparams.h)
 _decoded = False  # whether this process has evaluated anything yet (see exact_kernels)
 _tiled_off = False  # whether the switch was off when llama.cpp read it, at the first decode
 _switched = False  # whether exact_kernels set the switch (rather than the user)
@@ -93,6 +101,13 @@ def default_kernels_environ() -> dict[str, str]:
     return env
 
 
+def _stateful(model: llama_cpp.llama_model_p) -> bool:
+    """Whether the model keeps a recurrent state per sequence (recurrent or hybrid)."""
+    return bool(llama_cpp.llama_model_is_recurrent(model)) or bool(
+        llama_cpp.llama_model_is_hybrid(model)
+    )
+
+
 def recent_llama_log(lines: int = 6) -> str:
     tail = [s.strip() for s in list(_LOG_TAIL)[-lines:] if s.strip()]
     return " | ".join(tail)
@@ -114,6 +129,9 @@ class LoadOptions:
     # flash attention over a bf16 cache. Slower; greedy output then does not depend on
     # how tokens were batched.
     exact: bool = False
+    # Leaves a draft tree may have (see MAX_TREE_SEQS); 0 gives a one-sequence context that
+    # cannot verify trees. Ignored in exact mode and for recurrent or hybrid models.
+    tree_seqs: int = MAX_TREE_SEQS
 
 
 @dataclass(frozen=True)
@@ -168,6 +186,7 @@ class LlamaModel(CachedModel):
             self._split = (ctypes.c_float * len(split))(*split)  # alive while loading
             mparams.tensor_split = self._split
         self.exact = options.exact and not vocab_only
+        self.tree_seqs = 0  # leaves a draft tree may have (see _tree_capacity)
         if self.exact:
             exact_kernels()
             # Repacked weights take GEMV kernels for one row and GEMM kernels for more.
@@ -190,7 +209,11 @@ class LlamaModel(CachedModel):
         cparams.n_ctx = options.n_ctx
         cparams.n_batch = min(options.n_batch, options.n_ctx)
         cparams.n_ubatch = min(options.n_ubatch, cparams.n_batch)
-        cparams.n_seq_max = 1
+        self.tree_seqs = self._tree_capacity(options, cparams.n_batch, _stateful(model))
+        cparams.n_seq_max = 1 + self.tree_seqs
+        # One cache for all sequences, a sequence id being a tag on a cell: without it
+        # llama.cpp splits the context into n_seq_max streams of n_ctx / n_seq_max cells.
+        cparams.kv_unified = self.tree_seqs > 0
         cparams.n_threads = threads
         cparams.n_threads_batch = options.n_threads_batch or threads
         cparams.flash_attn_type = (
@@ -212,10 +235,20 @@ class LlamaModel(CachedModel):
         self._memory = llama_cpp.llama_get_memory(ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(ctx)
         self.n_batch = cparams.n_batch
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, cparams.n_seq_max)
         self._warm_up()
         if self.exact:
             self._check_batch_invariance()
+
+    def _tree_capacity(self, options: LoadOptions, n_batch: int, stateful: bool) -> int:
+        """Sequence ids for tree leaves: none in exact mode (batch invariance is checked for
+        chains only) nor for recurrent or hybrid models, whose state per sequence cannot
+        drop a branch. llama.cpp keeps a logits row per sequence, and at most n_batch."""
+        if options.tree_seqs < 0:
+            raise ValueError(f"tree_seqs must be 0 or more, not {options.tree_seqs}")
+        if self.exact or stateful:
+            return 0
+        return max(0, min(options.tree_seqs, LLAMA_MAX_SEQ - 1, n_batch - 1))
 
     def _warm_up(self) -> None:
         """Evaluate one token with logits and forget it, as llama.cpp's tools do before
@@ -277,16 +310,22 @@ class LlamaModel(CachedModel):
             b.n_seq_id[j] = 1
             b.seq_id[j][0] = 0
             b.logits[j] = flags[j]
-        want = sum(flags)
-        t0 = time.perf_counter()
-        self.busy_since = time.monotonic()  # an RPC link times evaluations (backend/rpc.py)
-        rc = llama_cpp.llama_decode(self._ctx, b)
-        if rc != 0:
-            self.busy_since = None
+        try:
+            return self._run_batch(pos, sum(flags))
+        except BackendError:
             # Drop whatever part of the batch made it in, so the cache matches ``cached``.
             rm_from = min(pos, len(self.cached))
             self._remove_from(rm_from)
             del self.cached[rm_from:]
+            raise
+
+    def _run_batch(self, pos: int, want: int) -> np.ndarray | None:
+        """``llama_decode`` of the batch as filled, timed; its ``want`` logits rows."""
+        t0 = time.perf_counter()
+        self.busy_since = time.monotonic()  # an RPC link times evaluations (backend/rpc.py)
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            self.busy_since = None
             raise BackendError(
                 f"llama.cpp decode failed (code {rc}) at position {pos}: {recent_llama_log(2)}",
                 "the context may be full; try a larger --ctx or a shorter prompt",
@@ -312,6 +351,78 @@ class LlamaModel(CachedModel):
         for off in range(0, len(keep), self.n_batch):
             chunk = keep[off : off + self.n_batch]
             self._decode(chunk, off, [False] * len(chunk))
+
+    # -- draft trees --------------------------------------------------------------------
+    #
+    # Sequence 0 holds the committed tokens. A tree with m leaves gives leaf j sequence j
+    # (1..m): the committed prefix is tagged with every one of them (``seq_cp``, which in a
+    # unified cache only adds tags), the last committed token carries 0..m, and each node
+    # carries the sequences of the leaves below it. llama.cpp masks attention by sequence
+    # and position, so a node sees the prefix, the last token and its own ancestors, never
+    # another branch. Keeping a path tags its cells with 0; ``seq_keep(0)`` then frees the
+    # cells of every other node and drops the branch tags from the rest.
+
+    @property
+    def supports_trees(self) -> bool:
+        return self.tree_seqs > 0
+
+    def _evaluate_tree(self, start: int, last: int, tree: DraftTree) -> np.ndarray:
+        seqs = self._leaf_seqs(tree)
+        if 1 + len(tree) > self.n_batch:
+            raise ValueError(
+                f"a tree of {len(tree)} nodes does not fit a batch of {self.n_batch} tokens"
+            )
+        m = len(tree.leaves())
+        for j in range(1, m + 1):
+            llama_cpp.llama_memory_seq_cp(self._memory, 0, j, -1, -1)
+        self._fill(0, last, start, range(m + 1))
+        for i, tok in enumerate(tree.tokens):
+            self._fill(1 + i, tok, start + tree.depth(i), seqs[i])
+        assert self._batch is not None
+        self._batch.n_tokens = 1 + len(tree)
+        try:
+            rows = self._run_batch(start, 1 + len(tree))
+        except BackendError:
+            self._drop_tree(start)
+            raise
+        assert rows is not None
+        return rows
+
+    def _leaf_seqs(self, tree: DraftTree) -> list[list[int]]:
+        """For each node, the sequence ids of the leaves below it (leaf j: sequence j + 1)."""
+        leaves = tree.leaves()
+        if len(leaves) > self.tree_seqs:
+            raise ValueError(
+                f"a tree of {len(leaves)} leaves needs more sequences than the "
+                f"{self.tree_seqs} this context has"
+            )
+        seqs: list[list[int]] = [[] for _ in tree.tokens]
+        for j, leaf in enumerate(leaves, start=1):
+            for node in tree.path(leaf):
+                seqs[node].append(j)
+        return seqs
+
+    def _fill(self, j: int, token: int, pos: int, seqs: Sequence[int]) -> None:
+        """Row ``j`` of the batch: ``token`` at ``pos`` in ``seqs``, with logits."""
+        b = self._batch
+        assert b is not None
+        b.token[j] = token
+        b.pos[j] = pos
+        b.n_seq_id[j] = len(seqs)
+        for k, s in enumerate(seqs):
+            b.seq_id[j][k] = s
+        b.logits[j] = True
+
+    def _keep_path(self, start: int, tree: DraftTree, path: list[int]) -> None:
+        if path:
+            leaf = self._leaf_seqs(tree)[path[-1]][0]  # a leaf's sequence runs along path
+            llama_cpp.llama_memory_seq_cp(self._memory, leaf, 0, start, start + len(path))
+        llama_cpp.llama_memory_seq_keep(self._memory, 0)
+
+    def _drop_tree(self, start: int) -> None:
+        """After a failed tree pass: back to the committed prefix, ``start`` tokens."""
+        llama_cpp.llama_memory_seq_keep(self._memory, 0)
+        self._remove_from(start)
 
     # -- vocabulary ---------------------------------------------------------------------
 

@@ -61,7 +61,11 @@ CATEGORIES = (
     "translation",
     "math",
 )
+# Prompts whose answers may reuse a corpus: run only when asked for by name, beside a store
+# of that corpus (``repo_code``: this project's own source, ``localspec datastore add``).
+STORE_CATEGORIES = ("repo_code",)
 ENGINE_MODES = ("none", "ngram", "model", "auto")
+STORE_MODE = "auto-store"  # auto with the session's datastores (``--store``); auto has none
 NATIVE_SPEC_MODES = ("native-draft", "native-ngram")  # "best native" is the faster of these
 NATIVE_PLAIN = "native-none"  # llama.cpp without speculation: compared with `none`
 NATIVE_MODES = (*NATIVE_SPEC_MODES, NATIVE_PLAIN)
@@ -101,11 +105,12 @@ def load_prompts(
 ) -> list[BenchPrompt]:
     """The prompts of ``categories`` (all by default), at most ``limit`` per category."""
     chosen = list(categories) if categories else list(CATEGORIES)
-    unknown = [c for c in chosen if c not in CATEGORIES]
+    known = CATEGORIES + STORE_CATEGORIES
+    unknown = [c for c in chosen if c not in known]
     if unknown:
         raise UsageError(
             f"unknown categor{'y' if len(unknown) == 1 else 'ies'}: {', '.join(unknown)}",
-            f"choose among {', '.join(CATEGORIES)}",
+            f"choose among {', '.join(known)}",
         )
     _check_limit(limit)
     prompts: list[BenchPrompt] = []
@@ -235,7 +240,7 @@ class BenchConfig(BaseModel):
 def parse_modes(text: str) -> tuple[str, ...]:
     """``"none,ngram"`` -> ``("none", "ngram")``; ``none`` is always included, first."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    valid = ENGINE_MODES + NATIVE_MODES
+    valid = (*ENGINE_MODES, STORE_MODE, *NATIVE_MODES)
     bad = [m for m in modes if m not in valid]
     if bad or not modes:
         raise UsageError(
@@ -269,6 +274,11 @@ class BenchRunner:
             raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
         if "model" in config.modes and session.draft is None:
             raise UsageError("mode model needs a draft model", "drop it from --modes")
+        if STORE_MODE in config.modes and not session.store_corpora:
+            raise UsageError(
+                f"mode {STORE_MODE} needs a datastore",
+                "pass --store NAME (see localspec datastore list), or drop it from --modes",
+            )
 
     def _params(self, mode: str, max_tokens: int, index: int) -> GenerationParams:
         seed = None if self.config.seed is None else self.config.seed + index
@@ -276,7 +286,7 @@ class BenchRunner:
             max_tokens=max_tokens,
             temperature=self.config.temperature,
             seed=seed,
-            drafter=cast(DrafterMode, mode),
+            drafter=DrafterMode.AUTO if mode == STORE_MODE else cast(DrafterMode, mode),
             trace=self.config.trace,
         )
 
@@ -297,6 +307,7 @@ class BenchRunner:
             model.reset()  # a fresh context: nothing carried over from the previous run
         if self.config.cold:
             self.session.forget_learning()  # nothing learned from earlier prompts or runs
+        self.session.use_stores(mode == STORE_MODE)
         marks: dict[str, float | None] = {}
 
         def on_event(event: object) -> None:
@@ -510,7 +521,7 @@ def _native_ratios(mode: str, records: list[Record], refs: _References) -> dict[
     """The engine's modes against llama.cpp: the best speculative native run, and for
     ``none`` llama.cpp's own plain decoding; empty when those did not run."""
     out: dict[str, Any] = {}
-    if mode in ENGINE_MODES and refs.best_native:
+    if (mode in ENGINE_MODES or mode == STORE_MODE) and refs.best_native:
         out["ratio_to_best_native"] = _round(
             geometric_mean(paired_ratios(records, refs.best_native)[0]), 4
         )

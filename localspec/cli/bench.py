@@ -102,10 +102,19 @@ def bench_command(
     modes: Annotated[
         str,
         typer.Option(
-            help="comma-separated: none, ngram, model, auto, native-draft, native-ngram, "
-            "native-none"
+            help="comma-separated: none, ngram, model, auto, auto-store, native-draft, "
+            "native-ngram, native-none"
         ),
     ] = "none,ngram,model,auto",
+    store: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--store",
+            metavar="NAME",
+            help="a datastore for mode auto-store (repeatable; adds that mode); the other "
+            "modes draft from none",
+        ),
+    ] = None,
     max_tokens: Annotated[int, typer.Option(help="new tokens per run at most")] = 200,
     temperature: TemperatureOpt = 0.0,
     seed: Annotated[int | None, typer.Option(help="sampling seed (prompt i uses seed+i)")] = None,
@@ -167,6 +176,7 @@ class BenchArgs:
     limit: int | None
     prompts: Path | None
     modes: str
+    store: list[str] | None
     max_tokens: int
     temperature: float
     seed: int | None
@@ -195,6 +205,13 @@ def _choose_modes(args: BenchArgs) -> tuple[tuple[str, ...], list[str]]:
     from localspec.bench import runner as bench
 
     chosen = bench.parse_modes(args.modes)
+    if args.store and bench.STORE_MODE not in chosen:
+        chosen = (*chosen, bench.STORE_MODE)
+    if bench.STORE_MODE in chosen and not args.store:
+        raise UsageError(
+            f"mode {bench.STORE_MODE} needs a datastore",
+            "pass --store NAME (localspec datastore list)",
+        )
     if args.native_bin is not None and not any(m in bench.NATIVE_MODES for m in chosen):
         chosen = (*chosen, *bench.NATIVE_MODES)
     if any(m in bench.NATIVE_MODES for m in chosen) and args.native_bin is None:
@@ -249,7 +266,11 @@ def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
                 args.rpc_timeout,
                 args.rpc_split,
             ),  # fmt: skip
-            use_draft=any(m in chosen for m in ("model", "auto", "native-draft")),
+            use_draft=any(m in chosen for m in ("model", "auto", bench.STORE_MODE, "native-draft")),
+            # Only auto-store drafts from a store, and only from those named; no bench run
+            # adds its answers to the user's history.
+            stores=tuple(args.store or ()),
+            history=False,
             # Cold runs neither start from the user's saved learning nor overwrite it with
             # what one bench prompt taught.
             learn=not args.cold,

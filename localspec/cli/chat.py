@@ -22,10 +22,13 @@ from localspec.cli.common import (
     ExactOpt,
     GpuLayersOpt,
     MinPOpt,
+    NoHistoryOpt,
+    NoStoreOpt,
     RpcOpt,
     RpcSplitOpt,
     RpcTimeoutOpt,
     SeedOpt,
+    StoreOpt,
     SystemOpt,
     TargetOpt,
     TemperatureOpt,
@@ -36,6 +39,7 @@ from localspec.cli.common import (
     pair_settings,
     parse_generation,
     read_system,
+    store_settings,
 )
 
 # Options a resumed conversation takes from its file unless the command line sets them.
@@ -61,6 +65,9 @@ def chat(
     rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
     rpc_split: RpcSplitOpt = None,
     exact: ExactOpt = False,
+    store: StoreOpt = None,
+    no_store: NoStoreOpt = False,
+    no_history: NoHistoryOpt = False,
     system: SystemOpt = None,
     resume: Annotated[
         str | None,
@@ -108,6 +115,7 @@ def chat(
                 **pair_settings(
                     target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
                 ),
+                **store_settings(store, no_store, no_history),
                 "show_download_progress": False,
             },
             max_tokens=max_tokens,

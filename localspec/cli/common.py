@@ -142,6 +142,29 @@ ExactOpt = Annotated[
 ]
 
 
+StoreOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--store",
+        metavar="NAME",
+        help="draft from this datastore (repeatable; default: every store built with the "
+        "target's tokenizer, the history of answers included)",
+    ),
+]
+NoStoreOpt = Annotated[bool, typer.Option("--no-store", help="draft from no datastore")]
+NoHistoryOpt = Annotated[
+    bool, typer.Option("--no-history", help="do not add answers to the history store")
+]
+
+
+def store_settings(store: list[str] | None, no_store: bool, no_history: bool) -> dict[str, Any]:
+    """The ModelOptions fields of --store, --no-store and --no-history."""
+    if store and no_store:
+        raise UsageError("--store and --no-store contradict each other", "give one of them")
+    stores = () if no_store else (tuple(store) if store else None)
+    return {"stores": stores, "history": not no_history}
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is this machine only (servers bind it unless told otherwise)."""
     if host == "localhost":

@@ -28,10 +28,13 @@ from localspec.cli.common import (
     ExactOpt,
     GpuLayersOpt,
     MinPOpt,
+    NoHistoryOpt,
+    NoStoreOpt,
     RpcOpt,
     RpcSplitOpt,
     RpcTimeoutOpt,
     SeedOpt,
+    StoreOpt,
     SystemOpt,
     TargetOpt,
     TemperatureOpt,
@@ -42,6 +45,7 @@ from localspec.cli.common import (
     pair_settings,
     parse_generation,
     read_system,
+    store_settings,
 )
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
@@ -175,14 +179,20 @@ def complete(
     rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
     rpc_split: RpcSplitOpt = None,
     exact: ExactOpt = False,
+    store: StoreOpt = None,
+    no_store: NoStoreOpt = False,
+    no_history: NoHistoryOpt = False,
 ) -> None:
     """Generate a completion of FILE (or stdin): the target's own output, faster."""
     with cli_errors():
         params, options = parse_generation(
             drafter,
-            pair_settings(
-                target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
-            ),
+            {
+                **pair_settings(
+                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
+                ),
+                **store_settings(store, no_store, no_history),
+            },
             max_tokens=max_tokens,
             temperature=temperature,
             top_k=top_k,

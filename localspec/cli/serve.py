@@ -25,10 +25,13 @@ from localspec.cli.common import (
     ExactOpt,
     GpuLayersOpt,
     MinPOpt,
+    NoHistoryOpt,
+    NoStoreOpt,
     RpcOpt,
     RpcSplitOpt,
     RpcTimeoutOpt,
     SeedOpt,
+    StoreOpt,
     TargetOpt,
     TemperatureOpt,
     ThreadsOpt,
@@ -39,6 +42,7 @@ from localspec.cli.common import (
     is_loopback,
     pair_settings,
     parse_generation,
+    store_settings,
 )
 
 
@@ -78,6 +82,9 @@ def serve(
     rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
     rpc_split: RpcSplitOpt = None,
     exact: ExactOpt = False,
+    store: StoreOpt = None,
+    no_store: NoStoreOpt = False,
+    no_history: NoHistoryOpt = False,
 ) -> None:
     """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions)."""
     import uvicorn
@@ -87,9 +94,12 @@ def serve(
     with cli_errors():
         params, options = parse_generation(
             drafter,
-            pair_settings(
-                target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
-            ),
+            {
+                **pair_settings(
+                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
+                ),
+                **store_settings(store, no_store, no_history),
+            },
             max_tokens=max_tokens,
             temperature=temperature,
             top_k=top_k,

@@ -9,6 +9,14 @@ rollback rather than a re-evaluation, and a new chat turn evaluates only its new
 Subclasses implement ``_evaluate`` (append tokens at the cache's end, logits for the last
 ``n_logits`` of them) and ``_remove_from`` (drop cached positions >= n). ``FakeModel``
 in the tests and ``LlamaModel`` in ``backend.py`` are the two implementations.
+
+Draft trees (``core.tree``): ``forward_tree(committed, tree)`` evaluates the last committed
+token and every node of a ``DraftTree`` in one batch, each node seeing only the committed
+tokens and its own ancestors, and leaves the cache provisional; ``keep_path(path)`` then
+keeps the accepted nodes and drops the others. A subclass that can do this sets
+``supports_trees`` and implements ``_evaluate_tree`` and ``_keep_path``; the others raise
+``NotImplementedError``. Any other cache operation on a provisional cache first drops every
+node, as ``keep_path([])`` would, so ``cached`` never parts from the cache.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import numpy as np
+
+from localspec.core.tree import DraftTree
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -32,13 +42,20 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 class CachedModel(ABC):
     n_ctx: int
     n_vocab: int
+    _tree: DraftTree | None = None  # evaluated by forward_tree, awaiting keep_path
 
     def __init__(self) -> None:
         self.cached: list[int] = []  # tokens whose keys/values are in the cache, in order
         self.evaluated_tokens = 0  # running count of tokens evaluated, for tests and stats
 
+    @property
+    def supports_trees(self) -> bool:
+        """Whether ``forward_tree`` works on this model."""
+        return False
+
     def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         """Cache exactly ``tokens``; return float32 logits of shape (n_logits, n_vocab)."""
+        self._settle()
         if len(tokens) > self.n_ctx:
             raise ValueError(f"{len(tokens)} tokens exceed the context of {self.n_ctx}")
         if n_logits > len(tokens):
@@ -54,8 +71,49 @@ class CachedModel(ABC):
         self.evaluated_tokens += len(new)
         return rows
 
+    def forward_tree(self, committed: Sequence[int], tree: DraftTree) -> np.ndarray:
+        """Make the cache hold ``committed[:-1]`` (keeping the common prefix, as ``forward``
+        does), then evaluate ``committed[-1]`` and every node of ``tree`` in ONE batch, each
+        node attending to ``committed`` and its own ancestors only. Returns float32 logits,
+        shape (1 + len(tree), n_vocab): row 0 after ``committed[-1]``, row 1 + i after node
+        i. The cache is in a provisional state until ``keep_path`` is called."""
+        if not self.supports_trees:
+            raise NotImplementedError(f"{type(self).__name__} cannot evaluate draft trees")
+        if not committed:
+            raise ValueError("a draft tree needs a committed token to hang from")
+        if len(committed) + len(tree) > self.n_ctx:  # every node takes a cache cell
+            raise ValueError(
+                f"{len(committed)} tokens and a tree of {len(tree)} exceed the context "
+                f"of {self.n_ctx}"
+            )
+        self.forward(committed[:-1], 0)
+        rows = self._evaluate_tree(len(self.cached), int(committed[-1]), tree)
+        self.cached.append(int(committed[-1]))
+        self.evaluated_tokens += 1 + len(tree)
+        self._tree = tree
+        return rows
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """After ``forward_tree``: keep the nodes of ``path`` (a root-to-node path, possibly
+        empty) and drop every other node, so that
+        ``cached == committed + [tree.tokens[i] for i in path]``."""
+        tree = self._tree
+        if tree is None:
+            raise RuntimeError("keep_path needs a forward_tree before it")
+        if not tree.is_path(path):
+            raise ValueError(f"{list(path)} is not a root-to-node path of the tree")
+        self._keep_path(len(self.cached), tree, list(path))
+        self._tree = None
+        self.cached.extend(tree.tokens[i] for i in path)
+
+    def _settle(self) -> None:
+        """Drop a tree nobody kept a path of, so the cache holds ``cached`` again."""
+        if self._tree is not None:
+            self.keep_path([])
+
     def truncate(self, n: int) -> None:
         """Roll the cache back to its first ``n`` tokens."""
+        self._settle()
         if n < len(self.cached):
             self._remove_from(n)
             del self.cached[n:]
@@ -70,3 +128,13 @@ class CachedModel(ABC):
     @abstractmethod
     def _remove_from(self, n: int) -> None:
         """Drop cached positions ``>= n``."""
+
+    def _evaluate_tree(self, start: int, last: int, tree: DraftTree) -> np.ndarray:
+        """Evaluate ``last`` at position ``start`` and the nodes of ``tree`` after it (node i
+        at ``start + tree.depth(i)``) in one batch; 1 + len(tree) logits rows."""
+        raise NotImplementedError(f"{type(self).__name__} cannot evaluate draft trees")
+
+    def _keep_path(self, start: int, tree: DraftTree, path: list[int]) -> None:
+        """Keep the nodes of ``path`` at positions ``start``, ``start + 1``...; free the
+        other nodes of the tree evaluated last."""
+        raise NotImplementedError(f"{type(self).__name__} cannot evaluate draft trees")

@@ -2,20 +2,20 @@
 
 Inputs: what each drafter offers this round (``drafters.Offer``), this machine's costs
 (``costs.LiveCosts``) and running estimates of conditional acceptance per draft position:
-one for the draft model, and for n-gram streaks (copies under way) one per bucket of
-matched suffix length. For every candidate (plain step; each offer with k = 1..available)
-it computes
+one for the draft model, and for the streaks (copies under way) of each copying drafter
+(prompt lookup, the datastore) one per bucket of matched suffix length. For every candidate
+(plain step; each offer with k = 1..available) it computes
 
     E[tokens] = 1 + sum_{j=1..k} prod_{i<=j} alpha_i        (the +1 is the target's token)
-    seconds   = verify(k) + draft set-up + k * draft step   (n-gram drafts cost no steps)
+    seconds   = verify(k) + draft set-up + k * draft step   (copied drafts cost no steps)
 
 and picks the highest expected tokens per second, so a plain step wins whenever speculating
-is not expected to pay. An n-gram offer not yet shown to be a copy is priced as a mixture:
+is not expected to pay. A copying offer not yet shown to be a copy is priced as a mixture:
 with this text's chance of a long copy it runs on at ``COPY_ALPHA`` a token, otherwise it
-parts at the match length's own rate. That chance is learned per text from the drafts and
-from the drafts plain steps passed over (``observe_passed``), graded as the answer goes
-on. A draft model that could pay if its acceptance were high, but has not been tried for a
-long while, is probed with a short draft so its estimate can recover.
+parts at the match length's own rate. That chance is learned per text and per copying
+drafter from its drafts and from the drafts rounds passed over (``observe_passed``), graded
+as the answer goes on. A draft model that could pay if its acceptance were high, but has
+not been tried for a long while, is probed with a short draft so its estimate can recover.
 
 What was learned can be exported (``learned``) and restored (``restore``) so that the next
 process starts warm; restored evidence is discounted so that new rounds soon outweigh it.
@@ -59,6 +59,9 @@ STREAK_PRIOR = 0.97  # the previous n-gram draft was accepted whole: the copy li
 # its drafts and passed-over drafts show that it does not copy. A draft or passed-over draft
 # is graded a copy when it held for COPY_DEPTH tokens.
 COPY_ODDS = 0.5
+# A datastore is the user's own corpus, which may have nothing to do with the text at hand:
+# its drafts start at lower odds and earn theirs the same way.
+STORE_COPY_ODDS = 0.25
 COPY_PSEUDO = 1.0
 COPY_DEPTH = 12
 COPY_DECAY = 0.9  # per graded draft: a text that copied may go on to write anew
@@ -73,6 +76,10 @@ FIXED_MODEL_P_MIN = 0.75  # llama.cpp's default draft confidence cut-off
 
 
 RESYNC = 0  # the bucket of drafts that resume a parted copy (``Offer.resync``)
+# Drafters whose drafts are copies of earlier text, priced by ``copy_curve``; each has its
+# own odds and streak estimates, since one may copy where the other does not.
+COPYING = (DrafterKind.NGRAM, DrafterKind.STORE)
+_START_ODDS = {DrafterKind.NGRAM: COPY_ODDS, DrafterKind.STORE: STORE_COPY_ODDS}
 
 
 def ngram_bucket(n: int) -> int:
@@ -183,6 +190,50 @@ def _evidence(offer: Offer) -> str:
     return ""
 
 
+@dataclass
+class CopyEvidence:
+    """A copying drafter's graded drafts that held ``COPY_DEPTH`` tokens (``copies``) and
+    how many of them the buckets' chances expected, both decayed per graded draft."""
+
+    start: float  # the odds before any evidence, worth ``COPY_PSEUDO`` drafts
+    copies: float = 0.0
+    expected: float = 0.0
+
+    @property
+    def odds(self) -> float:
+        return (self.copies + COPY_PSEUDO * self.start) / (self.expected + COPY_PSEUDO)
+
+    def grade(self, copied: float, expected: float) -> None:
+        self.copies = self.copies * COPY_DECAY + copied
+        self.expected = self.expected * COPY_DECAY + expected
+
+    def shrink(self, keep: float) -> None:
+        self.copies *= keep
+        self.expected *= keep
+
+    def to_list(self) -> list[float]:
+        return [round(self.copies, 4), round(self.expected, 4)]
+
+    def load(self, data: Any, keep: float) -> None:
+        """Take ``keep`` of saved evidence; ``ValueError`` unless it is well formed."""
+        copies, expected = (float(x) for x in data)
+        if not (copies >= 0 and expected >= 0 and math.isfinite(copies + expected)):
+            raise ValueError("copy evidence must be two non-negative numbers")
+        self.copies, self.expected = copies * keep, expected * keep
+
+
+def _load_streaks(data: Any, keep: float) -> dict[int, AcceptanceEstimate]:
+    streaks: dict[int, AcceptanceEstimate] = {}
+    for key, value in data.items():
+        bucket = int(key)
+        if bucket not in {lo for lo, _, _ in NGRAM_BUCKETS}:
+            raise ValueError(f"unknown n-gram bucket {key!r}")
+        est = _streak_estimate()
+        est.load(value, keep)
+        streaks[bucket] = est
+    return streaks
+
+
 @dataclass(frozen=True)
 class Plan:
     drafter: DrafterKind | None  # None: a plain step
@@ -219,12 +270,13 @@ class Controller:
         self.probe_every = probe_every
         self.fixed = fixed
         self.margin = margin
+        self.limits[DrafterKind.STORE] = self.limits[DrafterKind.NGRAM]
         self.model = AcceptanceEstimate(prior=MODEL_PRIOR)
-        self.streaks: dict[int, AcceptanceEstimate] = {}  # per match-length bucket
+        # per copying drafter, per match-length bucket
+        self.streaks: dict[DrafterKind, dict[int, AcceptanceEstimate]] = {k: {} for k in COPYING}
+        self.copies = {kind: CopyEvidence(_START_ODDS[kind]) for kind in COPYING}
         self._idle = {kind: 0 for kind in DrafterKind}
         self._generations = 0
-        self._copies = 0.0  # graded n-gram drafts of this text that held COPY_DEPTH tokens
-        self._expected_copies = 0.0  # how many of them the buckets' chances expected
 
     def limit(self, kind: DrafterKind, remaining: int) -> int:
         """The longest draft ``kind`` may propose when ``remaining`` drafts can still be used."""
@@ -232,16 +284,17 @@ class Controller:
 
     def estimate(self, offer: Offer) -> AcceptanceEstimate | None:
         """The learned per-position acceptance ``offer`` is priced with: the draft model's,
-        or a streak's per match-length bucket; None for an n-gram offer not yet shown to be
-        a copy (priced by ``copy_curve``)."""
+        or a streak's per drafter and match-length bucket; None for a copying offer not yet
+        shown to be a copy (priced by ``copy_curve``)."""
         if offer.kind == DrafterKind.MODEL:
             return self.model
         if not offer.streak:
             return None
+        streaks = self.streaks[offer.kind]
         bucket = ngram_bucket(offer.match)
-        if bucket not in self.streaks:
-            self.streaks[bucket] = _streak_estimate()
-        return self.streaks[bucket]
+        if bucket not in streaks:
+            streaks[bucket] = _streak_estimate()
+        return streaks[bucket]
 
     def expected_accepted(self, offer: Offer, k: int) -> list[float]:
         """Cumulative expected accepted tokens for drafts of 1..k from ``offer``."""
@@ -249,11 +302,13 @@ class Controller:
         return est.expected_accepted(k) if est is not None else self.copy_curve(offer, k)
 
     def copy_curve(self, offer: Offer, k: int) -> list[float]:
-        """Expected accepted tokens for drafts of 1..k from an n-gram offer not yet shown to
+        """Expected accepted tokens for drafts of 1..k from a copying offer not yet shown to
         be a copy: a long copy (``COPY_ALPHA`` a token) with this text's chance of one at
-        this match length, else a match that parts at its bucket's rate a token."""
+        this match length from this drafter (times the share of a datastore match's
+        occurrences that go on as drafted), else a match that parts at its bucket's rate."""
         bucket = _copy_bucket(offer)
-        w = min(COPY_MAX, _copy_chance(bucket) * self.copy_odds)
+        odds = self.copies[offer.kind].odds
+        w = min(COPY_MAX, _copy_chance(bucket) * odds * offer.support)
         parting = _parting_alpha(bucket)
         out, copy, part, total = [], 1.0, 1.0, 0.0
         for _ in range(k):
@@ -265,9 +320,9 @@ class Controller:
 
     @property
     def copy_odds(self) -> float:
-        """This text's long copies against what the buckets' chances expected, starting
-        from ``COPY_ODDS`` worth ``COPY_PSEUDO`` drafts."""
-        return (self._copies + COPY_PSEUDO * COPY_ODDS) / (self._expected_copies + COPY_PSEUDO)
+        """This text's long n-gram copies against what the buckets' chances expected,
+        starting from ``COPY_ODDS`` worth ``COPY_PSEUDO`` drafts."""
+        return self.copies[DrafterKind.NGRAM].odds
 
     def _seconds(self, offer: Offer, k: int) -> float:
         """Draft and verify time of a k-token draft from ``offer``."""
@@ -310,9 +365,9 @@ class Controller:
         that could never win would only cost time."""
         plain_rate = 1.0 / self.costs.plain_s
         for offer in offers:
-            # n-gram estimates recover with every new prompt (``new_generation``) and are
-            # backed by the match length: no probe needed, and a probe costs a verify batch.
-            if offer.kind == DrafterKind.NGRAM or self._idle[offer.kind] < self.probe_every:
+            # Copy odds recover with every new prompt (``new_generation``) and from passed-over
+            # drafts: no probe needed, and a probe costs a verify batch.
+            if offer.kind in COPYING or self._idle[offer.kind] < self.probe_every:
                 continue
             k = min(3, offer.available)
             hoped = sum(OPTIMISTIC_ALPHA**j for j in range(k + 1))
@@ -341,10 +396,10 @@ class Controller:
         if self._generations == 1:
             return
         self.model.shrink(keep)
-        for est in self.streaks.values():
-            est.shrink(keep)
-        self._copies *= keep
-        self._expected_copies *= keep
+        for kind in COPYING:
+            for est in self.streaks[kind].values():
+                est.shrink(keep)
+            self.copies[kind].shrink(keep)
 
     def observe_timing(self, k: int, verify_s: float, draft: Any = None) -> None:
         """What a round took: verifying k drafts, and the draft model's passes if it drafted."""
@@ -365,11 +420,11 @@ class Controller:
                 est.observe(drafted, accepted)
 
     def observe_passed(self, offer: Offer, drafted: int, accepted: int) -> None:
-        """A plain step passed over ``offer``; the answer has since shown that ``drafted``
-        tokens of its continuation would have had ``accepted`` accepted (``accepted ==
-        drafted``, or the token after the last accepted one is known). Free evidence of
-        whether this text copies."""
-        if offer.kind != DrafterKind.NGRAM or offer.streak or drafted == 0:  # streaks: own estimate
+        """A round passed over ``offer``; the answer has since shown that ``drafted`` tokens
+        of its continuation would have had ``accepted`` accepted (``accepted == drafted``, or
+        the token after the last accepted one is known). Free evidence of whether this text
+        copies from where ``offer`` would have copied."""
+        if offer.kind not in COPYING or offer.streak or drafted == 0:  # streaks: own estimate
             return
         if accepted == drafted >= STREAK_MIN:  # it held as far as the text went: a copy
             drafted = accepted = COPY_DEPTH  # (a source a few tokens back, e.g. a repeated line)
@@ -384,18 +439,25 @@ class Controller:
             copied = 1.0
         else:
             return
-        expected = _copy_chance(_copy_bucket(offer))
-        self._copies = self._copies * COPY_DECAY + copied
-        self._expected_copies = self._expected_copies * COPY_DECAY + expected
+        expected = _copy_chance(_copy_bucket(offer)) * offer.support
+        self.copies[offer.kind].grade(copied, expected)
 
     # -- persistence ----------------------------------------------------------------------
 
     def learned(self) -> dict[str, Any]:
         """The acceptance evidence, as plain data (see ``restore``)."""
+
+        def streaks(kind: DrafterKind) -> dict[str, Any]:
+            return {str(b): est.to_dict() for b, est in sorted(self.streaks[kind].items())}
+
         return {
-            "copies": [round(self._copies, 4), round(self._expected_copies, 4)],
+            "copies": self.copies[DrafterKind.NGRAM].to_list(),
             "model": self.model.to_dict(),
-            "streaks": {str(bucket): est.to_dict() for bucket, est in sorted(self.streaks.items())},
+            "streaks": streaks(DrafterKind.NGRAM),
+            "store": {
+                "copies": self.copies[DrafterKind.STORE].to_list(),
+                "streaks": streaks(DrafterKind.STORE),
+            },
         }
 
     def restore(self, data: Any, keep: float = 0.5) -> None:
@@ -403,16 +465,13 @@ class Controller:
         ``ValueError``/``KeyError``/``TypeError`` on malformed data, changing nothing."""
         model = AcceptanceEstimate(prior=MODEL_PRIOR)
         model.load(data["model"], keep)
-        streaks: dict[int, AcceptanceEstimate] = {}
-        for key, value in data["streaks"].items():
-            bucket = int(key)
-            if bucket not in {lo for lo, _, _ in NGRAM_BUCKETS}:
-                raise ValueError(f"unknown n-gram bucket {key!r}")
-            est = _streak_estimate()
-            est.load(value, keep)
-            streaks[bucket] = est
-        copies, expected = (float(x) for x in data["copies"])
-        if not (copies >= 0 and expected >= 0 and math.isfinite(copies + expected)):
-            raise ValueError("copy evidence must be two non-negative numbers")
-        self.model, self.streaks = model, streaks
-        self._copies, self._expected_copies = copies * keep, expected * keep
+        streaks = {DrafterKind.NGRAM: _load_streaks(data["streaks"], keep)}
+        copies = {kind: CopyEvidence(_START_ODDS[kind]) for kind in COPYING}
+        copies[DrafterKind.NGRAM].load(data["copies"], keep)
+        store = data.get("store")  # absent from files saved before the datastore drafter
+        if store is not None:
+            streaks[DrafterKind.STORE] = _load_streaks(store["streaks"], keep)
+            copies[DrafterKind.STORE].load(store["copies"], keep)
+        else:
+            streaks[DrafterKind.STORE] = {}
+        self.model, self.streaks, self.copies = model, streaks, copies

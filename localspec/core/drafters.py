@@ -47,6 +47,7 @@ class Offer:
     streak: bool = False  # n-gram: its previous long draft was accepted whole (a copy goes on)
     catch_up: int = 0  # draft model: tokens its first pass evaluates (0: just one)
     resync: bool = False  # n-gram: resumes a copy that parted a few tokens ago (see below)
+    support: float = 1.0  # datastore: share of the match's occurrences that go on as drafted
 
 
 @dataclass(frozen=True)
@@ -290,9 +291,9 @@ class NgramDrafter:
 
 @dataclass
 class PassedDraft:
-    """A draft a plain step passed over (``NgramDrafter.preview``), graded as the answer
-    goes on: ``verdict`` is None until the answer has shown how many of its tokens would
-    have been accepted."""
+    """A draft a round passed over (``NgramDrafter.preview``, ``StoreDrafter.preview``),
+    graded as the answer goes on: ``verdict`` is None until the answer has shown how many
+    of its tokens would have been accepted."""
 
     offer: Offer
     tokens: list[int]

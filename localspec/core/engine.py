@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from localspec.core.cached_model import CachedModel
-from localspec.core.controller import COPY_DEPTH, Controller, Plan
+from localspec.core.controller import COPY_DEPTH, COPYING, Controller, Plan
 from localspec.core.costs import CostProfile
 from localspec.core.drafters import (
     Draft,
@@ -46,6 +46,7 @@ from localspec.core.events import (
     TokenEmitted,
 )
 from localspec.core.params import DrafterKind, DrafterMode, GenerationParams
+from localspec.core.retrieval import Corpus, StoreDrafter
 from localspec.core.sampling import warp
 from localspec.core.stats import GenerationStats
 from localspec.core.text import TextAssembler
@@ -88,7 +89,8 @@ class _Run:
     generated: list[int] = field(default_factory=list)
     rounds: int = 0
     trace: list[dict] = field(default_factory=list)
-    passed: PassedDraft | None = None  # an n-gram draft a plain step passed over, ungraded
+    # per copying drafter, a draft a round passed over and the answer has not yet graded
+    passed: dict[DrafterKind, PassedDraft] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class SpecDecoder:
         self.costs = costs or DEFAULT_COSTS
         self._controllers: dict[tuple, Controller] = {}
         self.restored: dict | None = None  # learned state to start every new controller from
+        self.corpora: list[tuple[str, Corpus]] = []  # what the datastore drafter looks up
 
     def controllers(self) -> list[Controller]:
         return list(self._controllers.values())
@@ -184,6 +187,10 @@ class SpecDecoder:
         drafters: dict[DrafterKind, Drafter] = {
             DrafterKind.NGRAM: NgramDrafter(params.ngram_min, params.ngram_max, self.target.is_eog)
         }
+        if self.corpora and DrafterKind.STORE in controller.allow:
+            drafters[DrafterKind.STORE] = StoreDrafter(
+                self.corpora, n_max=params.ngram_max, ends=self.target.is_eog
+            )
         if self.model_drafter is not None:
             drafters[DrafterKind.MODEL] = self.model_drafter
         for drafter in drafters.values():
@@ -220,11 +227,7 @@ class SpecDecoder:
                 if offer is not None:
                     offers[kind] = offer
         plan = run.controller.plan(list(offers.values()))
-        passing = offers.get(DrafterKind.NGRAM)
-        if plan.drafter is None and passing is not None and run.passed is None:
-            ngram = run.drafters[DrafterKind.NGRAM]
-            assert isinstance(ngram, NgramDrafter)
-            run.passed = PassedDraft(passing, ngram.preview(COPY_DEPTH), len(run.committed))
+        self._pass_over(run, plan, offers)
         draft = self._draft(run, plan)
         t_verify = time.perf_counter()
         verdict = self._verify_round(run.committed, draft, run.params, run.rng)
@@ -238,9 +241,10 @@ class SpecDecoder:
         run.controller.observe_timing(drafted, t_done - t_verify, draft)
         offer = offers.get(plan.drafter) if plan.drafter is not None else None
         run.controller.observe(plan, offer, drafted, verdict.accepted)
-        if run.passed is not None and (graded := run.passed.verdict(run.committed)):
-            run.controller.observe_passed(run.passed.offer, *graded)
-            run.passed = None
+        for kind, passed in list(run.passed.items()):
+            if graded := passed.verdict(run.committed):
+                run.controller.observe_passed(passed.offer, *graded)
+                del run.passed[kind]
         event = RoundCompleted(
             index=run.rounds,
             drafter=draft.source if drafted else None,
@@ -258,6 +262,18 @@ class SpecDecoder:
         run.rounds += 1
         yield run.emit(event)
         return outcome.reason
+
+    @staticmethod
+    def _pass_over(run: _Run, plan: Plan, offers: dict[DrafterKind, Offer]) -> None:
+        """Keep what a copying drafter would have drafted when the round drafts from another
+        (or not at all), for the answer to grade: whether this text copies from there."""
+        for kind in COPYING:
+            offer = offers.get(kind)
+            if offer is None or kind == plan.drafter or kind in run.passed:
+                continue
+            drafter = run.drafters[kind]
+            assert isinstance(drafter, NgramDrafter | StoreDrafter)
+            run.passed[kind] = PassedDraft(offer, drafter.preview(COPY_DEPTH), len(run.committed))
 
     def _draft(self, run: _Run, plan: Plan) -> Draft:
         if plan.drafter is None or plan.k <= 0:

@@ -20,6 +20,7 @@ class Origin(StrEnum):
 
     DRAFT_MODEL = DrafterKind.MODEL.value  # proposed by the draft model, accepted by the target
     NGRAM = DrafterKind.NGRAM.value  # proposed by prompt lookup and accepted by the target
+    STORE = DrafterKind.STORE.value  # proposed from the datastore and accepted by the target
     TARGET = "target"  # the target's own token (correction, bonus, or plain step)
 
 

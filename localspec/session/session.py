@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,7 +32,7 @@ from localspec.backend.rpc import DEFAULT_TIMEOUT, RpcLink, attach, parse_endpoi
 from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
-from localspec.core.events import Event, Finished
+from localspec.core.events import Event, Finished, FinishReason
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import (
     EXIT_FAILURE,
@@ -52,8 +53,11 @@ from localspec.session.calibrate import (
 )
 from localspec.session.chat_template import render_chat
 from localspec.session.learning import LearningStore
+from localspec.session.library import Library, vocabulary_fingerprint
 
 Progress = Callable[[str], None]
+HISTORY_MIN_TOKENS = 16  # shorter answers are not worth keeping
+HISTORY_PROMPT_TOKENS = 64  # of the prompt, kept before each answer in the history
 
 CALIBRATION_TEXT = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
@@ -82,6 +86,10 @@ class ModelOptions(BaseModel):
     calibrate: bool = True  # measure (or load cached) step costs for the controller
     recalibrate: bool = False  # measure even when a cached profile exists
     learn: bool = True  # restore and save what auto learned, per pair (with calibrate)
+    # Datastores auto drafts from: None, every store built with the target's tokenizer
+    # (the history of answers included); (), none; else those names ("history" included).
+    stores: tuple[str, ...] | None = None
+    history: bool = True  # add each finished answer to the history store (if it is on)
     show_download_progress: bool = True
 
     @property
@@ -133,6 +141,19 @@ class Session:
             target.token_text(target.vocab_info().bos) if target.vocab_info().add_bos else ""
         )
         self.fim = target.fim_tokens()
+        self.store_corpora: list[tuple[str, Any]] = []  # the datastores auto may draft from
+        self.history: tuple[Library, str] | None = None  # where answers are recorded, and key
+
+    # -- datastores -------------------------------------------------------------------------
+
+    def attach_stores(self, corpora: list[tuple[str, Any]]) -> None:
+        """Let auto draft from these datastores (``(name, TokenIndex)`` pairs)."""
+        self.store_corpora = list(corpora)
+        self.use_stores(True)
+
+    def use_stores(self, on: bool) -> None:
+        """Draft from the attached datastores, or from none (``bench``'s auto without them)."""
+        self.decoder.corpora = self.store_corpora if on else []
 
     # -- prompts --------------------------------------------------------------------------
 
@@ -242,9 +263,30 @@ class Session:
                 "pass --draft REF, or use --drafter ngram",
             )
         events = self.decoder.generate(tokens, params, cancel)
+        if self.history is not None:
+            events = self._recording(events, tokens)
         if self.learning is None or params.drafter != DrafterMode.AUTO:
             return events
         return self._saving_learning(events, params)
+
+    def _recording(self, events: Iterator[Event], tokens: list[int]) -> Iterator[Event]:
+        """Pass the events through; add a finished answer to the history store (before
+        ``Finished`` is handed on). A cancelled answer is not kept."""
+        assert self.history is not None
+        library, key = self.history
+        for event in events:
+            if (
+                isinstance(event, Finished)
+                and event.reason != FinishReason.CANCELLED
+                and len(event.token_ids) >= HISTORY_MIN_TOKENS
+            ):
+                # With the end of its prompt (the question and the template's turn header),
+                # so that asking again matches at the answer's first token.
+                document = [*tokens[-HISTORY_PROMPT_TOKENS:], *event.token_ids]
+                problem = library.record(key, document)
+                if problem:
+                    self.warnings.append(problem)
+            yield event
 
     def _saving_learning(
         self, events: Iterator[Event], params: GenerationParams
@@ -410,7 +452,27 @@ def open_session(
     session = Session(target, draft, costs, costs_file, rpc=rpc)
     if options.calibrate and options.learn:
         _restore_learning(session, target_path, draft_path, on_progress)
+    _open_stores(session, options, on_progress)
     return session
+
+
+def _open_stores(session: Session, options: ModelOptions, on_progress: Progress | None) -> None:
+    """Attach the datastores auto may draft from, and the history answers are added to. The
+    tokenizer's fingerprint is computed only when a store or the history needs it."""
+    library = Library()
+    drafting = options.calibrate and options.stores != ()  # calibrate: auto may run
+    recording = options.history and library.history_enabled()
+    if not (recording or (drafting and library.has_stores())):
+        return
+    fingerprint = vocabulary_fingerprint(session.target)
+    if recording:
+        session.history = (library, fingerprint)
+    if drafting:
+        opened = library.open(fingerprint, options.stores)
+        for warning in opened.warnings:
+            _report(on_progress, f"warning: {warning}")
+        if opened.stores:
+            session.attach_stores(opened.stores)
 
 
 def learning_store() -> LearningStore:

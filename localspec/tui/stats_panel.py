@@ -26,11 +26,13 @@ SPARK_ROUNDS = 32  # drafting rounds shown in the sparkline
 ORIGIN_STYLES: dict[Origin, str] = {
     Origin.DRAFT_MODEL: "bold #6fcf73",
     Origin.NGRAM: "bold #5fb3f0",
+    Origin.STORE: "bold #e0a84f",
     Origin.TARGET: "",
 }
 ORIGIN_LABELS: dict[Origin, str] = {
     Origin.DRAFT_MODEL: "draft model",
     Origin.NGRAM: "n-gram",
+    Origin.STORE: "datastore",
     Origin.TARGET: "target",
 }
 

@@ -1,0 +1,156 @@
+"""The datastore drafter: lookups over token corpora, its price, and exact output through the
+engine on scripted models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.core.controller import COPY_DEPTH, STORE_COPY_ODDS, Controller
+from localspec.core.costs import CostProfile
+from localspec.core.drafters import Offer
+from localspec.core.engine import SpecDecoder, run_to_completion
+from localspec.core.events import Origin
+from localspec.core.params import DrafterKind, GenerationParams
+from localspec.core.retrieval import StoreDrafter, vote
+from localspec.session.datastore import TokenIndex
+from tests.fakes import FakeModel, plain_greedy
+
+COSTS = CostProfile(plain_s=1.0, verify_s={k: 1.0 + 0.04 * k for k in range(1, 65)})
+PARAMS = GenerationParams()
+
+
+def test_vote_follows_the_continuation_most_occurrences_share():
+    runs = [((5, 6, 7), 3), ((5, 6, 9), 1), ((8, 1), 2)]
+    tokens, support = vote(runs, 8)
+    assert tokens == [5, 6, 7]
+    assert support == pytest.approx(4 / 6)
+    assert vote(runs, 2)[0] == [5, 6]
+    assert vote([], 4) == ([], 0.0)
+
+
+def test_the_longest_match_among_corpora_drafts_what_followed_it():
+    short = TokenIndex.build([[1, 2, 3, 4, 50, 51]])
+    long = TokenIndex.build([[9, 1, 2, 3, 4, 60, 61, 62], [7, 7, 7]])
+    drafter = StoreDrafter([("short", short), ("long", long)], n_min=2)
+    committed = [9, 1, 2, 3, 4]
+    offer = drafter.offer(committed, 16)
+    assert offer is not None and offer.kind == DrafterKind.STORE
+    assert offer.match == 5 and offer.available == 3 and offer.support == 1.0
+    found = drafter.lookup(committed)
+    assert found is not None and found.source == "long"
+    draft = drafter.propose(committed, 2, PARAMS, np.random.default_rng(0), 0.0)
+    assert draft.tokens == [60, 61] and draft.probs is None
+    assert drafter.preview(16) == [60, 61, 62]
+
+
+def test_a_draft_ends_at_an_end_of_generation_token_and_at_the_documents_end():
+    index = TokenIndex.build([[1, 2, 3, 4, 5, 99, 6, 7], [1, 2, 3, 4, 5]])
+    drafter = StoreDrafter([("s", index)], n_min=2, ends=lambda t: t == 99)
+    assert drafter.preview(8) == []  # nothing looked up yet
+    # 99 itself is drafted; the occurrence that ends its document adds nothing
+    assert drafter.offer([1, 2, 3, 4, 5], 16).available == 1
+    assert drafter.preview(8) == [99]
+
+
+def test_nothing_is_offered_under_the_shortest_match_or_without_room():
+    index = TokenIndex.build([[1, 2, 3, 4, 5, 6]])
+    drafter = StoreDrafter([("s", index)], n_min=4)
+    assert drafter.offer([0, 0, 3, 4], 16) is None  # a 2-token match is too weak
+    assert drafter.offer([1, 2, 3, 4], 0) is None
+    assert drafter.offer([1, 2, 3, 4], 16) is not None
+
+
+def test_disagreeing_occurrences_lower_the_support_and_the_price():
+    agree = TokenIndex.build([[1, 2, 3, 4, 5, 6, 7, 8]] * 4)
+    split = TokenIndex.build([[1, 2, 3, 4, t, 6, 7, 8] for t in (5, 9, 10, 11)])
+    context = [1, 2, 3, 4]
+    a = StoreDrafter([("a", agree)]).offer(context, 16)
+    b = StoreDrafter([("b", split)]).offer(context, 16)
+    assert a.support == 1.0 and b.support == pytest.approx(0.25)
+    c = Controller(COSTS)
+    assert c.expected_accepted(b, 4)[-1] < c.expected_accepted(a, 4)[-1]
+
+
+def store_offer(available: int, match: int, **kw) -> Offer:
+    return Offer(DrafterKind.STORE, available, match, **kw)
+
+
+def test_a_store_starts_at_lower_odds_than_prompt_lookup_and_earns_its_own():
+    c = Controller(COSTS)
+    ngram = Offer(DrafterKind.NGRAM, 16, 8)
+    store = store_offer(16, 8)
+    assert c.copies[DrafterKind.STORE].odds == pytest.approx(STORE_COPY_ODDS)
+    assert c.expected_accepted(store, 16)[-1] < c.expected_accepted(ngram, 16)[-1]
+    for _ in range(4):
+        c.observe_passed(store, COPY_DEPTH, COPY_DEPTH)
+    assert c.copies[DrafterKind.STORE].odds > STORE_COPY_ODDS
+    assert c.copy_odds == pytest.approx(0.5)  # prompt lookup's odds are its own
+
+
+def test_passed_over_store_drafts_that_part_keep_a_store_from_costing_anything():
+    c = Controller(COSTS)
+    offer = store_offer(16, 4)
+    for _ in range(6):
+        c.observe_passed(offer, COPY_DEPTH, 0)
+    assert c.plan([offer]).drafter is None
+
+
+def test_store_learning_round_trips_and_older_files_without_it_load():
+    c = Controller(COSTS)
+    c.observe_passed(store_offer(16, 8), COPY_DEPTH, COPY_DEPTH)
+    c.observe(c.plan([store_offer(16, 16, streak=True)]), store_offer(16, 16, streak=True), 16, 16)
+    saved = c.learned()
+    assert saved["store"]["copies"][0] > 0 and saved["store"]["streaks"]
+    fresh = Controller(COSTS)
+    fresh.restore(saved, keep=1.0)
+    assert fresh.learned() == saved
+    older = {k: v for k, v in saved.items() if k != "store"}
+    old = Controller(COSTS)
+    old.restore(older, keep=1.0)
+    assert old.copies[DrafterKind.STORE].odds == pytest.approx(STORE_COPY_ODDS)
+    with pytest.raises(ValueError):
+        Controller(COSTS).restore({**saved, "store": {"copies": [-1, 0], "streaks": {}}})
+
+
+def test_greedy_output_with_a_store_is_the_targets_own_and_the_store_drafts_it():
+    target = FakeModel(seed=4, window=2)
+    prompt = [3, 1, 4]
+    answer = plain_greedy(target, prompt, 120)
+    # The store holds an earlier answer to the same prompt: a copy is available at once.
+    decoder = SpecDecoder(target, None, COSTS)
+    decoder.corpora = [("history", TokenIndex.build([prompt + answer]))]
+    fin = run_to_completion(decoder.generate(prompt, GenerationParams(max_tokens=120)))
+    assert list(fin.token_ids) == answer
+    assert fin.stats["tokens_by_origin"][Origin.STORE.value] > 60
+    store = fin.stats["by_drafter"]["store"]
+    assert store["accepted"] == fin.stats["tokens_by_origin"]["store"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_an_irrelevant_store_changes_nothing_in_the_output(temperature):
+    target = FakeModel(seed=5, window=2)
+    prompt = [2, 7, 1, 8]
+    rng = np.random.default_rng(0)
+    noise = TokenIndex.build([rng.integers(0, 24, 400).tolist() for _ in range(5)])
+    params = GenerationParams(max_tokens=80, temperature=temperature, seed=3)
+    plain = run_to_completion(SpecDecoder(target, None, COSTS).generate(prompt, params))
+    decoder = SpecDecoder(target, None, COSTS)
+    decoder.corpora = [("noise", noise)]
+    fin = run_to_completion(decoder.generate(prompt, params))
+    if temperature == 0.0:
+        assert fin.token_ids == plain.token_ids
+    assert len(fin.token_ids) == 80
+
+
+def test_the_store_is_left_out_when_auto_is_not_asked_for():
+    target = FakeModel(seed=4, window=2)
+    prompt = [3, 1, 4]
+    answer = plain_greedy(target, prompt, 40)
+    decoder = SpecDecoder(target, None, COSTS)
+    decoder.corpora = [("history", TokenIndex.build([prompt + answer]))]
+    fin = run_to_completion(
+        decoder.generate(prompt, GenerationParams(max_tokens=40, drafter="ngram"))
+    )
+    assert fin.stats["tokens_by_origin"]["store"] == 0
+    assert list(fin.token_ids) == answer
