@@ -64,6 +64,10 @@ class ContextOverflowError(LocalspecError):
         self.n_ctx = n_ctx
 
 
+class DatastoreError(LocalspecError):
+    """A datastore cannot be used or written: damaged, or its files cannot be read."""
+
+
 class BackendError(LocalspecError):
     """llama.cpp refused an operation (decode failure, out of memory for the KV cache)."""
 

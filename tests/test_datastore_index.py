@@ -201,6 +201,15 @@ def test_empty_corpus_and_empty_documents(tmp_path):
     assert index.continuations(index.longest_match([4, 5], n_min=1), k=3) == []
 
 
+def test_documents_read_back_in_order_from_a_saved_index(tmp_path):
+    corpus = [[3, 4], [], [5, 6, 7], [8]]
+    TokenIndex.build(corpus).save(tmp_path / "s")
+    loaded = TokenIndex.load(tmp_path / "s")
+    assert [d.tolist() for d in loaded.iter_documents()] == corpus
+    assert loaded.stream.tolist() == [-1, 3, 4, -1, -1, 5, 6, 7, -1, 8, -1]
+    assert not loaded.stream.flags.writeable
+
+
 def test_build_rejects_ids_out_of_range():
     with pytest.raises(ValueError):
         TokenIndex.build([[1, -1, 2]])

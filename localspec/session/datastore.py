@@ -38,7 +38,7 @@ import os
 import zlib
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,17 @@ class TokenIndex:
     @property
     def documents(self) -> int:
         return self._documents
+
+    @property
+    def stream(self) -> np.ndarray:
+        """The read-only token stream ``SEP doc0 SEP doc1 SEP ... SEP`` (``tokens.npy``)."""
+        return self._tokens
+
+    def iter_documents(self) -> Iterator[np.ndarray]:
+        """Each document's tokens, in the order they were built (read-only int32 views)."""
+        seps = np.flatnonzero(self._tokens == SEPARATOR)
+        for start, end in zip(seps[:-1].tolist(), seps[1:].tolist(), strict=True):
+            yield self._tokens[start + 1 : end]
 
     def longest_match(
         self, context: Sequence[int], n_max: int = 32, n_min: int = 2

@@ -6,7 +6,10 @@ context size, checks that the draft's vocabulary fits the target's (llama.cpp's 
 and measures this machine's costs for the controller once per pair (cached on disk). What
 the ``auto`` controller learns about acceptance is saved per pair after every generation and
 restored by the next session (``learning.LearningStore``), so a second ``localspec complete``
-starts warm; a damaged or foreign state file is ignored with a warning.
+starts warm; a damaged or foreign state file is ignored with a warning. ``auto`` also drafts
+from the user's datastores built with the target's tokenizer (``ModelOptions.stores``), and
+each finished answer is added to the history of answers unless that is off
+(``session.library``); a damaged store is left out with a warning.
 
 ``Session.complete`` and ``Session.chat`` turn text or messages into tokens (the target's
 chat template, or raw) and return the engine's event stream; ``Session.infill_tokens``
@@ -392,6 +395,8 @@ def open_session(
     """Load the pair. With ``options.rpc``, the target's layers go to those workers;
     ``on_lost`` is called (from another thread) if they fail mid-evaluation, which then
     never returns: see backend/rpc.py."""
+    if options.calibrate and options.stores:
+        Library().check_exist(options.stores)  # a misspelt --store fails before any load
     target_path, draft_path = resolve_pair(options, on_progress)
     rpc = None
     if options.rpc:
@@ -452,7 +457,11 @@ def open_session(
     session = Session(target, draft, costs, costs_file, rpc=rpc)
     if options.calibrate and options.learn:
         _restore_learning(session, target_path, draft_path, on_progress)
-    _open_stores(session, options, on_progress)
+    try:
+        _open_stores(session, options, on_progress)
+    except BaseException:  # a --store that names nothing: the models are not kept loaded
+        session.close()
+        raise
     return session
 
 
@@ -461,8 +470,10 @@ def _open_stores(session: Session, options: ModelOptions, on_progress: Progress 
     tokenizer's fingerprint is computed only when a store or the history needs it."""
     library = Library()
     drafting = options.calibrate and options.stores != ()  # calibrate: auto may run
+    # Named stores are always opened, so that a name that does not exist is an error.
+    drafting = drafting and (options.stores is not None or library.has_stores())
     recording = options.history and library.history_enabled()
-    if not (recording or (drafting and library.has_stores())):
+    if not (recording or drafting):
         return
     fingerprint = vocabulary_fingerprint(session.target)
     if recording:
