@@ -330,7 +330,7 @@ def test_bench_help_lists_the_new_options():
 
 def args(**changes) -> bench_cli.BenchArgs:
     base = dict(
-        categories=None, limit=None, prompts=None, modes="none,auto", max_tokens=200,
+        categories=None, limit=None, prompts=None, modes="none,auto", store=None, max_tokens=200,
         temperature=0.0, seed=None, raw=False, cold=True, trace=False, native_bin=None,
         native_flags="", repeat=1, out=None, chart=False, warmup=True, target=None,
         draft=None, threads=None, ctx=4096, gpu_layers=None, rpc=None, rpc_timeout=120.0,
