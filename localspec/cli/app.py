@@ -1,8 +1,9 @@
 """The ``localspec`` typer app: mounts every command and runs it (``main``).
 
-Commands live one group per module (``complete``, ``chat``, ``models``, ``bench``); errors
-become messages in ``common``. ``main`` is the last line of defence: an unexpected exception
-is a bug, said in one line (the traceback only with ``LOCALSPEC_DEBUG=1``), exit code 70.
+Commands live one group per module (``complete``, ``chat``, ``models``, ``datastore``,
+``bench``); errors become messages in ``common``. ``main`` is the last line of defence: an
+unexpected exception is a bug, said in one line (the traceback only with
+``LOCALSPEC_DEBUG=1``), exit code 70.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from localspec.cli.calibrate import calibrate_command
 from localspec.cli.chat import chat
 from localspec.cli.common import echo_error
 from localspec.cli.complete import complete
+from localspec.cli.datastore import datastore_app
 from localspec.cli.models import models_app
 from localspec.cli.serve import serve
 from localspec.cli.worker import worker
@@ -35,6 +37,9 @@ app.command("calibrate")(calibrate_command)
 app.command()(serve)
 app.command()(worker)
 app.add_typer(models_app, name="models", help="list, pull, check and optimize models")
+app.add_typer(
+    datastore_app, name="datastore", help="index your files and keep your answers to draft from"
+)
 
 
 def main() -> None:
