@@ -5,7 +5,9 @@ A bench run of mode ``none`` with greedy decoding records each answer's token id
 answer, so the n-gram drafter and the controller can be run against it without the target:
 each round's cost is taken from the pair's calibration (a plain step, or a verify batch of
 k drafts). Prints, per prompt and category, the estimated speedup over plain decoding of a
-cold controller (a fresh one per prompt, as a fresh ``localspec complete`` starts).
+cold controller (a fresh one per prompt, as a fresh ``localspec complete`` starts), and
+beside it llama.cpp's ``ngram-simple`` replayed over the same answer at the same costs, so
+the two policies are compared without the noise of timings or of answers that part.
 
 This is an estimate for tuning the cost model, not a benchmark: it assumes the measured
 batch costs hold exactly and leaves the draft model out (auto rarely picks it on a CPU
@@ -30,7 +32,8 @@ from localspec.bench.runner import load_prompts
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.controller import COPY_DEPTH, SPECULATE_MARGIN, Controller
 from localspec.core.costs import CostProfile
-from localspec.core.drafters import NgramDrafter, PassedDraft
+from localspec.core.drafters import PassedDraft
+from localspec.core.ngram import NgramDrafter
 from localspec.core.params import DrafterKind, GenerationParams
 from localspec.session.session import ModelOptions, open_session
 
@@ -77,6 +80,41 @@ def replay(
     return seconds, drafts
 
 
+def replay_ngram_simple(
+    prompt: list[int], answer: list[int], costs: CostProfile, n: int = 12, m: int = 48
+) -> tuple[float, int, list[tuple[int, int, int]]]:
+    """Estimated seconds of llama.cpp's ``ngram-simple`` (defaults: a 12-token match, drafts
+    of up to 48 tokens) over the same answer, the tokens it covers (it may run past the
+    answer's end, as the binary runs past ``-n``; those are not counted), and its drafts.
+    Follows ``common_ngram_simple_draft``: the last ``n`` tokens are looked for in the text
+    before them, most recent first, and the up to ``m`` tokens after the match are drafted
+    when at least ``n`` are available."""
+    committed, done, seconds, drafts = list(prompt), 0, 0.0, []
+    while done < len(answer):
+        tokens: list[int] = []
+        cur = len(committed)
+        if cur > n + m + 1:
+            pattern = committed[cur - n :]
+            for j in range(cur - n - 1, 0, -1):
+                if committed[j : j + n] == pattern:
+                    copy = min(m, cur - (j + n))
+                    if copy >= n:
+                        tokens = committed[j + n : j + n + copy]
+                    break
+        accepted = common_prefix_length(tokens, answer[done : done + len(tokens)])
+        seconds += costs.verify(len(tokens))
+        emitted = min(accepted + 1, len(answer) - done)
+        committed.extend(answer[done : done + emitted])
+        done += emitted
+        if tokens:
+            drafts.append((len(tokens), accepted, n))
+    return seconds, done, drafts
+
+
+def _geo(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", type=Path)
@@ -93,6 +131,7 @@ def main() -> int:
     assert costs is not None
     prompts = {(p.category, p.id): p.prompt for p in load_prompts()}
     by_category: dict[str, list[float]] = defaultdict(list)
+    by_simple: dict[str, list[float]] = defaultdict(list)  # auto / ngram-simple, per prompt
     for line in args.records.read_text().splitlines():
         record = json.loads(line)
         if record["mode"] != "none" or record.get("repeat", 0) != 0:
@@ -106,13 +145,22 @@ def main() -> int:
             prompt, answer, costs, args.max_tokens, args.margin, session.target.is_eog
         )
         ratio = len(answer) * costs.plain_s / seconds
+        simple_s, _, simple_drafts = replay_ngram_simple(prompt, answer, costs)
+        simple = len(answer) * costs.plain_s / simple_s
         by_category[key[0]].append(ratio)
-        print(f"{key[0]:16} {key[1]:28} {len(answer):4} tokens {ratio:5.2f}x", end="")
-        print(f"  {drafts}" if args.verbose else "")
+        by_simple[key[0]].append(ratio / simple)
+        print(
+            f"{key[0]:16} {key[1]:28} {len(answer):4} tokens {ratio:5.2f}x"
+            f"  ngram-simple {simple:5.2f}x  auto/simple {ratio / simple:5.2f}",
+            end="",
+        )
+        print(f"\n    auto {drafts}\n    simple {simple_drafts}" if args.verbose else "")
     print()
     for category, ratios in by_category.items():
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        print(f"{category:16} geo-mean {geo:5.3f}x  min {min(ratios):5.3f}x  ({len(ratios)})")
+        print(
+            f"{category:16} geo-mean {_geo(ratios):5.3f}x  min {min(ratios):5.3f}x"
+            f"  auto/ngram-simple {_geo(by_simple[category]):5.3f}  ({len(ratios)})"
+        )
     session.close()
     return 0
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.core.drafters import NgramDrafter, Offer, PassedDraft
+from localspec.core.drafters import Offer, PassedDraft
+from localspec.core.ngram import NgramDrafter
 from localspec.core.params import DrafterKind, GenerationParams
 
 GREEDY = GenerationParams()
@@ -180,3 +181,94 @@ def test_a_passed_draft_is_graded_once_the_answer_shows_its_fate():
     assert passed.verdict([1, 2, 3, 7, 8, 5]) == (4, 2)  # parted at the third token
     assert passed.verdict([1, 2, 3, 7, 8, 9, 10, 11]) == (4, 4)  # held whole
     assert PassedDraft(offer, [], start=3).verdict([1, 2, 3]) == (0, 0)
+
+
+# -- edits: what a rewrite replaces once, it replaces again ------------------------------------
+
+OLD, NEW = 50, 77  # a variable and the name the answer gives it
+
+
+def test_a_replaced_token_is_replaced_again_in_later_drafts():
+    source = [1, 2, 3, OLD, 5, 6, 7, OLD, 9, 10, 11, 12, OLD, 14, 15]
+    toks = [*source, 40, 1, 2]
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    # The answer copies 3, writes NEW for OLD, and goes on with the source.
+    _draft_and_observe(d, toks, 4, [3, NEW], accepted=1)
+    toks.append(5)  # back on the source: OLD -> NEW is an edit of this text
+    d.observe(toks, 0, 0)
+    assert d.edits == {(OLD,): (NEW,)}
+    assert propose(d, toks, 10) == [6, 7, NEW, 9, 10, 11, 12, NEW, 14, 15]
+
+
+def test_a_replaced_span_is_learned_once_two_tokens_agree_again():
+    old, new = [50, 51, 52], [77, 78]  # e.g. " current", "_str", "ing" -> " curr", "_str"
+    source = [1, 2, 3, *old, 6, 7, 8, *old, 6, 9]
+    toks = [*source, 40, 1, 2]
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    _draft_and_observe(d, toks, 4, [3, 77], accepted=1)
+    for token in (78, 6, 7):  # the rest of the new name, then the source again
+        toks.append(token)
+        d.observe(toks, 0, 0)
+    assert d.edits == {tuple(old): tuple(new)}
+    assert propose(d, toks, 5) == [8, *new, 6, 9]
+
+
+def test_an_edit_the_answer_does_not_make_is_forgotten():
+    source = [1, 2, 3, OLD, 5, 6, 7, OLD, 9, 10]
+    toks = [*source, 40, 1, 2]
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    _draft_and_observe(d, toks, 4, [3, NEW], accepted=1)
+    toks.append(5)
+    d.observe(toks, 0, 0)
+    assert propose(d, toks, 3) == [6, 7, NEW]
+    toks += [6, 7, OLD]  # here the answer keeps the old name
+    d.observe(toks, 3, 2)
+    assert d.edits == {}
+    assert propose(d, toks, 2) == [9, 10]
+
+
+def test_insertions_are_not_learned_as_edits():
+    source = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    toks = [*source, 40, 1, 2, 3]
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)  # 77 inserted before the 6
+    toks.append(6)
+    d.observe(toks, 0, 0)
+    assert d.edits == {} and propose(d, toks, 3) == [7, 8, 9]
+
+
+def test_a_copy_followed_through_edits_is_offered_on_the_length_it_was_followed():
+    body = [10, 11, 12, OLD, 14, 15, 16, 17, OLD, 19, 20, 21, 22, 23, OLD, 25, 26, 27]
+    toks = [*body, 40, 10, 11]
+    d = NgramDrafter(2, 32)
+    d.begin(toks)
+    _draft_and_observe(d, toks, 3, [12, NEW], accepted=1)
+    toks.append(14)
+    d.observe(toks, 0, 0)
+    assert d.offer(toks, 64).resync  # just back: too soon to call it a copy
+    draft = _draft_and_observe(d, toks, 8, [15, 16, 17, NEW, 19, 20, 21, 22, 23], accepted=8)
+    assert draft == [15, 16, 17, NEW, 19, 20, 21, 22]
+    offer = d.offer(toks, 64)
+    # The suffix (with NEW in it) matches little, but the copy was followed for 10 tokens
+    # and its last draft held whole.
+    assert not offer.resync and offer.streak and offer.match == 10
+    assert propose(d, toks, 5) == [NEW, 25, 26, 27, 40]
+
+
+def test_short_drafts_accepted_whole_in_a_row_add_up_to_a_copy_under_way():
+    body = list(range(10, 60))
+    toks = [1, 2, 3, 4, *body, 7, 1, 2, 3, 4]
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    assert not d.offer(toks, 64).streak
+    _draft_and_observe(d, toks, 5, body[:6], accepted=5)  # 5 accepted whole: not yet
+    assert not d.offer(toks, 64).streak
+    _draft_and_observe(d, toks, 5, body[6:12], accepted=5)  # 10 in a row: a copy under way
+    assert d.offer(toks, 64).streak
+    _draft_and_observe(d, toks, 5, [*body[12:15], 99], accepted=3)  # parted
+    offer = d.offer(toks, 64)
+    assert offer is None or not offer.streak

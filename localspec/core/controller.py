@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localspec.core.costs import CostProfile, LiveCosts
-from localspec.core.drafters import STREAK_MIN, Offer
+from localspec.core.drafters import Offer
+from localspec.core.ngram import STREAK_MIN
 from localspec.core.params import DrafterKind
 
 # n-gram match-length buckets: (smallest length, chance that a match this long starts a long

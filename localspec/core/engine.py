@@ -27,14 +27,7 @@ import numpy as np
 from localspec.core.cached_model import CachedModel
 from localspec.core.controller import COPY_DEPTH, COPYING, Controller, Plan
 from localspec.core.costs import CostProfile
-from localspec.core.drafters import (
-    Draft,
-    Drafter,
-    ModelDrafter,
-    NgramDrafter,
-    Offer,
-    PassedDraft,
-)
+from localspec.core.drafters import Draft, Drafter, ModelDrafter, Offer, PassedDraft
 from localspec.core.events import (
     EngineWarning,
     Event,
@@ -45,6 +38,7 @@ from localspec.core.events import (
     RoundCompleted,
     TokenEmitted,
 )
+from localspec.core.ngram import NgramDrafter
 from localspec.core.params import DrafterKind, DrafterMode, GenerationParams
 from localspec.core.retrieval import Corpus, StoreDrafter
 from localspec.core.sampling import warp
