@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from localspec.core.drafters import STREAK_MIN, Draft, Offer
+from localspec.core.drafters import Draft, Offer
+from localspec.core.ngram import STREAK_MIN
 from localspec.core.params import DrafterKind, GenerationParams
 
 EXAMINED = 32  # occurrences of a match whose continuations are read (spread over all)
@@ -89,10 +90,10 @@ class StoreDrafter:
         self.ends = ends
         self._found: Retrieved | None = None
         self._found_at: tuple | None = None  # the text ``_found`` was looked up after
-        self._streak = False
+        self._copied = 0  # drafted tokens accepted in a row, drafts accepted whole
 
     def begin(self, tokens: Sequence[int]) -> None:
-        self._found, self._found_at, self._streak = None, None, False
+        self._found, self._found_at, self._copied = None, None, 0
 
     def lookup(self, committed: Sequence[int]) -> Retrieved | None:
         """The best continuation after ``committed`` (computed once per committed text)."""
@@ -132,7 +133,8 @@ class StoreDrafter:
         if found is None:
             return None
         available = min(limit, len(found.tokens))
-        return Offer(self.kind, available, found.n, self._streak, support=found.support)
+        streak = self._copied >= STREAK_MIN
+        return Offer(self.kind, available, found.n, streak, support=found.support)
 
     def preview(self, k: int) -> list[int]:
         """Up to ``k`` tokens ``propose`` would draft after the text of the last ``offer``."""
@@ -151,5 +153,6 @@ class StoreDrafter:
         return Draft(self.kind, list(found.tokens[:k]) if found is not None and k > 0 else [])
 
     def observe(self, committed: Sequence[int], drafted: int, accepted: int) -> None:
-        # As for prompt lookup: a long draft accepted whole means a copy is under way.
-        self._streak = drafted >= STREAK_MIN and accepted == drafted
+        # As for prompt lookup: drafts accepted whole in a row add up to a copy under way.
+        if drafted > 0:
+            self._copied = self._copied + accepted if accepted == drafted else 0
