@@ -272,3 +272,69 @@ def test_short_drafts_accepted_whole_in_a_row_add_up_to_a_copy_under_way():
     _draft_and_observe(d, toks, 5, [*body[12:15], 99], accepted=3)  # parted
     offer = d.offer(toks, 64)
     assert offer is None or not offer.streak
+
+
+# -- disagreeing sources: shares, alternatives, and the branch the target took ---------------
+
+
+def test_disagreeing_occurrences_give_shares_and_one_alternative_per_next_token():
+    # "0 1 2 3" goes on with 4 twice and, most recently, with 9 once.
+    toks = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 8, 0, 1, 2, 3]
+    d = NgramDrafter(2, 8)
+    d.begin(toks)
+    offer = d.offer(toks, 3)
+    assert offer.shares == (2 / 3, 1 / 3)
+    assert d.alternatives(3, 4) == [[4, 5, 0], [9, 8, 0]]
+    assert d.alternatives(3, 1) == [[4, 5, 0]]
+    assert d.alternatives(3, 4)[0] == propose(d, toks, 3)  # the first is the chain's draft
+
+
+def test_agreeing_occurrences_have_no_alternatives():
+    toks = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3]
+    d = NgramDrafter(2, 8)
+    d.begin(toks)
+    assert d.offer(toks, 8).shares == ()  # they part only later: one next token
+    assert d.alternatives(3, 4) == [[4, 6, 0]]
+
+
+def test_alternatives_apply_the_edits_and_stop_after_the_end_of_a_turn():
+    toks = [
+        1, 2, 3, OLD, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,  # the first source
+        30, 20, 21, OLD, 23, END, 24,  # "20 21" goes on with OLD once...
+        31, 20, 21, 25, 26, 27,  # ... and with 25 twice
+        32, 20, 21, 25, 26, 28,
+        41, 1, 2,
+    ]  # fmt: skip
+    d = NgramDrafter(2, 16, ends=lambda t: t == END)
+    d.begin(toks)
+    _draft_and_observe(d, toks, 4, [3, NEW], accepted=1)
+    toks.append(5)  # OLD -> NEW is an edit of this text
+    d.observe(toks, 0, 0)
+    assert d.edits == {(OLD,): (NEW,)}
+    for token in (20, 21):  # the answer leaves that source for text that occurs thrice
+        toks.append(token)
+        d.observe(toks, 0, 0)
+    assert d.offer(toks, 4).shares == (2 / 3, 1 / 3)
+    assert d.alternatives(4, 4) == [[25, 26, 28, 41], [NEW, 23, END]]
+
+
+def test_take_makes_the_branch_the_target_took_the_draft_observe_follows():
+    a, b = list(range(10, 20)), list(range(30, 40))
+    toks = [0, 1, 2, 3, *a, 50, 0, 1, 2, 3, *b, 51, 0, 1, 2, 3]
+    answer = a[:9]  # the target takes branch a for 8 drafts, then writes a[8] itself
+    streaks = {}
+    for took in (True, False):
+        d = NgramDrafter(2, 16)
+        d.begin(toks)
+        assert d.offer(toks, 8).shares == (0.5, 0.5)
+        assert d.alternatives(8, 2) == [b[:8], a[:8]]  # a tie: the most recent first
+        if took:
+            d.take(1)
+        committed = toks + answer
+        d.observe(committed, 8, 8)
+        streaks[took] = d.offer(committed, 8).streak
+        if took:  # the copy of a goes on from where it was taken
+            assert propose(d, committed, 2) == [a[9], 50]
+    # Eight drafted tokens accepted in a row from the copy the target took: a copy under
+    # way; without ``take`` the drafter would think its other branch parted at once.
+    assert streaks == {True: True, False: False}

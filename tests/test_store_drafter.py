@@ -154,3 +154,43 @@ def test_the_store_is_left_out_when_auto_is_not_asked_for():
     )
     assert fin.stats["tokens_by_origin"]["store"] == 0
     assert list(fin.token_ids) == answer
+
+
+END = 99
+
+
+def test_disagreeing_occurrences_give_shares_and_one_alternative_per_next_token():
+    index = TokenIndex.build(
+        [[1, 2, 3, 4, 5, 6, 7, 8]] * 2 + [[1, 2, 3, 4, 9, 10, END, 11], [1, 2, 3, 4, 12, 13]]
+    )
+    drafter = StoreDrafter([("s", index)], ends=lambda t: t == END)
+    offer = drafter.offer([1, 2, 3, 4], 16)
+    assert offer.shares == (0.5, 0.25, 0.25) and offer.support == 0.5
+    # The first is what propose drafts; the others end after an end-of-generation token.
+    assert drafter.alternatives(8, 4) == [[5, 6, 7, 8], [9, 10, END], [12, 13]]
+    assert drafter.alternatives(2, 2) == [[5, 6], [9, 10]]
+    assert drafter.propose([1, 2, 3, 4], 8, PARAMS, np.random.default_rng(0), 0.0).tokens == [
+        5, 6, 7, 8
+    ]  # fmt: skip
+    agree = StoreDrafter([("a", TokenIndex.build([[1, 2, 3, 4, 5, 6]] * 3))])
+    assert agree.offer([1, 2, 3, 4], 16).shares == ()
+    assert agree.alternatives(4, 4) == [[5, 6]]
+
+
+def test_taking_another_branch_starts_a_copy_of_its_own():
+    index = TokenIndex.build([[1, 2, 3, 4, 5, 6, 7, 8]] * 2 + [[1, 2, 3, 4, 9, 10, 11, 12]])
+    streaks = {}
+    for taken in (0, 1):
+        drafter = StoreDrafter([("s", index)])
+        committed = [1, 2, 3, 4]
+        drafter.offer(committed, 16)
+        drafter.propose(committed, 4, PARAMS, np.random.default_rng(0), 0.0)
+        drafter.observe(committed, 5, 5)  # an earlier draft accepted whole
+        drafter.offer(committed, 16)
+        drafter.alternatives(4, 2)
+        drafter.take(taken)
+        drafter.observe(committed, 4, 4)  # the branch taken, accepted whole
+        streaks[taken] = drafter.offer(committed, 16).streak
+    # 5 + 4 in a row along the continuation most occurrences share make a copy under way;
+    # the other branch's 4 are a copy of their own, not yet one.
+    assert streaks == {0: True, 1: False}

@@ -5,10 +5,18 @@ A ``Drafter`` is told the prompt (``begin``), says each round what it could draf
 controller picks it (``propose``), and learns from the verdict (``observe``). The engine
 calls these without knowing which drafter it talks to.
 
+The copying drafters (n-gram, datastore) can also say where their sources disagree
+(``Offer.shares``) and draft the competing continuations (``alternatives(k, m)``), for the
+engine to verify as one draft tree; ``take(i)`` then tells the drafter which branch the
+target took, so that its ``observe`` follows that branch. These two are not part of the
+protocol: a drafter without them is simply never asked for a tree.
+
 - ``NgramDrafter`` (prompt lookup, in ``core.ngram``): drafts what followed earlier
   occurrences of the text's suffix, following a copy through the edits it makes. Free to
   run; its q is one-hot, so ``Draft.probs`` is None. ``PassedDraft`` grades, as the answer
   goes on, a draft a round passed over (``NgramDrafter.preview``).
+- ``StoreDrafter`` (retrieval, in ``core.retrieval``): drafts what followed the text's
+  suffix in the user's corpora.
 - ``ModelDrafter``: runs the draft model autoregressively on its own KV cache (only tokens
   it lacks are evaluated, in one catch-up batch timed apart from the one-token steps),
   greedy when decoding is greedy, otherwise sampling from its warped q (returned for exact
@@ -21,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -41,6 +49,9 @@ class Offer:
     catch_up: int = 0  # draft model: tokens its first pass evaluates (0: just one)
     resync: bool = False  # n-gram: resumes a copy that parted a few tokens ago (see below)
     support: float = 1.0  # datastore: share of the match's occurrences that go on as drafted
+    # Copying drafters: when the occurrences they examined disagree, the share of them that
+    # goes on with each distinct next token, the one drafted first (empty: no alternatives).
+    shares: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,19 @@ class Drafter(Protocol):
     def observe(self, committed: Sequence[int], drafted: int, accepted: int) -> None:
         """The round is over: ``committed`` grew; this drafter's draft (if any) had
         ``drafted`` tokens, of which ``accepted`` survived (both 0 if it did not draft)."""
+
+
+@runtime_checkable
+class Branching(Protocol):
+    """A copying drafter that can draft the competing continuations of its sources."""
+
+    def alternatives(self, k: int, m: int) -> list[list[int]]:
+        """Up to ``m`` continuations of up to ``k`` tokens with distinct first tokens, the
+        one ``propose(k)`` would draft now first (in the order of ``Offer.shares``)."""
+
+    def take(self, i: int) -> None:
+        """After ``alternatives``: branch ``i`` is what was drafted, so that the next
+        ``observe`` follows it."""
 
 
 @dataclass

@@ -9,6 +9,14 @@ on with the chat template, which an answer never copies. Free to run; its q is o
 ``Draft.probs`` is None. ``preview`` shows what it would draft without drafting, so that a
 ``PassedDraft`` can grade, as the answer goes on, the drafts a round passed over.
 
+Disagreeing sources. When the occurrences that match equally far go on with different next
+tokens, the offer says so (``Offer.shares``: the share of them behind each distinct next
+token, the drafted one first), and ``alternatives(k, m)`` drafts one continuation per next
+token, each read by the same vote among its own occurrences, for the engine to verify as a
+draft tree (greedy decoding only). ``take(i)`` then makes branch ``i`` the draft that
+``observe`` follows. A copy followed through edits or resuming a parted one reads from one
+place only, so it has no alternatives.
+
 Following a copy. Once a draft is accepted, a cursor (``Cursor``) keeps the copy's place in
 the source and moves along as the answer goes on, so the copy is followed even where the
 suffix no longer matches. When the answer parts from the source (a renamed variable, an
@@ -55,8 +63,10 @@ Edit = tuple[tuple[int, ...], tuple[int, ...]]  # (key, value)
 @dataclass(frozen=True)
 class NgramMatch:
     n: int  # matched suffix length (capped at ``n_max``)
-    starts: tuple[int, ...]  # continuation starts of the occurrences matching that far
+    starts: tuple[int, ...]  # continuation starts of the occurrences a draft reads from
     available: int  # continuation tokens available from the best of them
+    # every occurrence matching that far (``starts`` keeps to the copy under way among them)
+    tied: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,21 @@ class Cursor:
     at: int
     pending: tuple[int, ...] = ()
     edit: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """This round's draft: it reads from ``start`` and continues a run of ``run`` followed
+    tokens; ``rivals``: the occurrences of each other next token, most shared first."""
+
+    start: Cursor
+    run: int
+    offer: Offer
+    rivals: tuple[tuple[int, ...], ...] = ()
+
+
+# A draft: where it read from, the cursor after each of its tokens, and the run it continues.
+_Drafted = tuple[Cursor, list[Cursor], int]
 
 
 @dataclass(frozen=True)
@@ -105,7 +130,8 @@ class NgramDrafter:
         self._parted: _Parted | None = None
         self.edits: dict[tuple[int, ...], tuple[int, ...]] = {}  # key -> value, oldest first
         self._by_first: dict[int, list[Edit]] = {}  # by the key's first token, longest first
-        self._draft: tuple[Cursor, list[Cursor], int] | None = None  # from, after each, run
+        self._draft: _Drafted | None = None  # what ``observe`` follows
+        self._branches: list[_Drafted] = []  # the last ``alternatives``, for ``take``
         self._extend(tokens)
 
     def _extend(self, tokens: Sequence[int]) -> None:
@@ -151,18 +177,20 @@ class NgramDrafter:
                 elif length == best:
                     chosen.append(p)
             if best >= self.n_min:
+                tied = tuple(chosen)
                 cursor = self._cursor
                 if cursor is not None and not cursor.pending and cursor.at in chosen:
                     chosen = [cursor.at]  # the copy under way goes on: keep to its source
-                return NgramMatch(best, tuple(chosen), n - max(chosen))
+                return NgramMatch(best, tuple(chosen), n - max(chosen), tied)
         return None
 
-    def _source(self, found: NgramMatch, k: int) -> int:
-        """Where a draft from ``found`` reads: the occurrence whose next ``k`` tokens take, at
-        each step, the token most of the still-agreeing occurrences continue with (ties: the
-        most recent)."""
+    def _source(self, starts: Sequence[int], k: int) -> int:
+        """Where a draft from the occurrences ``starts`` reads: the one whose next ``k``
+        tokens take, at each step, the token most of the still-agreeing occurrences continue
+        with (ties: the most recent)."""
         toks, n = self._tokens, len(self._tokens)
-        alive = sorted(found.starts, reverse=True)  # most recent first
+        k = min(k, n - max(starts))  # as far as the most recent one goes
+        alive = sorted(starts, reverse=True)  # most recent first
         for i in range(k):
             votes: dict[int, int] = {}
             for p in alive:
@@ -210,7 +238,7 @@ class NgramDrafter:
 
     # -- the drafter protocol ---------------------------------------------------------------
 
-    def _plan(self, limit: int) -> tuple[Cursor, int, Offer] | None:
+    def _plan(self, limit: int) -> _Plan | None:
         """Where this round's draft would read from, the run it continues, and the offer."""
         found = self.match()
         cursor, toks = self._cursor, self._tokens
@@ -221,25 +249,42 @@ class NgramDrafter:
             n = len(self.read(cursor, limit)[0])
             if self._run >= RESYNC_BELOW:  # a copy followed through edits
                 run = min(self._run, self.n_max)
-                return cursor, self._run, Offer(self.kind, n, run, streak)
-            return cursor, self._run, Offer(self.kind, n, resync=True)
+                return _Plan(cursor, self._run, Offer(self.kind, n, run, streak))
+            return _Plan(cursor, self._run, Offer(self.kind, n, resync=True))
         if found is None:
             return None
-        start = Cursor(self._source(found, min(limit, found.available)))
+        start = Cursor(self._source(found.starts, limit))
         n = len(self.read(start, limit)[0])
         streak = streak and start == cursor  # the copy under way, not another source
-        return start, found.n, Offer(self.kind, n, found.n, streak)
+        groups = self._groups(found.tied, start)
+        shares = tuple(len(g) / len(found.tied) for g in groups) if len(groups) > 1 else ()
+        offer = Offer(self.kind, n, found.n, streak, shares=shares)
+        return _Plan(start, found.n, offer, tuple(groups[1:]))
+
+    def _groups(self, starts: Sequence[int], start: Cursor) -> list[tuple[int, ...]]:
+        """``starts`` grouped by the token a copy from each writes first (edits applied):
+        the group ``start`` reads from first, then the larger ones (ties: most recent)."""
+        end = len(self._tokens)
+        groups: dict[int, list[int]] = {}
+        for p in sorted(starts, reverse=True):  # most recent first
+            step = self._step(Cursor(p), end)
+            if step is not None:
+                groups.setdefault(step[0], []).append(p)
+        first = self._step(start, end)
+        drafted = first[0] if first is not None else None
+        order = sorted(groups, key=lambda t: (t != drafted, -len(groups[t])))  # stable
+        return [tuple(groups[t]) for t in order]
 
     def offer(self, committed: Sequence[int], limit: int) -> Offer | None:
         if limit <= 0:
             return None
         planned = self._plan(limit)
-        return planned[2] if planned is not None and planned[2].available > 0 else None
+        return planned.offer if planned is not None and planned.offer.available > 0 else None
 
     def preview(self, k: int) -> list[int]:
         """Up to ``k`` tokens ``propose`` would draft now, without drafting them."""
         planned = self._plan(k) if k > 0 else None
-        return self.read(planned[0], k)[0] if planned is not None else []
+        return self.read(planned.start, k)[0] if planned is not None else []
 
     def propose(
         self,
@@ -252,10 +297,33 @@ class NgramDrafter:
         planned = self._plan(k) if k > 0 else None
         if planned is None:
             return Draft(self.kind, [])
-        start, run, _ = planned
-        tokens, cursors = self.read(start, k)
-        self._draft = (start, cursors, run)
+        tokens, cursors = self.read(planned.start, k)
+        self._draft = (planned.start, cursors, planned.run)
         return Draft(self.kind, tokens)
+
+    def alternatives(self, k: int, m: int) -> list[list[int]]:
+        """Up to ``m`` continuations of up to ``k`` tokens with distinct first tokens, in the
+        order of ``Offer.shares``: first what ``propose(k)`` would draft now, then one per
+        other next token of the occurrences that match as far. Drafts them all (``take``
+        says which one the target took; until then, the first)."""
+        planned = self._plan(k) if k > 0 and m > 0 else None
+        self._branches = []
+        if planned is None:
+            return []
+        starts = [planned.start]
+        starts += [Cursor(self._source(group, k)) for group in planned.rivals[: m - 1]]
+        branches = []
+        for start in starts:
+            tokens, cursors = self.read(start, k)
+            branches.append(tokens)
+            self._branches.append((start, cursors, planned.run))
+        self._draft = self._branches[0]
+        return branches
+
+    def take(self, i: int) -> None:
+        """After ``alternatives``: the target took branch ``i``; ``observe`` follows it (its
+        copy's place, its run, and whether it continues the copy under way)."""
+        self._draft = self._branches[i]
 
     def observe(self, committed: Sequence[int], drafted: int, accepted: int) -> None:
         old = len(self._tokens)
@@ -269,7 +337,7 @@ class NgramDrafter:
             self._cursor = cursors[accepted - 1] if accepted else start
             self._run, self._parted = run + accepted, None
             first += accepted
-        self._draft = None
+        self._draft, self._branches = None, []
         for i in range(first, len(self._tokens)):
             self._follow(i, old)
 

@@ -12,6 +12,11 @@ Its offer carries the match length and ``support``, the share of the examined oc
 that go on as the first drafted token, which the controller folds into its price. One lookup
 per committed text, shared by the round's offer, preview and draft. Its q is one-hot, so
 ``Draft.probs`` is None, and a continuation ends after an end-of-generation token.
+
+When the examined occurrences go on with different next tokens, the offer's ``shares`` give
+each next token's share of them (the drafted one first), and ``alternatives(k, m)`` drafts
+one continuation per next token, voted among its own runs, for the engine to verify as a
+draft tree (greedy decoding only); ``take(i)`` says which branch the target took.
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ class Retrieved:
     occurrences: int  # of the match in its corpus
     tokens: tuple[int, ...]
     support: float  # share of the examined occurrences that continue with tokens[0]
+    # one continuation per distinct next token, ``tokens`` first, then by how many runs
+    # share it, and each one's share of the examined occurrences
+    branches: tuple[tuple[int, ...], ...] = ()
+    shares: tuple[float, ...] = ()
 
 
 def vote(runs: list[tuple[tuple[int, ...], int]], k: int) -> tuple[list[int], float]:
@@ -91,6 +100,7 @@ class StoreDrafter:
         self._found: Retrieved | None = None
         self._found_at: tuple | None = None  # the text ``_found`` was looked up after
         self._copied = 0  # drafted tokens accepted in a row, drafts accepted whole
+        self._taken = 0  # the branch of the last ``alternatives`` the target took
 
     def begin(self, tokens: Sequence[int]) -> None:
         self._found, self._found_at, self._copied = None, None, 0
@@ -117,14 +127,37 @@ class StoreDrafter:
         name, match, corpus = best
         runs = corpus.continuations(match, self.k_max, EXAMINED)
         tokens, support = vote(runs, self.k_max)
+        tokens = self._until_end(tokens)
+        if not tokens:
+            return None
+        branches, shares = self._branches(runs, tokens)
+        return Retrieved(name, match.n, match.count, tuple(tokens), support, branches, shares)
+
+    def _branches(
+        self, runs: list[tuple[tuple[int, ...], int]], drafted: list[int]
+    ) -> tuple[tuple[tuple[int, ...], ...], tuple[float, ...]]:
+        """One continuation per distinct next token of ``runs``, each voted among its own
+        runs: ``drafted`` first, then the others by how many runs share them; and each
+        one's share of the runs."""
+        total = sum(count for _, count in runs)
+        by_first: dict[int, list[tuple[tuple[int, ...], int]]] = {}
+        for run, count in runs:
+            if run:
+                by_first.setdefault(run[0], []).append((run, count))
+        weight = {t: sum(c for _, c in group) for t, group in by_first.items()}
+        others = sorted((t for t in by_first if t != drafted[0]), key=lambda t: -weight[t])
+        branches = [tuple(drafted)]
+        branches += [tuple(self._until_end(vote(by_first[t], self.k_max)[0])) for t in others]
+        shares = [weight.get(drafted[0], 0) / total] + [weight[t] / total for t in others]
+        return tuple(branches), tuple(shares)
+
+    def _until_end(self, tokens: list[int]) -> list[int]:
+        """``tokens`` up to and including the first end-of-generation token."""
         if self.ends is not None:
             for i, token in enumerate(tokens):
                 if self.ends(token):
-                    tokens = tokens[: i + 1]
-                    break
-        if not tokens:
-            return None
-        return Retrieved(name, match.n, match.count, tuple(tokens), support)
+                    return tokens[: i + 1]
+        return tokens
 
     def offer(self, committed: Sequence[int], limit: int) -> Offer | None:
         if limit <= 0:
@@ -134,7 +167,8 @@ class StoreDrafter:
             return None
         available = min(limit, len(found.tokens))
         streak = self._copied >= STREAK_MIN
-        return Offer(self.kind, available, found.n, streak, support=found.support)
+        shares = found.shares if len(found.shares) > 1 else ()
+        return Offer(self.kind, available, found.n, streak, support=found.support, shares=shares)
 
     def preview(self, k: int) -> list[int]:
         """Up to ``k`` tokens ``propose`` would draft after the text of the last ``offer``."""
@@ -150,9 +184,27 @@ class StoreDrafter:
         p_min: float,
     ) -> Draft:
         found = self.lookup(committed)
+        self._taken = 0
         return Draft(self.kind, list(found.tokens[:k]) if found is not None and k > 0 else [])
 
+    def alternatives(self, k: int, m: int) -> list[list[int]]:
+        """Up to ``m`` continuations of up to ``k`` tokens with distinct first tokens after
+        the text of the last ``offer``, in the order of ``Offer.shares``: first what
+        ``propose(k)`` would draft now."""
+        self._taken = 0
+        found = self._found
+        if found is None or k <= 0:
+            return []
+        return [list(branch[:k]) for branch in found.branches[:m]]
+
+    def take(self, i: int) -> None:
+        """After ``alternatives``: the target took branch ``i``."""
+        self._taken = i
+
     def observe(self, committed: Sequence[int], drafted: int, accepted: int) -> None:
-        # As for prompt lookup: drafts accepted whole in a row add up to a copy under way.
+        # As for prompt lookup: drafts accepted whole in a row add up to a copy under way;
+        # another branch than the one most occurrences share starts a copy of its own.
         if drafted > 0:
-            self._copied = self._copied + accepted if accepted == drafted else 0
+            run = self._copied if self._taken == 0 else 0
+            self._copied = run + accepted if accepted == drafted else 0
+        self._taken = 0
