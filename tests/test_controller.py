@@ -7,12 +7,15 @@ import pytest
 from localspec.core.controller import (
     COPY_DEPTH,
     COPY_ODDS,
+    MAX_BRANCHES,
+    TREE_MAX_NODES,
     Controller,
     Plan,
     ngram_bucket,
 )
 from localspec.core.costs import CostProfile
 from localspec.core.drafters import Offer
+from localspec.core.engine import DEFAULT_COSTS
 from localspec.core.params import DrafterKind
 
 MODEL, NGRAM = DrafterKind.MODEL, DrafterKind.NGRAM
@@ -361,3 +364,56 @@ def test_a_draft_expected_to_win_by_less_than_the_margin_is_not_taken():
     assert c.plan([offer]).drafter == NGRAM
     c.margin = rate * IN_SITU.plain_s * 1.01
     assert c.plan([offer]).drafter is None
+
+
+# -- draft trees ---------------------------------------------------------------------------
+
+# Batches that cost little more as they grow (a GPU, a larger CPU): verify(16) ~ verify(8).
+FLAT = CostProfile(plain_s=1.0, verify_s={1: 1.5, 8: 1.6, 16: 1.65, 32: 1.8, 64: 2.0})
+
+
+def fork(available: int = 16, match: int = 5, shares=(0.5, 0.5), **kw) -> Offer:
+    return Offer(NGRAM, available, match=match, shares=shares, **kw)
+
+
+def test_a_fork_is_verified_as_a_tree_when_batches_cost_little_more():
+    c = Controller(FLAT, trees=True)
+    plan = c.plan([fork()])
+    assert plan.drafter == NGRAM and plan.branches == 2
+    assert plan.reason.startswith(f"ngram tree 2x{plan.k} (match 5): ")
+    # The chain's copy curve, its long-copy chance times both shares over the drafted one's.
+    curve = c.copy_curve(fork(), plan.k, scale=2.0)
+    assert plan.expected_tokens_per_s == pytest.approx((1 + curve[-1]) / FLAT.verify(2 * plan.k))
+    chain = Controller(FLAT).plan([fork()])
+    assert chain.branches == 1 and chain.expected_tokens_per_s < plan.expected_tokens_per_s
+    store = Offer(DrafterKind.STORE, 16, 8, support=0.5, shares=(0.5, 0.5))
+    assert Controller(FLAT, allow=(DrafterKind.STORE,), trees=True).plan([store]).branches == 2
+
+
+def test_a_fork_is_drafted_as_a_chain_or_not_at_all_when_batches_are_steep():
+    for costs in (CPU, DEFAULT_COSTS):
+        for match in (2, 5, 8, 16):
+            plan = Controller(costs, trees=True).plan([fork(match=match)])
+            assert plan.branches == 1, (costs, match, plan.reason)
+
+
+def test_no_tree_when_trees_are_off_for_sampled_rounds_streaks_or_agreeing_sources():
+    assert Controller(FLAT).plan([fork()]).branches == 1
+    c = Controller(FLAT, trees=True)
+    assert c.plan([fork()], sampled=True).branches == 1  # exact sampling over trees: no
+    assert c.plan([fork(streak=True)]).branches == 1  # a copy under way keeps to its source
+    assert c.plan([fork(shares=())]).branches == 1
+    assert Controller(FLAT, trees=True, fixed=True).plan([fork()]).branches == 1
+
+
+def test_never_more_branches_or_nodes_than_allowed():
+    five = fork(available=64, shares=(0.3, 0.25, 0.2, 0.15, 0.1))
+    assert 2 <= Controller(FLAT, trees=True).plan([five]).branches <= MAX_BRANCHES
+    assert Controller(FLAT, trees=True, max_branches=2).plan([five]).branches == 2
+    assert Controller(FLAT, trees=True, max_branches=1).plan([five]).branches == 1
+    c = Controller(FLAT, trees=True)
+    for nodes in (TREE_MAX_NODES, 20, 3):
+        plan = c.plan([five], nodes=nodes)
+        assert plan.branches == 1 or plan.branches * plan.k <= nodes
+    plan = c.plan([five], nodes=1000)
+    assert plan.branches * plan.k <= TREE_MAX_NODES

@@ -17,6 +17,16 @@ drafter from its drafts and from the drafts rounds passed over (``observe_passed
 as the answer goes on. A draft model that could pay if its acceptance were high, but has
 not been tried for a long while, is probed with a short draft so its estimate can recover.
 
+Draft trees (greedy decoding only). When a copying offer's sources disagree
+(``Offer.shares``), the controller also prices trees of m = 2..``MAX_BRANCHES`` branches of
+k tokens, the competing continuations verified in one target pass: a tree of n = m * k nodes
+is one batch of n + 1 tokens, so it costs ``verify(n)`` as a chain of n drafts would, and
+it keeps the copy going when any of its branches is the one the answer copies, so its long
+copy chance is the chain's times (the m branches' shares) / (the drafted one's share). The
+best of chains, trees and a plain step wins. Trees are never planned for sampled decoding:
+exact speculative sampling over a tree (per-branch residual distributions) is not
+implemented, so ``plan(..., sampled=True)`` prices chains only.
+
 What was learned can be exported (``learned``) and restored (``restore``) so that the next
 process starts warm; restored evidence is discounted so that new rounds soon outweigh it.
 Pure arithmetic: no clocks, no model calls, no I/O.
@@ -24,8 +34,10 @@ Pure arithmetic: no clocks, no model calls, no I/O.
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localspec.core.costs import CostProfile, LiveCosts
@@ -73,6 +85,8 @@ MODEL_PRIOR = 0.6
 # draft expected to win by less loses about as often as it wins (measured on prose).
 SPECULATE_MARGIN = 1.1
 OPTIMISTIC_ALPHA = 0.9  # acceptance a probe hopes for; no probe if even that would not pay
+MAX_BRANCHES = 4  # most branches of a draft tree (each takes one of the target's sequences)
+TREE_MAX_NODES = 64  # most nodes of a draft tree: as long as the longest n-gram chain
 FIXED_MODEL_P_MIN = 0.75  # llama.cpp's default draft confidence cut-off
 
 
@@ -243,6 +257,7 @@ class Plan:
     reason: str
     p_min: float = 0.0
     match: int = 0  # the n-gram match length the plan drafts from (0: none)
+    branches: int = 1  # a draft tree of this many branches of k tokens each (1: a chain)
 
 
 class Controller:
@@ -257,8 +272,12 @@ class Controller:
         probe_every: int = 64,
         fixed: bool = False,
         margin: float = SPECULATE_MARGIN,
+        trees: bool = False,
+        max_branches: int = MAX_BRANCHES,
     ) -> None:
-        """``fixed`` drafts ``draft_max`` tokens whenever a drafter can (no cost model)."""
+        """``fixed`` drafts ``draft_max`` tokens whenever a drafter can (no cost model).
+        ``trees``: draft trees of at most ``max_branches`` branches may be planned (for
+        greedy rounds only, and never when ``fixed``)."""
         self.costs = LiveCosts(costs)
         self.allow = tuple(
             a for a in allow if a != DrafterKind.MODEL or costs.draft_step_s is not None
@@ -271,6 +290,8 @@ class Controller:
         self.probe_every = probe_every
         self.fixed = fixed
         self.margin = margin
+        self.trees = trees and not fixed
+        self.max_branches = max(1, min(max_branches, MAX_BRANCHES))
         self.limits[DrafterKind.STORE] = self.limits[DrafterKind.NGRAM]
         self.model = AcceptanceEstimate(prior=MODEL_PRIOR)
         # per copying drafter, per match-length bucket
@@ -302,14 +323,15 @@ class Controller:
         est = self.estimate(offer)
         return est.expected_accepted(k) if est is not None else self.copy_curve(offer, k)
 
-    def copy_curve(self, offer: Offer, k: int) -> list[float]:
+    def copy_curve(self, offer: Offer, k: int, scale: float = 1.0) -> list[float]:
         """Expected accepted tokens for drafts of 1..k from a copying offer not yet shown to
         be a copy: a long copy (``COPY_ALPHA`` a token) with this text's chance of one at
         this match length from this drafter (times the share of a datastore match's
-        occurrences that go on as drafted), else a match that parts at its bucket's rate."""
+        occurrences that go on as drafted, and times ``scale``: a tree's branches' shares
+        over the drafted one's), else a match that parts at its bucket's rate."""
         bucket = _copy_bucket(offer)
         odds = self.copies[offer.kind].odds
-        w = min(COPY_MAX, _copy_chance(bucket) * odds * offer.support)
+        w = min(COPY_MAX, _copy_chance(bucket) * odds * offer.support * scale)
         parting = _parting_alpha(bucket)
         out, copy, part, total = [], 1.0, 1.0, 0.0
         for _ in range(k):
@@ -334,32 +356,60 @@ class Controller:
             seconds += first + (k - 1) * step
         return seconds
 
-    def plan(self, offers: list[Offer]) -> Plan:
+    def plan(
+        self, offers: list[Offer], *, sampled: bool = False, nodes: int = TREE_MAX_NODES
+    ) -> Plan:
         """Choose this round's drafter and draft length among ``offers`` (each already
-        bounded by ``limit``), or a plain step."""
+        bounded by ``limit``), or a plain step; a draft tree too when trees are on, the
+        round is greedy (not ``sampled``) and a copying offer's sources disagree, of at most
+        ``nodes`` nodes (what the context and the target's batch still hold)."""
         offers = [o for o in offers if o.kind in self.allow and o.available >= 1]
         if self.fixed:
             for offer in offers:
                 p_min = FIXED_MODEL_P_MIN if offer.kind == DrafterKind.MODEL else 0.0
                 reason = f"fixed {offer.kind} draft of {offer.available}"
                 return Plan(offer.kind, offer.available, 0.0, reason, p_min, offer.match)
+        nodes = min(nodes, TREE_MAX_NODES)
+        trees = self.trees and not sampled
         plain = Plan(None, 0, 1.0 / self.costs.plain_s, "plain step")
         best = Plan(None, 0, plain.expected_tokens_per_s * self.margin, "plain step")
         for offer in offers:
-            top = offer.available
-            acc = self.expected_accepted(offer, top)
-            for k in range(self.draft_min, top + 1):
-                rate = (1.0 + acc[k - 1]) / self._seconds(offer, k)
+            candidates = self._chains(offer)
+            if trees:
+                candidates = itertools.chain(candidates, self._trees(offer, nodes))
+            for k, m, rate in candidates:
                 if rate > best.expected_tokens_per_s:
-                    what = f"{offer.kind} k={k}{_evidence(offer)}"
-                    best = Plan(offer.kind, k, rate, f"{what}: {rate:.1f} tok/s expected")
+                    shape = f"k={k}" if m == 1 else f"tree {m}x{k}"
+                    what = f"{offer.kind} {shape}{_evidence(offer)}"
+                    best = Plan(
+                        offer.kind, k, rate, f"{what}: {rate:.1f} tok/s expected", branches=m
+                    )
         if best.drafter is None:
             return self._probe(offers) or plain
         offer = next(o for o in offers if o.kind == best.drafter)
         p_min = self._p_min() if best.drafter == DrafterKind.MODEL else 0.0
-        return Plan(
-            best.drafter, best.k, best.expected_tokens_per_s, best.reason, p_min, offer.match
-        )
+        return replace(best, p_min=p_min, match=offer.match)
+
+    def _chains(self, offer: Offer) -> Iterator[tuple[int, int, float]]:
+        """(k, 1, expected tokens per second) of every chain ``offer`` could draft."""
+        acc = self.expected_accepted(offer, offer.available)
+        for k in range(self.draft_min, offer.available + 1):
+            yield k, 1, (1.0 + acc[k - 1]) / self._seconds(offer, k)
+
+    def _trees(self, offer: Offer, nodes: int) -> Iterator[tuple[int, int, float]]:
+        """(k, m, expected tokens per second) of every tree of m >= 2 branches of k tokens
+        (at most ``nodes`` nodes) a copying offer whose sources disagree could draft. A copy
+        under way (a streak) keeps to its own source: no tree."""
+        shares = offer.shares
+        if offer.kind not in COPYING or offer.streak or len(shares) < 2 or shares[0] <= 0:
+            return
+        for m in range(2, min(self.max_branches, len(shares)) + 1):
+            top = min(offer.available, nodes // m)
+            if top < self.draft_min:
+                break
+            acc = self.copy_curve(offer, top, sum(shares[:m]) / shares[0])
+            for k in range(self.draft_min, top + 1):
+                yield k, m, (1.0 + acc[k - 1]) / self.costs.verify(m * k)
 
     def _probe(self, offers: list[Offer]) -> Plan | None:
         """A short draft from a drafter left idle for long, if it could pay at all: a probe
