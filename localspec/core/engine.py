@@ -10,6 +10,12 @@ last committed token is still to be evaluated. A round (``_round``) then
 4. verifies (greedy, or exact speculative sampling), rolls the target's cache back to the
    accepted length, and emits the accepted drafts plus the target's own token.
 
+A tree round (greedy decoding only, when the controller plans one) drafts the competing
+continuations of a copying drafter's sources (``alternatives``), verifies them in one target
+pass (``core.tree_round``), and from there on is the chain round of the branch the target
+took (``take``): the same tokens emitted, the same bookkeeping. Its stats count every node
+of the tree as drafted.
+
 The engine prints nothing and imports no UI: front ends render the events it yields.
 Cancellation is cooperative (a ``threading.Event`` checked between rounds).
 """
@@ -27,7 +33,7 @@ import numpy as np
 from localspec.core.cached_model import CachedModel
 from localspec.core.controller import COPY_DEPTH, COPYING, Controller, Plan
 from localspec.core.costs import CostProfile
-from localspec.core.drafters import Draft, Drafter, ModelDrafter, Offer, PassedDraft
+from localspec.core.drafters import Branching, Draft, Drafter, ModelDrafter, Offer, PassedDraft
 from localspec.core.events import (
     EngineWarning,
     Event,
@@ -44,6 +50,8 @@ from localspec.core.retrieval import Corpus, StoreDrafter
 from localspec.core.sampling import warp
 from localspec.core.stats import GenerationStats
 from localspec.core.text import TextAssembler
+from localspec.core.tree import DraftTree
+from localspec.core.tree_round import tree_shape, verify_branches
 from localspec.core.verify import Verdict, verify_greedy, verify_sampled
 from localspec.errors import ContextOverflowError
 
@@ -57,6 +65,10 @@ class TargetModel(Protocol):
 
     def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
     def truncate(self, n: int) -> None: ...
+    @property
+    def supports_trees(self) -> bool: ...
+    def forward_tree(self, committed: Sequence[int], tree: DraftTree) -> np.ndarray: ...
+    def keep_path(self, path: Sequence[int]) -> None: ...
     def token_bytes(self, token: int) -> bytes: ...
     def is_eog(self, token: int) -> bool: ...
 
@@ -85,6 +97,19 @@ class _Run:
     trace: list[dict] = field(default_factory=list)
     # per copying drafter, a draft a round passed over and the answer has not yet graded
     passed: dict[DrafterKind, PassedDraft] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Verified:
+    """A round's draft and verdict as the chain it amounted to (after a tree, the branch
+    the target took), and what the target verified."""
+
+    draft: Draft
+    verdict: Verdict
+    nodes: int  # draft tokens in the target's batch (every node of a tree)
+    branches: int
+    t_verify: float  # when the target's pass began
+    t_done: float
 
 
 @dataclass(frozen=True)
@@ -120,8 +145,13 @@ class SpecDecoder:
         self.restored = None
 
     def controller_for(self, params: GenerationParams) -> Controller:
-        """One controller per mode, kept across calls so acceptance estimates carry over."""
-        key = (params.drafter, params.draft_max, params.ngram_draft_max, params.draft_min)
+        """One controller per mode, kept across calls so acceptance estimates carry over.
+        Its draft trees are on when asked for and the target can verify them; it plans them
+        for greedy rounds only."""
+        key = (
+            params.drafter, params.draft_max, params.ngram_draft_max, params.draft_min,
+            params.trees,
+        )  # fmt: skip
         if key not in self._controllers:
             allow = tuple(
                 k for k in params.drafter.kinds() if k != DrafterKind.MODEL or self.model_drafter
@@ -133,6 +163,8 @@ class SpecDecoder:
                 ngram_draft_max=params.ngram_draft_max,
                 draft_min=params.draft_min,
                 fixed=params.drafter in (DrafterMode.NGRAM, DrafterMode.MODEL),
+                trees=params.trees and self.target.supports_trees,
+                max_branches=tree_shape(self.target)[0],
             )
             if self.restored is not None and params.drafter == DrafterMode.AUTO:
                 controller.restore(self.restored)
@@ -214,25 +246,23 @@ class SpecDecoder:
         t_round = time.perf_counter()
         room = self.target.n_ctx - len(run.committed)
         remaining = min(run.params.max_tokens - len(run.generated) - 1, room)
-        offers: dict[DrafterKind, Offer] = {}
-        for kind, drafter in run.drafters.items():
-            if kind in run.controller.allow:
-                offer = drafter.offer(run.committed, run.controller.limit(kind, remaining))
-                if offer is not None:
-                    offers[kind] = offer
-        plan = run.controller.plan(list(offers.values()))
+        offers = self._offers(run, remaining)
+        # Each branch is an offer's length, at most ``remaining``; every node takes a cell.
+        nodes = min(room, tree_shape(self.target)[1])
+        plan = run.controller.plan(
+            list(offers.values()), sampled=not run.params.greedy, nodes=nodes
+        )
         self._pass_over(run, plan, offers)
-        draft = self._draft(run, plan)
-        t_verify = time.perf_counter()
-        verdict = self._verify_round(run.committed, draft, run.params, run.rng)
-        t_done = time.perf_counter()
+        tried = self._tree_round(run, plan) if plan.branches > 1 else self._chain_round(run, plan)
+        draft, verdict = tried.draft, tried.verdict
 
-        drafted = len(draft.tokens)
+        drafted = len(draft.tokens)  # of the chain the round amounted to
         outcome = yield from self._emit(run, verdict, draft)
         for kind, drafter in run.drafters.items():
             mine = kind == draft.source and drafted > 0
             drafter.observe(run.committed, drafted if mine else 0, verdict.accepted if mine else 0)
-        run.controller.observe_timing(drafted, t_done - t_verify, draft)
+        # A tree of n nodes is one batch of n + 1 tokens, as a chain of n drafts.
+        run.controller.observe_timing(tried.nodes, tried.t_done - tried.t_verify, draft)
         offer = offers.get(plan.drafter) if plan.drafter is not None else None
         run.controller.observe(plan, offer, drafted, verdict.accepted)
         for kind, passed in list(run.passed.items()):
@@ -241,21 +271,33 @@ class SpecDecoder:
                 del run.passed[kind]
         event = RoundCompleted(
             index=run.rounds,
-            drafter=draft.source if drafted else None,
-            drafted=drafted,
+            drafter=draft.source if tried.nodes else None,
+            drafted=tried.nodes,
             accepted=verdict.accepted,
             emitted=outcome.emitted,
             seconds=time.perf_counter() - t_round - outcome.paused,
-            draft_seconds=t_verify - t_round,
-            verify_seconds=t_done - t_verify,
+            draft_seconds=tried.t_verify - t_round,
+            verify_seconds=tried.t_done - tried.t_verify,
             reason=plan.reason,
             match=plan.match,
+            branches=tried.branches,
         )
         if run.params.trace:
             run.trace.append({k: v for k, v in asdict(event).items() if v not in ("", None)})
         run.rounds += 1
         yield run.emit(event)
         return outcome.reason
+
+    @staticmethod
+    def _offers(run: _Run, remaining: int) -> dict[DrafterKind, Offer]:
+        """What every allowed drafter could draft this round, up to its limit."""
+        offers: dict[DrafterKind, Offer] = {}
+        for kind, drafter in run.drafters.items():
+            if kind in run.controller.allow:
+                offer = drafter.offer(run.committed, run.controller.limit(kind, remaining))
+                if offer is not None:
+                    offers[kind] = offer
+        return offers
 
     @staticmethod
     def _pass_over(run: _Run, plan: Plan, offers: dict[DrafterKind, Offer]) -> None:
@@ -269,11 +311,32 @@ class SpecDecoder:
             assert isinstance(drafter, NgramDrafter | StoreDrafter)
             run.passed[kind] = PassedDraft(offer, drafter.preview(COPY_DEPTH), len(run.committed))
 
-    def _draft(self, run: _Run, plan: Plan) -> Draft:
-        if plan.drafter is None or plan.k <= 0:
-            return Draft(DrafterKind.NGRAM, [])
+    def _chain_round(self, run: _Run, plan: Plan) -> _Verified:
+        """Draft a chain (none for a plain step) and verify it in one target batch."""
+        draft = Draft(DrafterKind.NGRAM, [])
+        if plan.drafter is not None and plan.k > 0:
+            drafter = run.drafters[plan.drafter]
+            draft = drafter.propose(run.committed, plan.k, run.params, run.rng, plan.p_min)
+        t_verify = time.perf_counter()
+        verdict = self._verify_round(run.committed, draft, run.params, run.rng)
+        return _Verified(draft, verdict, len(draft.tokens), 1, t_verify, time.perf_counter())
+
+    def _tree_round(self, run: _Run, plan: Plan) -> _Verified:
+        """Draft the plan's competing branches and verify them as one draft tree (greedy);
+        the drafter is told which branch the target took, and the round amounts to that
+        branch's chain round."""
+        assert plan.drafter is not None and run.params.greedy
         drafter = run.drafters[plan.drafter]
-        return drafter.propose(run.committed, plan.k, run.params, run.rng, plan.p_min)
+        assert isinstance(drafter, Branching)
+        branches = drafter.alternatives(plan.k, plan.branches)
+        if not branches:  # nothing to draft after all: a plain step
+            return self._chain_round(run, Plan(None, 0, 0.0, plan.reason))
+        t_verify = time.perf_counter()
+        tried = verify_branches(self.target, run.committed, branches)
+        t_done = time.perf_counter()
+        drafter.take(tried.taken)
+        draft = Draft(plan.drafter, branches[tried.taken])
+        return _Verified(draft, tried.verdict, tried.nodes, len(branches), t_verify, t_done)
 
     def _emit(self, run: _Run, verdict: Verdict, draft: Draft) -> Generator[Event, None, _Outcome]:
         """Emit the round's tokens, stopping at an end of generation."""

@@ -58,6 +58,7 @@ class RoundCompleted:
     verify_seconds: float = 0.0
     reason: str = ""  # why the controller chose this drafter and length
     match: int = 0  # n-gram rounds: how many suffix tokens matched the copied occurrence
+    branches: int = 1  # branches of the draft tree verified (1: a chain or a plain step)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,10 @@ class GenerationParams(BaseModel):
     ngram_max: int = Field(32, ge=1, le=64, description="longest suffix match measured")
     stop: tuple[str, ...] = ()
     trace: bool = Field(False, description="record every round's choice in the final stats")
+    trees: bool = Field(
+        True,
+        description="auto may verify competing drafts as one draft tree (greedy decoding only)",
+    )
 
     @field_validator("seed", mode="before")
     @classmethod

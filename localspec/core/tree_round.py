@@ -1,0 +1,60 @@
+"""A tree round: competing drafts verified in one target pass, read back as a chain.
+
+``verify_branches(target, committed, branches)`` merges the branches into a ``DraftTree``,
+has the target evaluate the last committed token and every node in one batch
+(``forward_tree``), accepts the path of the target's own greedy choices
+(``verify_tree_greedy``), keeps that path in the target's cache (``keep_path``), and says
+which branch the target took: the first whose tokens start with the accepted path (the
+first branch, the drafted one, when the path is empty). The result reads as the chain
+round of that branch (``Verdict`` over its tokens), so the engine emits and learns from it
+as from any chain. Greedy decoding only (see ``core.tree``).
+
+``tree_shape(target)`` is the largest tree a target verifies: each leaf takes one of a
+backend's sequences (``tree_seqs``) and the whole tree one batch with the last committed
+token (``n_batch``); targets without those limits (fakes) take the controller's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from localspec.core.controller import MAX_BRANCHES, TREE_MAX_NODES
+from localspec.core.tree import DraftTree, verify_tree_greedy
+from localspec.core.verify import Verdict
+
+
+@dataclass(frozen=True)
+class TreeVerified:
+    taken: int  # index of the branch the target took
+    verdict: Verdict  # over ``branches[taken]``, as for a chain
+    nodes: int  # draft tokens the target evaluated (the tree's nodes)
+
+
+def taken_branch(branches: Sequence[Sequence[int]], path: Sequence[int]) -> int:
+    """The first branch whose tokens start with ``path`` (the accepted tokens); 0 when
+    ``path`` is empty or no branch does."""
+    if path:
+        for i, branch in enumerate(branches):
+            if list(branch[: len(path)]) == list(path):
+                return i
+    return 0
+
+
+def verify_branches(target: Any, committed: list[int], branches: list[list[int]]) -> TreeVerified:
+    """Verify ``branches`` after ``committed`` in one target pass; afterwards the target's
+    cache holds ``committed`` plus the accepted tokens, as after a chain round."""
+    tree = DraftTree.from_branches(branches)
+    rows = target.forward_tree(committed, tree)
+    found = verify_tree_greedy(rows, tree)
+    target.keep_path(found.path)
+    taken = taken_branch(branches, [tree.tokens[i] for i in found.path])
+    return TreeVerified(taken, Verdict(found.accepted, found.token), len(tree))
+
+
+def tree_shape(target: Any) -> tuple[int, int]:
+    """The most branches and nodes a draft tree may have on ``target``."""
+    branches = getattr(target, "tree_seqs", MAX_BRANCHES)
+    nodes = getattr(target, "n_batch", TREE_MAX_NODES + 1) - 1
+    return min(branches, MAX_BRANCHES), min(nodes, TREE_MAX_NODES)
