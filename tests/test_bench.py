@@ -490,3 +490,17 @@ def test_auto_store_drafts_from_the_sessions_stores_and_auto_beside_it_does_not(
 def test_auto_store_without_a_store_is_refused():
     with pytest.raises(UsageError, match="datastore"):
         bench.BenchRunner(FakeBenchSession(), bench.BenchConfig(modes=("none", bench.STORE_MODE)))
+
+
+def test_auto_chains_is_auto_without_draft_trees_beside_it():
+    assert bench.parse_modes("auto,auto-chains") == ("none", "auto", bench.CHAINS_MODE)
+    runner = bench.BenchRunner(FakeBenchSession(), bench.BenchConfig())
+    chains, auto = runner._params(bench.CHAINS_MODE, 10, 0), runner._params("auto", 10, 0)
+    assert chains.drafter == auto.drafter == bench.DrafterMode.AUTO
+    assert auto.trees and not chains.trees
+    config = bench.BenchConfig(modes=("none", "auto", bench.CHAINS_MODE), max_tokens=80, trace=True)
+    records = bench.BenchRunner(FakeBenchSession(), config).run(fake_prompts()[:1])
+    by_mode = {r["mode"]: r for r in records}
+    assert all(entry["branches"] == 1 for entry in by_mode[bench.CHAINS_MODE]["trace"])
+    assert by_mode[bench.CHAINS_MODE]["token_ids"] == by_mode["none"]["token_ids"]
+    assert bench.CHAINS_MODE in bench.summarize(records, config.modes, greedy=True)["overall"]

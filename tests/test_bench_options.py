@@ -324,7 +324,7 @@ def cli_app() -> typer.Typer:
 def test_bench_help_lists_the_new_options():
     result = CliRunner().invoke(cli_app(), ["bench", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for needle in ("--cold", "--warm", "--prompts", "--trace", "native-none"):
+    for needle in ("--cold", "--warm", "--prompts", "--trace", "native-none", "auto-chains"):
         assert needle in result.output
 
 
@@ -356,6 +356,15 @@ def test_cold_keeps_the_saved_learning_out_and_untouched_warm_uses_it():
     assert config.cold and not options.learn
     config, options = bench_cli._settings(args(cold=False, trace=True), ("none", "auto"))
     assert not config.cold and config.trace and options.learn
+
+
+def test_auto_chains_loads_the_draft_model_as_auto_does():
+    chosen, _ = bench_cli._choose_modes(args(modes="auto-chains"))
+    assert chosen == ("none", bench.CHAINS_MODE)
+    _, options = bench_cli._settings(args(modes="auto-chains"), chosen)
+    assert options.use_draft
+    _, options = bench_cli._settings(args(modes="ngram"), ("none", "ngram"))
+    assert not options.use_draft
 
 
 def test_exact_reaches_the_model_options():

@@ -1,6 +1,6 @@
 """Draft trees in the loop: a tree round read back as the chain the target took, exact greedy
-output through the engine on scripted models, the cache bookkeeping, and what turns trees
-off (``GenerationParams.trees``, sampled decoding, a target without them)."""
+output through the engine on scripted models, the cache bookkeeping, and the switches that
+turn trees off (``--no-trees``, sampled decoding)."""
 
 from __future__ import annotations
 
@@ -122,3 +122,43 @@ def test_a_target_that_cannot_verify_trees_gets_chains():
     events = list(SpecDecoder(target, None, FLAT).generate(prompt, GenerationParams(max_tokens=30)))
     assert all(e.branches == 1 for e in events if isinstance(e, RoundCompleted))
     assert list(events[-1].token_ids) == plain_greedy(target, prompt, 30)
+
+
+# -- --no-trees ----------------------------------------------------------------------------
+
+
+def test_no_trees_reaches_the_generation_params_of_complete_chat_and_serve(monkeypatch, tmp_path):
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from localspec.cli import complete as complete_cli
+    from localspec.cli import serve as serve_cli
+    from localspec.cli.app import app
+    from localspec.serve import app as serve_app
+    from tests.test_cli import chat_cli
+
+    seen: dict[str, bool] = {}
+
+    def run_complete(prompt, params, options, **kw):
+        seen["complete"] = params.trees
+        return 0
+
+    def create_app(state):
+        seen["serve"] = state.defaults.trees
+
+    monkeypatch.setattr(complete_cli, "run_complete", run_complete)
+    monkeypatch.setattr(serve_app, "create_app", create_app)
+    monkeypatch.setattr(serve_cli, "load_into", lambda *args: None)  # no models are loaded
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kw: None)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("hello", encoding="utf-8")
+    for flag in ([], ["--no-trees"]):
+        seen.clear()
+        result = CliRunner().invoke(app, ["complete", *flag, str(prompt)])
+        assert result.exit_code == 0, result.output
+        result = CliRunner().invoke(app, ["serve", *flag])
+        assert result.exit_code == 0, result.output
+        result, call = chat_cli(monkeypatch, *flag)
+        assert result.exit_code == 0, result.output
+        assert seen == {"complete": not flag, "serve": not flag}
+        assert call["params"].trees is (not flag)

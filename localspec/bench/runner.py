@@ -5,6 +5,8 @@
 (``prompt`` required; ``id``, ``category``, ``source`` default to ``line-N``, the file's stem
 and its path). ``BenchRunner.run`` drives a loaded ``Session``:
 
+- ``auto-store`` is ``auto`` with the session's datastores and ``auto-chains`` is ``auto``
+  without draft trees (single chains only), so each runs beside ``auto``;
 - every prompt is run in every mode before the next prompt starts (interleaved), and the
   mode order rotates from one prompt to the next, so drift on a busy machine (thermal,
   other work) falls on all modes alike instead of on whichever ran last;
@@ -66,6 +68,8 @@ CATEGORIES = (
 STORE_CATEGORIES = ("repo_code",)
 ENGINE_MODES = ("none", "ngram", "model", "auto")
 STORE_MODE = "auto-store"  # auto with the session's datastores (``--store``); auto has none
+CHAINS_MODE = "auto-chains"  # auto without draft trees: single draft chains only
+AUTO_MODES = ("auto", STORE_MODE, CHAINS_MODE)  # the cost model's modes
 NATIVE_SPEC_MODES = ("native-draft", "native-ngram")  # "best native" is the faster of these
 NATIVE_PLAIN = "native-none"  # llama.cpp without speculation: compared with `none`
 NATIVE_MODES = (*NATIVE_SPEC_MODES, NATIVE_PLAIN)
@@ -240,7 +244,7 @@ class BenchConfig(BaseModel):
 def parse_modes(text: str) -> tuple[str, ...]:
     """``"none,ngram"`` -> ``("none", "ngram")``; ``none`` is always included, first."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    valid = (*ENGINE_MODES, STORE_MODE, *NATIVE_MODES)
+    valid = (*ENGINE_MODES, STORE_MODE, CHAINS_MODE, *NATIVE_MODES)
     bad = [m for m in modes if m not in valid]
     if bad or not modes:
         raise UsageError(
@@ -286,8 +290,9 @@ class BenchRunner:
             max_tokens=max_tokens,
             temperature=self.config.temperature,
             seed=seed,
-            drafter=DrafterMode.AUTO if mode == STORE_MODE else cast(DrafterMode, mode),
+            drafter=DrafterMode.AUTO if mode in AUTO_MODES else cast(DrafterMode, mode),
             trace=self.config.trace,
+            trees=mode != CHAINS_MODE,
         )
 
     def _models(self) -> list[Any]:
@@ -521,7 +526,7 @@ def _native_ratios(mode: str, records: list[Record], refs: _References) -> dict[
     """The engine's modes against llama.cpp: the best speculative native run, and for
     ``none`` llama.cpp's own plain decoding; empty when those did not run."""
     out: dict[str, Any] = {}
-    if (mode in ENGINE_MODES or mode == STORE_MODE) and refs.best_native:
+    if (mode in ENGINE_MODES or mode in AUTO_MODES) and refs.best_native:
         out["ratio_to_best_native"] = _round(
             geometric_mean(paired_ratios(records, refs.best_native)[0]), 4
         )

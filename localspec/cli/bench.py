@@ -102,8 +102,8 @@ def bench_command(
     modes: Annotated[
         str,
         typer.Option(
-            help="comma-separated: none, ngram, model, auto, auto-store, native-draft, "
-            "native-ngram, native-none"
+            help="comma-separated: none, ngram, model, auto, auto-store, auto-chains (auto "
+            "without draft trees), native-draft, native-ngram, native-none"
         ),
     ] = "none,ngram,model,auto",
     store: Annotated[
@@ -266,7 +266,7 @@ def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
                 args.rpc_timeout,
                 args.rpc_split,
             ),  # fmt: skip
-            use_draft=any(m in chosen for m in ("model", "auto", bench.STORE_MODE, "native-draft")),
+            use_draft=any(m in chosen for m in ("model", *bench.AUTO_MODES, "native-draft")),
             # Only auto-store drafts from a store, and only from those named; no bench run
             # adds its answers to the user's history.
             stores=tuple(args.store or ()),

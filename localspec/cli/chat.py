@@ -24,6 +24,7 @@ from localspec.cli.common import (
     MinPOpt,
     NoHistoryOpt,
     NoStoreOpt,
+    NoTreesOpt,
     RpcOpt,
     RpcSplitOpt,
     RpcTimeoutOpt,
@@ -56,6 +57,7 @@ def chat(
     seed: SeedOpt = None,
     drafter: DrafterOpt = "auto",
     draft_max: DraftMaxOpt = 16,
+    no_trees: NoTreesOpt = False,
     target: TargetOpt = None,
     draft: DraftOpt = None,
     threads: ThreadsOpt = None,
@@ -125,6 +127,7 @@ def chat(
             min_p=min_p,
             seed=seed,
             draft_max=draft_max,
+            trees=not no_trees,
         )
         options = options.model_copy(update={"calibrate": True})
         system_prompt = read_system(system)

@@ -68,6 +68,14 @@ TopPOpt = Annotated[float, typer.Option(help="sampling: nucleus mass (1: off)")]
 MinPOpt = Annotated[float, typer.Option(help="sampling: drop below min-p x top (0: off)")]
 SeedOpt = Annotated[int | None, typer.Option(help="sampling seed")]
 DraftMaxOpt = Annotated[int, typer.Option(help="longest draft per round")]
+NoTreesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-trees",
+        help="verify single draft chains only (auto otherwise verifies competing drafts as one "
+        "draft tree when that is expected to pay; greedy decoding only)",
+    ),
+]
 TargetOpt = Annotated[str | None, typer.Option(help="target: path, catalog name or repo:file")]
 DraftOpt = Annotated[str | None, typer.Option(help="draft: path, catalog name or repo:file")]
 ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")]

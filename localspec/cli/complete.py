@@ -30,6 +30,7 @@ from localspec.cli.common import (
     MinPOpt,
     NoHistoryOpt,
     NoStoreOpt,
+    NoTreesOpt,
     RpcOpt,
     RpcSplitOpt,
     RpcTimeoutOpt,
@@ -157,6 +158,7 @@ def complete(
     seed: SeedOpt = None,
     drafter: DrafterOpt = "auto",
     draft_max: DraftMaxOpt = 16,
+    no_trees: NoTreesOpt = False,
     raw: Annotated[
         bool, typer.Option(help="send the text as is, without the chat template")
     ] = False,
@@ -200,6 +202,7 @@ def complete(
             min_p=min_p,
             seed=seed,
             draft_max=draft_max,
+            trees=not no_trees,
             trace=trace,
         )
         system_prompt = read_system(system)

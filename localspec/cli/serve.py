@@ -27,6 +27,7 @@ from localspec.cli.common import (
     MinPOpt,
     NoHistoryOpt,
     NoStoreOpt,
+    NoTreesOpt,
     RpcOpt,
     RpcSplitOpt,
     RpcTimeoutOpt,
@@ -73,6 +74,7 @@ def serve(
     seed: SeedOpt = None,
     drafter: DrafterOpt = "auto",
     draft_max: DraftMaxOpt = 16,
+    no_trees: NoTreesOpt = False,
     target: TargetOpt = None,
     draft: DraftOpt = None,
     threads: ThreadsOpt = None,
@@ -107,6 +109,7 @@ def serve(
             min_p=min_p,
             seed=seed,
             draft_max=draft_max,
+            trees=not no_trees,
         )
     if not is_loopback(host) and not api_key:
         typer.echo(
