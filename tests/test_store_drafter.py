@@ -88,6 +88,18 @@ def test_a_store_starts_at_lower_odds_than_prompt_lookup_and_earns_its_own():
     assert c.copy_odds == pytest.approx(0.5)  # prompt lookup's odds are its own
 
 
+def test_a_cold_long_store_match_buys_no_long_draft_until_the_text_copies_the_store():
+    # Batches as on a 2-core CPU: a verify of k drafts costs 1 + 0.4 k plain steps.
+    cpu = CostProfile(plain_s=1.0, verify_s={k: 1.0 + 0.4 * k for k in range(1, 65)})
+    c = Controller(cpu, allow=(DrafterKind.NGRAM, DrafterKind.STORE))
+    store = store_offer(31, 32)  # a question quoting a file matches it at length
+    assert c.plan([store]).drafter is None  # a plain step, and the passed-over draft is graded
+    for _ in range(3):  # the answer showed it copies the store
+        c.observe_passed(store_offer(31, 16), COPY_DEPTH, COPY_DEPTH)
+    plan = c.plan([store])
+    assert plan.drafter == DrafterKind.STORE and plan.k >= 8
+
+
 def test_passed_over_store_drafts_that_part_keep_a_store_from_costing_anything():
     c = Controller(COSTS)
     offer = store_offer(16, 4)

@@ -47,6 +47,11 @@ COPY_ODDS = 0.5
 # A datastore is the user's own corpus, which may have nothing to do with the text at hand:
 # its drafts start at lower odds and earn theirs the same way.
 STORE_COPY_ODDS = 0.25
+# A long store match says less than a long match in the prompt: a question quoting a file
+# matches that file for as long as it quotes it, and the answer then writes its own code.
+# Unless the text copies the store, its drafts are priced as parting almost at once (as a
+# 3-token prompt match does), so only the copy chance, earned by graded drafts, buys long ones.
+STORE_PARTING_ALPHA = 0.25
 COPY_PSEUDO = 1.0
 COPY_DEPTH = 12
 COPY_DECAY = 0.9  # per graded draft: a text that copied may go on to write anew

@@ -46,6 +46,7 @@ from localspec.core.acceptance import (
     COPY_ODDS,
     RESYNC,
     STORE_COPY_ODDS,
+    STORE_PARTING_ALPHA,
     AcceptanceEstimate,
     CopyEvidence,
     copy_chance,
@@ -168,11 +169,14 @@ class Controller:
         be a copy: a long copy (``COPY_ALPHA`` a token) with this text's chance of one at
         this match length from this drafter (times the share of a datastore match's
         occurrences that go on as drafted, and times ``scale``: a tree's branches' shares
-        over the drafted one's), else a match that parts at its bucket's rate."""
+        over the drafted one's), else a match that parts at its bucket's rate (a datastore
+        match at once: ``STORE_PARTING_ALPHA``)."""
         bucket = _copy_bucket(offer)
         odds = self.copies[offer.kind].odds
         w = min(COPY_MAX, copy_chance(bucket) * odds * offer.support * scale)
         parting = parting_alpha(bucket)
+        if offer.kind == DrafterKind.STORE:
+            parting = min(parting, STORE_PARTING_ALPHA)
         out, copy, part, total = [], 1.0, 1.0, 0.0
         for _ in range(k):
             copy *= COPY_ALPHA
