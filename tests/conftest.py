@@ -19,16 +19,10 @@ def isolated_session_home(tmp_path_factory):
     """Fixtures wider than one test (a module's session, a server) are set up before the
     per-test home below exists: they get a temporary home of their own."""
     base = tmp_path_factory.mktemp("session-home")
-    names = ("LOCALSPEC_HOME", "HF_HOME")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ["LOCALSPEC_HOME"] = str(base / "home")
-    os.environ["HF_HOME"] = str(base / "hf")
-    yield base / "home"
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALSPEC_HOME", str(base / "home"))
+        mp.setenv("HF_HOME", str(base / "hf"))
+        yield base / "home"
 
 
 @pytest.fixture(autouse=True)
