@@ -142,8 +142,12 @@ def test_runner_records_every_prompt_in_every_mode_from_a_fresh_context():
         assert 0.0 <= r["outside_share"] <= 1.0
         assert r["compute_s"] > 0
         json.dumps(r)  # a JSONL line
+        # Every round of a plain run is a plain step, timed as the machine's speed then.
+        assert r["plain_steps"] <= r["rounds"]
+        assert (r["plain_step_s"] > 0) if r["plain_steps"] else r["plain_step_s"] is None
         if r["mode"] == "none":
             assert r["drafted"] == 0 and r["acceptance_rate"] is None
+            assert r["plain_steps"] == r["rounds"]
     # Greedy output of the fakes does not depend on batching: every mode agrees with none.
     summary = bench.summarize(records, bench.ENGINE_MODES, greedy=True)
     for mode in bench.ENGINE_MODES:
@@ -269,6 +273,41 @@ def test_summary_ratios_are_paired_geometric_means_and_agreement_counts_prefixes
     )
     assert bench.geometric_mean([]) is None
     assert math.isclose(bench.geometric_mean([2.0, 8.0]), 4.0)
+
+
+def clocked(record, plain_steps, plain_step_s):
+    return {**record, "plain_steps": plain_steps, "plain_step_s": plain_step_s}
+
+
+def test_per_prompt_floor_as_measured_and_by_each_runs_own_plain_steps():
+    records = [
+        # p1: auto drafted nothing, but the machine ran 20% slower during its run.
+        clocked(rec("chat", "p1", "none", 30.0, 120), 120, 0.030),
+        clocked(rec("chat", "p1", "auto", 25.0, 120), 120, 0.036),
+        # p2: same speed of the machine; auto lost 4% to drafts that parted.
+        clocked(rec("chat", "p2", "none", 30.0, 120), 120, 0.030),
+        clocked(rec("chat", "p2", "auto", 28.8, 120, drafted=30, accepted=2), 100, 0.030),
+        # p3: auto drafted nearly every round, so its run has no clock of its own.
+        clocked(rec("chat", "p3", "none", 30.0, 120), 120, 0.030),
+        clocked(rec("chat", "p3", "auto", 60.0, 120, drafted=110, accepted=100), 5, 0.050),
+    ]
+    g = bench.summarize(records, ("none", "auto"), greedy=True)["categories"]["chat"]
+    auto = g["auto"]
+    assert auto["lowest_ratio_to_none"] == {
+        "category": "chat", "prompt_id": "p1", "ratio": pytest.approx(25 / 30, abs=1e-4)
+    }  # fmt: skip
+    assert auto["steady_prompts"] == 2
+    assert auto["lowest_steady_ratio_to_none"]["prompt_id"] == "p2"
+    assert auto["lowest_steady_ratio_to_none"]["ratio"] == pytest.approx(0.96)
+    assert auto["steady_ratio_to_none"] == pytest.approx(math.sqrt(1.0 * 0.96), abs=1e-4)
+    assert "lowest_ratio_to_none" not in g["none"]  # the baseline has no floor against itself
+    table = bench_report.render_table(bench.summarize(records, ("none", "auto"), greedy=True))
+    assert "| chat | auto | 0.83x (p1) | 0.98x (2 of 3) | 0.96x (p2) |" in table
+    assert "0.83x (chat/p1)" in table  # the overall row names the category too
+    # Without plain steps recorded (older records, native runs) there is no steady figure.
+    bare = [rec("chat", "p1", "none", 30.0, 120), rec("chat", "p1", "auto", 25.0, 120)]
+    auto = bench.summarize(bare, ("none", "auto"), greedy=True)["overall"]["auto"]
+    assert auto["steady_prompts"] == 0 and auto["steady_ratio_to_none"] is None
 
 
 def test_report_files_table_and_chart(tmp_path):

@@ -236,7 +236,7 @@ def test_a_new_generation_relearns_acceptance_quickly():
     assert c.plan([offer]).drafter is None
 
 
-def test_learned_state_round_trips_discounted():
+def test_learned_state_round_trips_discounted_and_the_texts_copy_odds_start_afresh():
     c = Controller(CPU)
     offer = ngram(16, 6)
     streak = ngram(16, 20, streak=True)
@@ -245,17 +245,40 @@ def test_learned_state_round_trips_discounted():
     learn(c, streak, 16, 10, 20)
     learn(c, model(4), 4, 3, 10)
     saved = c.learned()
+    assert c.copy_odds > COPY_ODDS  # this text copied at length
     fresh = Controller(CPU)
     fresh.restore(saved, keep=1.0)
-    assert fresh.learned() == saved
-    a, b = fresh.plan([offer]), c.plan([offer])
+    # The pair's estimates come back whole; whether a text copies is the next text's own.
+    restored = fresh.learned()
+    assert restored["copies"] == restored["store"]["copies"] == [0.0, 0.0]
+    assert restored["model"] == saved["model"] and restored["streaks"] == saved["streaks"]
+    assert fresh.copy_odds == COPY_ODDS
+    a, b = fresh.plan([streak]), c.plan([streak])
     assert (a.drafter, a.k) == (b.drafter, b.k)
     assert a.expected_tokens_per_s == pytest.approx(b.expected_tokens_per_s, rel=1e-4)  # rounded
     half = Controller(CPU)
     half.restore(saved, keep=0.5)
     evidence = c.estimate(streak).evidence
     assert half.estimate(streak).evidence == pytest.approx(evidence / 2, rel=1e-3)
-    assert COPY_ODDS < half.copy_odds < c.copy_odds  # nearer the start: less evidence
+    assert half.copy_odds == COPY_ODDS
+
+
+def test_passed_over_drafts_of_a_copy_under_way_teach_its_estimate():
+    """A copy under way whose estimate is pessimistic (learned from an earlier text whose
+    copies parted) is passed over; what its previews would have had accepted raises the
+    estimate until it drafts again, rather than plain steps for the rest of the answer."""
+    c = Controller(CPU, allow=(NGRAM,))
+    streak = ngram(32, 64, streak=True)
+    learn(c, streak, 16, 1, 30)  # copies that parted at once
+    assert c.plan([streak]).drafter is None
+    for _ in range(40):
+        c.observe_passed(streak, 12, 12)  # the answer went on copying all along
+        if c.plan([streak]).drafter == NGRAM:
+            break
+    assert c.plan([streak]).drafter == NGRAM
+    before = c.estimate(streak).evidence
+    c.observe_passed(ngram(32, 64), 12, 3)  # not a streak: graded as this text's copy odds
+    assert c.estimate(streak).evidence == pytest.approx(before)
 
 
 @pytest.mark.parametrize(

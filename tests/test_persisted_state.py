@@ -79,6 +79,8 @@ def tiny_options(tiny_pair):
 
 
 def test_a_second_session_starts_from_what_the_first_learned(tiny_options, isolated_home):
+    from localspec.core.drafters import Offer
+    from localspec.core.params import DrafterKind
     from localspec.session.session import open_session
 
     params = GenerationParams(max_tokens=24, drafter="auto")
@@ -92,13 +94,39 @@ def test_a_second_session_starts_from_what_the_first_learned(tiny_options, isola
     second = open_session(tiny_options)
     try:
         assert second.decoder.restored == saved
-        fresh = second.decoder.controller_for(params)
-        assert fresh.learned()["streaks"].keys() == saved["streaks"].keys()
-        assert fresh.copy_odds != Controller(second.decoder.costs).copy_odds  # warm
-        second.forget_learning()
-        assert second.decoder.restored is None
+        assert second.decoder.controller_for(params).learned()["streaks"].keys() == (
+            saved["streaks"].keys()
+        )
+        assert second.learning is not None
+        store, key = second.learning
     finally:
         second.close()
+    # What a long copying answer teaches: copies under way hold, and this text copies.
+    taught = Controller(second.decoder.costs)
+    streak = Offer(DrafterKind.NGRAM, 32, match=16, streak=True)
+    for _ in range(12):
+        taught.observe(taught.plan([streak]), streak, 16, 16)
+    long_match = Offer(DrafterKind.NGRAM, 32, match=16)
+    for _ in range(6):
+        taught.observe_passed(long_match, 12, 12)
+    assert taught.copy_odds > Controller(second.decoder.costs).copy_odds
+    store.save(key, taught.learned())
+    third = open_session(tiny_options)
+    try:
+        warm = third.decoder.controller_for(params)
+        # The pair's acceptance along copies comes back at half weight, warm from the start.
+        assert warm.estimate(streak).evidence == pytest.approx(
+            taught.estimate(streak).evidence / 2, rel=1e-3
+        )
+        assert warm.estimate(streak).alphas(16) == pytest.approx(
+            taught.estimate(streak).alphas(16), abs=0.02
+        )
+        # Whether a text copies belongs to that text: the next prompt's odds start afresh.
+        assert warm.copy_odds == Controller(third.decoder.costs).copy_odds
+        third.forget_learning()
+        assert third.decoder.restored is None
+    finally:
+        third.close()
 
 
 def test_a_damaged_learning_file_is_ignored_with_a_warning(tiny_options, isolated_home):

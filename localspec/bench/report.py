@@ -4,8 +4,10 @@
 ``meta`` (models, machine, settings) and ``ceiling`` (``runner.measure_ceiling``).
 ``render_table`` gives the text printed to stdout and saved as summary.md: one row per
 category and mode (``vs none`` notes the short runs it left out; ``vs best native`` and
-``vs native-none`` appear only when llama.cpp's modes ran), then notes on native runs that
-wrote more tokens than asked and the ceiling line. ``write_chart`` draws the ratio to
+``vs native-none`` appear only when llama.cpp's modes ran), a per-prompt table (each
+speculative mode's lowest prompt against ``none``, as measured and timed by each run's own
+plain steps), then notes on native runs that wrote more tokens than asked and the ceiling
+line. ``write_chart`` draws the ratio to
 ``none`` per category and mode with matplotlib (Agg backend, imported only here and only
 when asked for, so the rest of the bench runs without it).
 """
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from localspec.bench.runner import MIN_RATIO_TOKENS
+from localspec.bench.runner import MIN_PLAIN_STEPS, MIN_RATIO_TOKENS
 from localspec.errors import UsageError
 
 OVERALL = "all (geo-mean)"
@@ -134,14 +136,54 @@ def _ceiling_lines(ceiling: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _lowest(g: dict[str, Any], key: str, overall: bool) -> str:
+    low = g.get(key)
+    if not low:
+        return "-"
+    name = f"{low['category']}/{low['prompt_id']}" if overall else low["prompt_id"]
+    return f"{_ratio(low['ratio'])} ({name})"
+
+
+def _steady(g: dict[str, Any]) -> str:
+    n = g.get("steady_prompts") or 0
+    return f"{_ratio(g['steady_ratio_to_none'])} ({n} of {g['prompts']})" if n else "-"
+
+
+def _per_prompt_table(summary: dict[str, Any]) -> list[str]:
+    """Per category, each speculative mode's lowest prompt against ``none``, as measured and
+    timed by each run's own plain steps (``runner._steady``)."""
+    groups = [
+        (name, mode, g, name == OVERALL)
+        for name, modes in [*summary["categories"].items(), (OVERALL, summary["overall"])]
+        for mode, g in modes.items()
+        if "lowest_ratio_to_none" in g
+    ]
+    if not groups:
+        return []
+    lines = [
+        "",
+        "| category | mode | lowest vs none | vs none, steady | lowest steady |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for name, mode, g, overall in groups:
+        cells = [
+            _lowest(g, "lowest_ratio_to_none", overall),
+            _steady(g),
+            _lowest(g, "lowest_steady_ratio_to_none", overall),
+        ]
+        lines.append("| " + " | ".join([name, mode, *cells]) + " |")
+    return lines
+
+
 def render_table(summary: dict[str, Any]) -> str:
-    """The per-category table, overall geometric-mean rows last, then the notes and the
-    ceiling."""
+    """The per-category table, overall geometric-mean rows last, the per-prompt table, then
+    the notes and the ceiling."""
     columns = _columns(summary)
     lines = [_header(columns)]
     for category, modes in summary["categories"].items():
         lines += [_row(category, mode, g, columns) for mode, g in modes.items()]
     lines += [_row(OVERALL, mode, g, columns) for mode, g in summary["overall"].items()]
+    lines += _per_prompt_table(summary)
     lines += _overshoot_note(summary)
     if summary.get("ceiling"):
         lines += _ceiling_lines(summary["ceiling"])
@@ -165,7 +207,13 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "vs native-none: plain decoding against llama.cpp's plain decoding. tokens/pass: "
         "mean accepted length, bonus included. outside llama.cpp: share of decode time spent "
         "outside llama_decode and the logits copy. identical / common prefix: greedy "
-        "agreement of the token ids with plain decoding (tokens)."
+        "agreement of the token ids with plain decoding (tokens). lowest vs none: the "
+        "speculative mode's lowest per-prompt ratio. steady: the same ratios with each run "
+        "timed by its own clock, its decode time in units of the mean plain step it took, "
+        "so that a stretch of the machine running slower during one of the two runs does not "
+        "count as the mode's gain or loss; only prompts whose two runs both took at least "
+        f"{MIN_PLAIN_STEPS} plain steps (a run that drafts nearly every round has no clock "
+        "of its own)."
         + (
             f" Every prompt ran {meta['repeat']} times in every mode, interleaved; each figure "
             "comes from its median run (by decode tok/s)."

@@ -24,22 +24,26 @@ and its path). ``BenchRunner.run`` drives a loaded ``Session``:
 Each run yields one record (a plain dict, written as a JSONL line by the caller) with the
 stats vocabulary of ``stats.py`` plus ``outside_share``: the part of the decode time spent
 outside llama.cpp (``1 - compute/decode``, compute being the models' ``compute_seconds``
-accumulated during decoding), and with ``trace`` (the engine's per-round list) when the
-config asks for it. ``summarize`` turns records into per-category and overall figures:
-decode tokens/s, mean tokens per run, the geometric mean of per-prompt ratios to ``none``
-(paired on the same prompt; runs of fewer than ``MIN_RATIO_TOKENS`` tokens, or whose
-reference run is that short, are left out and counted as ``short_runs``), for the engine's
-modes the ratio to the fastest speculative native run of each prompt
-(``ratio_to_best_native``) and for ``none`` the ratio to ``native-none``, acceptance, mean
-accepted length, outside share, greedy agreement with ``none`` (identical token ids,
-common-prefix length), and the list of native runs that overshot. ``measure_ceiling`` times
-the target's best batch throughput. No printing here.
+accumulated during decoding), ``plain_steps`` and ``plain_step_s`` (how many plain steps the
+run took, and their mean seconds: the machine's speed during that run), and with ``trace``
+(the engine's per-round list) when the config asks for it. ``summarize`` turns records into
+per-category and overall figures: decode tokens/s, mean tokens per run, the geometric mean
+of per-prompt ratios to ``none`` (paired on the same prompt; runs of fewer than
+``MIN_RATIO_TOKENS`` tokens, or whose reference run is that short, are left out and counted
+as ``short_runs``), for the engine's modes the ratio to the fastest speculative native run
+of each prompt (``ratio_to_best_native``) and for ``none`` the ratio to ``native-none``,
+acceptance, mean accepted length, outside share, greedy agreement with ``none`` (identical
+token ids, common-prefix length), for speculative modes the lowest per-prompt ratio to
+``none`` and the same ratios timed by each run's own plain steps (``_steady``), and the list
+of native runs that overshot. ``measure_ceiling`` times the target's best batch throughput.
+No printing here.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -51,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.engine import run_to_completion
-from localspec.core.events import PrefillDone
+from localspec.core.events import PrefillDone, RoundCompleted
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import InputError, UsageError
 
@@ -78,6 +82,8 @@ WARMUP_TOKENS = 16
 CEILING_BATCHES = (16, 32, 64)  # up to the longest draft worth verifying (n-gram copies)
 CEILING_CONTEXT = 256  # sample context the ceiling batches are verified after
 MIN_RATIO_TOKENS = 64  # shorter runs give noisy tok/s: left out of the ratio means
+# A run's own clock: the mean time of its plain steps, once it took this many (see ``_steady``).
+MIN_PLAIN_STEPS = 16
 
 Record = dict[str, Any]
 PROMPT_FILE_HINT = 'one JSON object per line, e.g. {"prompt": "...", "category": "mine"}'
@@ -314,10 +320,13 @@ class BenchRunner:
             self.session.forget_learning()  # nothing learned from earlier prompts or runs
         self.session.use_stores(mode == STORE_MODE)
         marks: dict[str, float | None] = {}
+        plain: list[float] = []  # seconds of each plain step: the machine's speed in this run
 
         def on_event(event: object) -> None:
             if isinstance(event, PrefillDone):  # decode compute starts counting here
                 marks["start"] = self._compute_seconds()
+            elif isinstance(event, RoundCompleted) and event.drafted == 0:
+                plain.append(event.verify_seconds)
 
         finished = run_to_completion(
             self.session.generate(tokens, self._params(mode, max_tokens, index)), on_event
@@ -346,6 +355,8 @@ class BenchRunner:
             "outside_share": (
                 None if compute is None or decode_s <= 0 else round(1 - compute / decode_s, 4)
             ),
+            "plain_steps": len(plain),
+            "plain_step_s": round(statistics.fmean(plain), 6) if plain else None,
             "token_ids": list(finished.token_ids),
         }
         if "trace" in stats:
@@ -495,11 +506,13 @@ def _references(records: list[Record]) -> _References:
     )
 
 
-def paired_ratios(records: list[Record], reference: dict[Key, Record]) -> tuple[list[float], int]:
-    """Per-prompt tok/s ratios of ``records`` to the reference run of the same prompt, and
-    how many pairs were left out because one of the two runs is shorter than
-    ``MIN_RATIO_TOKENS`` (too few tokens for a steady rate)."""
-    ratios: list[float] = []
+def paired_runs(
+    records: list[Record], reference: dict[Key, Record]
+) -> tuple[list[tuple[Record, Record]], int]:
+    """Each record with the reference run of the same prompt, and how many pairs were left
+    out because one of the two runs is shorter than ``MIN_RATIO_TOKENS`` (too few tokens
+    for a steady rate) or the reference has no rate."""
+    pairs: list[tuple[Record, Record]] = []
     short = 0
     for r in records:
         ref = reference.get(_key(r))
@@ -508,8 +521,52 @@ def paired_ratios(records: list[Record], reference: dict[Key, Record]) -> tuple[
         if min(r["generated_tokens"], ref["generated_tokens"]) < MIN_RATIO_TOKENS:
             short += 1
         elif ref["decode_tokens_per_s"] > 0:
-            ratios.append(r["decode_tokens_per_s"] / ref["decode_tokens_per_s"])
-    return ratios, short
+            pairs.append((r, ref))
+    return pairs, short
+
+
+def _ratio(r: Record, ref: Record) -> float:
+    return r["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
+
+
+def paired_ratios(records: list[Record], reference: dict[Key, Record]) -> tuple[list[float], int]:
+    """Per-prompt tok/s ratios of ``records`` to the reference run of the same prompt, and
+    how many pairs ``paired_runs`` left out as short."""
+    pairs, short = paired_runs(records, reference)
+    return [_ratio(r, ref) for r, ref in pairs], short
+
+
+def _steady(r: Record, ref: Record) -> float | None:
+    """The ratio of ``r`` to ``ref`` with each run timed by its own clock: its tok/s times
+    the mean time of its own plain steps. A machine that ran slower during one of the two
+    runs (another program, a busy host) slows its plain steps and its verify batches
+    alike, so this leaves what the mode's choices did. None unless both runs took at least
+    ``MIN_PLAIN_STEPS`` plain steps (a run that speculates nearly every round has no clock
+    of its own)."""
+    if min(r.get("plain_steps") or 0, ref.get("plain_steps") or 0) < MIN_PLAIN_STEPS:
+        return None
+    return _ratio(r, ref) * r["plain_step_s"] / ref["plain_step_s"]
+
+
+def _lowest(pairs: list[tuple[Key, float]]) -> dict[str, Any] | None:
+    if not pairs:
+        return None
+    (category, prompt), ratio = min(pairs, key=lambda p: p[1])
+    return {"category": category, "prompt_id": prompt, "ratio": round(ratio, 4)}
+
+
+def _per_prompt(records: list[Record], baseline: dict[Key, Record]) -> dict[str, Any]:
+    """A speculative mode's worst prompt against ``none``, as measured and as its own
+    clock sees it (``_steady``), and the geometric mean of the steady ratios."""
+    pairs, _ = paired_runs(records, baseline)
+    raw = [(_key(r), _ratio(r, ref)) for r, ref in pairs]
+    steady = [(_key(r), x) for r, ref in pairs if (x := _steady(r, ref)) is not None]
+    return {
+        "lowest_ratio_to_none": _lowest(raw),
+        "steady_ratio_to_none": _round(geometric_mean(x for _, x in steady), 4),
+        "steady_prompts": len(steady),
+        "lowest_steady_ratio_to_none": _lowest(steady),
+    }
 
 
 def _agreement(pairs: list[tuple[list[int], list[int]]]) -> dict[str, float]:
@@ -564,6 +621,8 @@ def _group(mode: str, records: list[Record], refs: _References, greedy: bool) ->
         "outside_share": _round(1 - compute / compute_decode if compute_decode else None, 4),
         "agreement": None,
     }
+    if mode != BASELINE and mode not in NATIVE_MODES and refs.baseline:
+        out.update(_per_prompt(records, refs.baseline))
     pairs = [
         (r["token_ids"], refs.baseline[_key(r)]["token_ids"])
         for r in records

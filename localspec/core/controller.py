@@ -14,7 +14,7 @@ is not expected to pay. A copying offer not yet shown to be a copy is priced as 
 with this text's chance of a long copy it runs on at ``COPY_ALPHA`` a token, otherwise it
 parts at the match length's own rate. That chance is learned per text and per copying
 drafter from its drafts and from the drafts rounds passed over (``observe_passed``), graded
-as the answer goes on. A draft model that could pay if its acceptance were high, but has
+as the answer goes on; a passed-over draft of a copy under way teaches that copy's estimate. A draft model that could pay if its acceptance were high, but has
 not been tried for a long while, is probed with a short draft so its estimate can recover.
 
 Draft trees (greedy decoding only). When a copying offer's sources disagree
@@ -28,7 +28,8 @@ exact speculative sampling over a tree (per-branch residual distributions) is no
 implemented, so ``plan(..., sampled=True)`` prices chains only.
 
 What was learned can be exported (``learned``) and restored (``restore``) so that the next
-process starts warm; restored evidence is discounted so that new rounds soon outweigh it.
+process starts warm; restored evidence is discounted so that new rounds soon outweigh it,
+and a text's odds of copies start afresh (they belong to the text that earned them).
 Pure arithmetic: no clocks, no model calls, no I/O.
 """
 
@@ -69,6 +70,9 @@ OPTIMISTIC_ALPHA = 0.9  # acceptance a probe hopes for; no probe if even that wo
 MAX_BRANCHES = 4  # most branches of a draft tree (each takes one of the target's sequences)
 TREE_MAX_NODES = 64  # most nodes of a draft tree: as long as the longest n-gram chain
 FIXED_MODEL_P_MIN = 0.75  # llama.cpp's default draft confidence cut-off
+# What a new prompt keeps of the evidence learned before it: it may be another kind of text
+# (code vs prose), whose acceptance differs a lot, so its own rounds soon outweigh the rest.
+PROMPT_KEEP = 0.1
 
 
 # Drafters whose drafts are copies of earlier text, priced by ``copy_curve``; each has its
@@ -282,7 +286,7 @@ class Controller:
         marginal = (c.draft_step_s or 0.0) + max(c.verify(2) - c.verify(1), 0.0)
         return min(0.95, max(0.05, marginal / (marginal + c.plain_s)))
 
-    def new_generation(self, keep: float = 0.1) -> None:
+    def new_generation(self, keep: float = PROMPT_KEEP) -> None:
         """A new prompt may be a different kind of text (code vs prose), whose acceptance
         differs a lot: keep what was learned, but let the new prompt's rounds outweigh it
         within a few rounds. Costs are properties of the machine and are kept whole. The
@@ -318,8 +322,14 @@ class Controller:
         """A round passed over ``offer``; the answer has since shown that ``drafted`` tokens
         of its continuation would have had ``accepted`` accepted (``accepted == drafted``, or
         the token after the last accepted one is known). Free evidence of whether this text
-        copies from where ``offer`` would have copied."""
-        if offer.kind not in COPYING or offer.streak or drafted == 0:  # streaks: own estimate
+        copies from where ``offer`` would have copied; for a copy under way (a streak), of
+        how far its copies go on, so that estimate recovers too while rounds pass it over."""
+        if offer.kind not in COPYING or drafted == 0:
+            return
+        if offer.streak:
+            est = self.estimate(offer)
+            assert est is not None
+            est.observe(drafted, accepted)
             return
         if accepted == drafted >= STREAK_MIN:  # it held as far as the text went: a copy
             drafted = accepted = COPY_DEPTH  # (a source a few tokens back, e.g. a repeated line)
@@ -356,17 +366,23 @@ class Controller:
         }
 
     def restore(self, data: Any, keep: float = 0.5) -> None:
-        """Start from evidence saved by ``learned`` (discounted to ``keep``). Raises
+        """Start from evidence saved by ``learned``, discounted to ``keep``: the acceptance
+        along copies under way and the draft model's, which are properties of the pair. The
+        odds of copies are checked but start afresh: they are a property of the text that
+        earned them (code that copies its prompt, or prose), and a new process's prompt is
+        a new text (replays of the bench's answers in a shuffled order lost up to 10% on
+        summaries after code when they were carried over). Raises
         ``ValueError``/``KeyError``/``TypeError`` on malformed data, changing nothing."""
+        text_keep = 0.0
         model = AcceptanceEstimate(prior=MODEL_PRIOR)
         model.load(data["model"], keep)
         streaks = {DrafterKind.NGRAM: load_streaks(data["streaks"], keep)}
         copies = {kind: CopyEvidence(_START_ODDS[kind]) for kind in COPYING}
-        copies[DrafterKind.NGRAM].load(data["copies"], keep)
+        copies[DrafterKind.NGRAM].load(data["copies"], text_keep)
         store = data.get("store")  # absent from files saved before the datastore drafter
         if store is not None:
             streaks[DrafterKind.STORE] = load_streaks(store["streaks"], keep)
-            copies[DrafterKind.STORE].load(store["copies"], keep)
+            copies[DrafterKind.STORE].load(store["copies"], text_keep)
         else:
             streaks[DrafterKind.STORE] = {}
         self.model, self.streaks, self.copies = model, streaks, copies
