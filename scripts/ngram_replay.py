@@ -14,6 +14,7 @@ batch costs hold exactly and leaves the draft model out (auto rarely picks it on
 where a draft step costs half a plain step). Quote ``localspec bench --cold`` instead.
 
     python scripts/ngram_replay.py bench-results/<run>/records.jsonl [--costs FILE.json]
+        [--prompts FILE.jsonl]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.bench.runner import load_prompts
+from localspec.bench.runner import load_prompt_file, load_prompts
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.controller import COPY_DEPTH, SPECULATE_MARGIN, Controller
 from localspec.core.costs import CostProfile
@@ -122,6 +123,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--margin", type=float, default=SPECULATE_MARGIN)
     parser.add_argument("--verbose", action="store_true", help="print every prompt's drafts")
+    parser.add_argument(
+        "--prompts", type=Path, help="the JSONL prompt file the records were run on"
+    )
     args = parser.parse_args()
 
     session = open_session(ModelOptions())
@@ -129,7 +133,8 @@ def main() -> int:
     if args.costs:
         costs = CostProfile.from_dict(json.loads(args.costs.read_text()))
     assert costs is not None
-    prompts = {(p.category, p.id): p.prompt for p in load_prompts()}
+    shipped = load_prompt_file(args.prompts) if args.prompts else load_prompts()
+    prompts = {(p.category, p.id): p.prompt for p in shipped}
     by_category: dict[str, list[float]] = defaultdict(list)
     by_simple: dict[str, list[float]] = defaultdict(list)  # auto / ngram-simple, per prompt
     for line in args.records.read_text().splitlines():

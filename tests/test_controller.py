@@ -7,6 +7,8 @@ import pytest
 from localspec.core.controller import (
     COPY_DEPTH,
     COPY_ODDS,
+    LOSS_BUDGET,
+    LOSS_HORIZON,
     MAX_BRANCHES,
     TREE_MAX_NODES,
     Controller,
@@ -270,6 +272,7 @@ def test_passed_over_drafts_of_a_copy_under_way_teach_its_estimate():
     c = Controller(CPU, allow=(NGRAM,))
     streak = ngram(32, 64, streak=True)
     learn(c, streak, 16, 1, 30)  # copies that parted at once
+    c.new_generation()  # (in an earlier answer)
     assert c.plan([streak]).drafter is None
     for _ in range(40):
         c.observe_passed(streak, 12, 12)  # the answer went on copying all along
@@ -387,6 +390,36 @@ def test_a_draft_expected_to_win_by_less_than_the_margin_is_not_taken():
     assert c.plan([offer]).drafter == NGRAM
     c.margin = rate * IN_SITU.plain_s * 1.01
     assert c.plan([offer]).drafter is None
+
+
+def test_drafts_that_lost_time_raise_the_bar_until_the_answer_is_ahead_again():
+    """A text whose first long matches parted at once (code rewritten line by line) does
+    not keep paying for more such bets: the margin grows with the answer's deficit."""
+    c = Controller(IN_SITU, allow=(NGRAM,))
+    c.new_generation()
+    for _ in range(150):  # plain steps: the answer so far copied nothing
+        c.observe(c.plan([]), None, 0, 0)
+    assert c.required_margin == c.margin
+    long_match = ngram(40, match=20)
+    bet = c.plan([long_match])
+    assert bet.drafter == NGRAM and bet.k == 15  # a cold long match is worth a bet
+    c.observe(bet, long_match, bet.k, 0)  # which lost: a verify batch for one token
+    deficit = IN_SITU.verify(15) - IN_SITU.plain_s
+    budget = LOSS_BUDGET * IN_SITU.plain_s * max(151, LOSS_HORIZON)
+    assert c.required_margin == pytest.approx(c.margin * (1 + deficit / budget))
+    assert c.plan([ngram(40, match=12)]).drafter is None  # weaker evidence waits
+    copy = ngram(40, match=20, streak=True)  # a copy under way still clears the bar
+    plan = c.plan([copy])
+    assert plan.drafter == NGRAM
+    c.observe(plan, copy, plan.k, plan.k)  # and puts the answer ahead again
+    assert c.required_margin == c.margin
+    c.observe(bet, long_match, bet.k, 0)  # a loss the gain covers
+    assert c.required_margin == c.margin
+    for _ in range(3):
+        c.observe(bet, long_match, bet.k, 0)
+    assert c.required_margin > c.margin
+    c.new_generation()  # a new answer starts even
+    assert c.required_margin == c.margin
 
 
 # -- draft trees ---------------------------------------------------------------------------

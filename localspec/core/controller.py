@@ -10,12 +10,18 @@ one for the draft model, and for the streaks (copies under way) of each copying 
     seconds   = verify(k) + draft set-up + k * draft step   (copied drafts cost no steps)
 
 and picks the highest expected tokens per second, so a plain step wins whenever speculating
-is not expected to pay. A copying offer not yet shown to be a copy is priced as a mixture:
-with this text's chance of a long copy it runs on at ``COPY_ALPHA`` a token, otherwise it
-parts at the match length's own rate. That chance is learned per text and per copying
-drafter from its drafts and from the drafts rounds passed over (``observe_passed``), graded
-as the answer goes on; a passed-over draft of a copy under way teaches that copy's estimate. A draft model that could pay if its acceptance were high, but has
-not been tried for a long while, is probed with a short draft so its estimate can recover.
+is not expected to pay by ``margin``. Each answer keeps a balance of what its drafting
+rounds saved or lost against plain steps, at the costs they were priced with; while it is in
+deficit the margin grows with the deficit (``required_margin``), so a text whose first bets
+lost pays for few more unless the evidence is strong, and a text ahead bets freely.
+
+A copying offer not yet shown to be a copy is priced as a mixture: with this text's chance
+of a long copy it runs on at ``COPY_ALPHA`` a token, otherwise it parts at the match
+length's own rate. That chance is learned per text and per copying drafter from its drafts
+and from the drafts rounds passed over (``observe_passed``), graded as the answer goes on;
+a passed-over draft of a copy under way teaches that copy's estimate. A draft model that
+could pay if its acceptance were high, but has not been tried for a long while, is probed
+with a short draft so its estimate can recover.
 
 Draft trees (greedy decoding only). When a copying offer's sources disagree
 (``Offer.shares``), the controller also prices trees of m = 2..``MAX_BRANCHES`` branches of
@@ -73,6 +79,14 @@ FIXED_MODEL_P_MIN = 0.75  # llama.cpp's default draft confidence cut-off
 # What a new prompt keeps of the evidence learned before it: it may be another kind of text
 # (code vs prose), whose acceptance differs a lot, so its own rounds soon outweigh the rest.
 PROMPT_KEEP = 0.1
+# The answer's running balance against plain decoding (what its drafting rounds saved or
+# lost, at the measured costs) sets how sure a draft must be: in deficit, the margin grows
+# by the deficit over LOSS_BUDGET of the plain time of the answer so far (at least
+# LOSS_HORIZON tokens of it). Drafts are bets that pay on average; a text where the first
+# bets lost (code rewritten line by line, each copy parting after a few tokens) would
+# otherwise keep paying for them. Once ahead, the plain margin applies again.
+LOSS_BUDGET = 0.05
+LOSS_HORIZON = 200
 
 
 # Drafters whose drafts are copies of earlier text, priced by ``copy_curve``; each has its
@@ -144,6 +158,8 @@ class Controller:
         self.copies = {kind: CopyEvidence(_START_ODDS[kind]) for kind in COPYING}
         self._idle = {kind: 0 for kind in DrafterKind}
         self._generations = 0
+        self._balance = 0.0  # seconds this answer's drafting rounds saved (< 0: lost)
+        self._tokens = 0  # tokens this answer has emitted
 
     def limit(self, kind: DrafterKind, remaining: int) -> int:
         """The longest draft ``kind`` may propose when ``remaining`` drafts can still be used."""
@@ -220,7 +236,7 @@ class Controller:
         nodes = min(nodes, TREE_MAX_NODES)
         trees = self.trees and not sampled
         plain = Plan(None, 0, 1.0 / self.costs.plain_s, "plain step")
-        best = Plan(None, 0, plain.expected_tokens_per_s * self.margin, "plain step")
+        best = Plan(None, 0, plain.expected_tokens_per_s * self.required_margin, "plain step")
         for offer in offers:
             candidates = self._chains(offer)
             if trees:
@@ -237,6 +253,14 @@ class Controller:
         offer = next(o for o in offers if o.kind == best.drafter)
         p_min = self._p_min() if best.drafter == DrafterKind.MODEL else 0.0
         return replace(best, p_min=p_min, match=offer.match)
+
+    @property
+    def required_margin(self) -> float:
+        """How many times a plain step's rate a draft must be expected to reach: ``margin``,
+        raised while this answer's drafts have lost time (see ``LOSS_BUDGET``)."""
+        deficit = max(0.0, -self._balance)
+        budget = LOSS_BUDGET * self.costs.plain_s * max(self._tokens, LOSS_HORIZON)
+        return self.margin * (1.0 + deficit / budget)
 
     def _chains(self, offer: Offer) -> Iterator[tuple[int, int, float]]:
         """(k, 1, expected tokens per second) of every chain ``offer`` could draft."""
@@ -292,6 +316,7 @@ class Controller:
         within a few rounds. Costs are properties of the machine and are kept whole. The
         first generation keeps what was restored (already discounted) whole."""
         self._generations += 1
+        self._balance, self._tokens = 0.0, 0
         if self._generations == 1:
             return
         self.model.shrink(keep)
@@ -311,6 +336,14 @@ class Controller:
         """Fold in a finished round: ``offer`` is the one the plan drafted from."""
         for kind in self._idle:
             self._idle[kind] = 0 if kind == plan.drafter else self._idle[kind] + 1
+        self._tokens += accepted + 1
+        if offer is not None and drafted > 0:
+            # At the costs it was priced with, so noisy timings do not move the balance.
+            if plan.branches > 1:  # a tree of k * m nodes, verified as one batch
+                spent = self.costs.verify(plan.k * plan.branches)
+            else:
+                spent = self._seconds(offer, drafted)
+            self._balance += (accepted + 1) * self.costs.plain_s - spent
         if offer is not None and drafted > 0:
             est = self.estimate(offer)
             if est is None:
