@@ -80,7 +80,7 @@ FIXED_MODEL_P_MIN = 0.75  # llama.cpp's default draft confidence cut-off
 # (code vs prose), whose acceptance differs a lot, so its own rounds soon outweigh the rest.
 PROMPT_KEEP = 0.1
 # The answer's running balance against plain decoding (what its drafting rounds saved or
-# lost, at the measured costs) sets how sure a draft must be: in deficit, the margin grows
+# lost, at the cost model's prices) sets how sure a draft must be: in deficit, the margin grows
 # by the deficit over LOSS_BUDGET of the plain time of the answer so far (at least
 # LOSS_HORIZON tokens of it). Drafts are bets that pay on average; a text where the first
 # bets lost (code rewritten line by line, each copy parting after a few tokens) would
@@ -338,13 +338,13 @@ class Controller:
             self._idle[kind] = 0 if kind == plan.drafter else self._idle[kind] + 1
         self._tokens += accepted + 1
         if offer is not None and drafted > 0:
-            # At the costs it was priced with, so noisy timings do not move the balance.
+            # At the cost model's prices, not the round's own timing, so that noise on a
+            # busy machine does not move the balance.
             if plan.branches > 1:  # a tree of k * m nodes, verified as one batch
                 spent = self.costs.verify(plan.k * plan.branches)
             else:
                 spent = self._seconds(offer, drafted)
             self._balance += (accepted + 1) * self.costs.plain_s - spent
-        if offer is not None and drafted > 0:
             est = self.estimate(offer)
             if est is None:
                 self._grade_copy(offer, drafted, accepted)
