@@ -12,7 +12,10 @@
 #
 # Runs under macOS's bash 3.2 too.
 set -euo pipefail
-cd "${0%/*}/.."
+case $0 in
+    */*) cd "${0%/*}/.." ;;
+    *) cd .. ;; # bash setup.sh, from scripts/
+esac
 
 say() { printf '%s\n' "$*"; }
 die() {  # die STATUS MESSAGE...
@@ -171,7 +174,7 @@ watch_pip() {
                 start=$SECONDS
                 case $BACKEND in
                     cpu | metal) say "compiling llama.cpp: about $estimate min on $cores cores, once (pip keeps the result)" ;;
-                    *) say "compiling llama.cpp with $BACKEND: longer than the CPU build's $estimate min on $cores cores, once (pip keeps the result)" ;;
+                    *) say "compiling llama.cpp for $NAME: longer than a CPU build's $estimate min on $cores cores, once (pip keeps the result)" ;;
                 esac
                 ;;
             *"Building wheel for llama"[-_]"cpp"[-_]"python"*": finished with status 'done'"*)
@@ -205,7 +208,7 @@ try:
 
     have = compiled_backends()
 except Exception as err:
-    print(f"a build that does not load ({type(err).__name__}: {err})")
+    print(f"a library that does not load ({type(err).__name__}: {err})")
     sys.exit(1)
 ok = "RPC" in have and (backend == "cpu" or any(n in have for n in names[backend]))
 if only_cpu:
@@ -223,10 +226,10 @@ check_build() {
     .venv/bin/python -c "$CHECK_BUILD" "$BACKEND" "$only_cpu" 2>> "$LOG"
 }
 case $BACKEND in
-    cpu) wanted="RPC backend" ;;
-    cuda) wanted="CUDA and RPC backends" ;;
-    vulkan) wanted="Vulkan and RPC backends" ;;
-    metal) wanted="Metal and RPC backends" ;;
+    cpu) NAME="the CPU" wanted="RPC backend" ;;
+    cuda) NAME=CUDA wanted="CUDA and RPC backends" ;;
+    vulkan) NAME=Vulkan wanted="Vulkan and RPC backends" ;;
+    metal) NAME=Metal wanted="Metal and RPC backends" ;;
 esac
 if [ "$only_cpu" = 1 ]; then
     wanted="RPC backend and no GPU backend"
@@ -248,4 +251,4 @@ if ! have=$(check_build); then
         "not the $wanted (CMAKE_ARGS=$CMAKE_ARGS; pip's output: $LOG)"
 fi
 .venv/bin/localspec --help > /dev/null
-say "done: localspec is installed in .venv, with llama.cpp's $have backends (activate it with: source .venv/bin/activate)"
+say "done: localspec is installed in .venv, llama.cpp with $have (activate it with: source .venv/bin/activate)"
