@@ -19,7 +19,10 @@ pytestmark = pytest.mark.skipif(
     BASH is None or sys.platform == "win32", reason="scripts/setup.sh is a bash script"
 )
 
-NVCC = 'echo "nvcc: NVIDIA (R) Cuda compiler driver"\necho "Cuda compilation tools, release 12.4, V12.4.131"'
+NVCC = (
+    'echo "nvcc: NVIDIA (R) Cuda compiler driver"\n'
+    'echo "Cuda compilation tools, release 12.4, V12.4.131"'
+)
 NVIDIA_SMI = 'echo "GPU 0: NVIDIA GeForce RTX 4090 (UUID: GPU-0)"'
 
 
