@@ -14,6 +14,23 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_MODEL_HOME = Path(os.environ.get("LOCALSPEC_TEST_HOME", REPO / ".test-cache"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need a llama.cpp build with a GPU backend that sees a device."""
+    wanting = [item for item in items if "gpu" in item.keywords]
+    if not wanting:
+        return
+    from localspec.backend.devices import compiled_backends, gpu_devices
+
+    if gpu_devices():
+        return
+    skip = pytest.mark.skip(
+        reason=f"no GPU: this llama.cpp build has {', '.join(compiled_backends())} and sees no "
+        "GPU device (LOCALSPEC_BACKEND=cuda|vulkan|metal bash scripts/setup.sh builds one)"
+    )
+    for item in wanting:
+        item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_session_home(tmp_path_factory):
     """Fixtures wider than one test (a module's session, a server) are set up before the

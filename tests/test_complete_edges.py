@@ -22,6 +22,7 @@ class StubSession:
         self.then = then
         self.closed = False
         self.warnings: list[str] = []
+        self.placement = None  # where the models run: nothing loaded here
 
     def complete(self, prompt, params, **kwargs):
         yield TokenEmitted(7, "ab", Origin.TARGET, 0)

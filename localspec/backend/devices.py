@@ -1,7 +1,7 @@
 """What this llama.cpp build can run on: its compiled backends and the devices they see.
 
 ``compiled_backends()`` names ggml's backend registries as llama.cpp loaded them ("CPU",
-"RPC", "CUDA", "Metal", "Vulkan", ...). ``devices()`` lists every device of those backends
+"RPC", "CUDA", "MTL" for Metal, "Vulkan", ...). ``devices()`` lists every device of those backends
 with its type and free memory (ggml's ``ggml_backend_dev_*`` API, reached through
 libllama's handle as ``backend/rpc.py`` does, so this is the registry models are loaded
 into). ``gpu_devices()`` keeps the GPUs a model can be offloaded to: RPC workers are not
@@ -30,7 +30,7 @@ REBUILD_FOR_GPU = "LOCALSPEC_BACKEND={backend} bash scripts/setup.sh"
 
 @dataclass(frozen=True)
 class Device:
-    """One ggml device: ``name`` as llama.cpp logs it (``CUDA0``, ``Metal``, ``CPU``),
+    """One ggml device: ``name`` as llama.cpp logs it (``CUDA0``, ``MTL0``, ``CPU``),
     ``backend`` the registry it belongs to, memory in bytes (0 where a backend does not
     say)."""
 

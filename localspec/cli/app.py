@@ -19,6 +19,7 @@ from localspec.cli.chat import chat
 from localspec.cli.common import echo_error
 from localspec.cli.complete import complete
 from localspec.cli.datastore import datastore_app
+from localspec.cli.doctor import doctor
 from localspec.cli.models import models_app
 from localspec.cli.serve import serve
 from localspec.cli.worker import worker
@@ -36,6 +37,7 @@ app.command("bench")(bench_command)
 app.command("calibrate")(calibrate_command)
 app.command()(serve)
 app.command()(worker)
+app.command()(doctor)
 app.add_typer(models_app, name="models", help="list, pull, check and optimize models")
 app.add_typer(
     datastore_app, name="datastore", help="index your files and keep your answers to draft from"

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from localspec.cli.common import (
     DEFAULT_RPC_TIMEOUT,
     CtxOpt,
+    DraftGpuLayersOpt,
     DraftOpt,
     ExactOpt,
     GpuLayersOpt,
@@ -34,6 +35,7 @@ def calibrate_command(
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
     gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
     rpc: RpcOpt = None,
     rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
     rpc_split: RpcSplitOpt = None,
@@ -60,7 +62,8 @@ def calibrate_command(
         try:
             options = ModelOptions(
                 **pair_settings(
-                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
+                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split,
+                    draft_gpu_layers=draft_gpu_layers,
                 ),
                 recalibrate=True,
             )
@@ -77,8 +80,10 @@ def calibrate_command(
         costs = session.costs
         # The other kernels' figures, if measured before: exact mode can only be chosen
         # before a process evaluates anything, so one run cannot measure both.
+        assert session.placement is not None
         other = cached_costs(
             options.model_copy(update={"exact": not exact}),
+            session.placement,
             session.target.path,
             session.draft.path if session.draft is not None else None,
         )

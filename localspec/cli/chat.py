@@ -17,6 +17,7 @@ from localspec.cli.common import (
     DEFAULT_RPC_TIMEOUT,
     CtxOpt,
     DrafterOpt,
+    DraftGpuLayersOpt,
     DraftMaxOpt,
     DraftOpt,
     ExactOpt,
@@ -63,6 +64,7 @@ def chat(
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
     gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
     rpc: RpcOpt = None,
     rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
     rpc_split: RpcSplitOpt = None,
@@ -115,7 +117,8 @@ def chat(
             drafter,
             {
                 **pair_settings(
-                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
+                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split,
+                    draft_gpu_layers=draft_gpu_layers,
                 ),
                 **store_settings(store, no_store, no_history),
                 "show_download_progress": False,

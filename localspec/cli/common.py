@@ -81,10 +81,20 @@ DraftOpt = Annotated[str | None, typer.Option(help="draft: path, catalog name or
 ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")]
 CtxOpt = Annotated[int, typer.Option(help="context size in tokens")]
 GpuLayersOpt = Annotated[
-    int | None,
+    str | None,
     typer.Option(
-        help="target layers to offload to a GPU or to the --rpc workers (-1: all; "
-        "default: all with --rpc, else none)"
+        metavar="auto|all|N",
+        help="target layers on the GPU (or on the --rpc workers): auto (default) puts all "
+        "of them there when this build can offload and they fit, else runs on the CPU; "
+        "all, 0 (the CPU) or a number of layers",
+    ),
+]
+DraftGpuLayersOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="auto|all|N",
+        help="draft layers on the GPU: auto (default) follows --gpu-layers in the memory "
+        "the target leaves; 0 keeps the draft on the CPU",
     ),
 ]
 RpcOpt = Annotated[
@@ -185,16 +195,20 @@ def is_loopback(host: str) -> bool:
 
 def pair_settings(
     target: str | None, draft: str | None, threads: int | None, ctx: int,
-    gpu_layers: int | None, exact: bool, rpc: str | None = None,
+    gpu_layers: str | None, exact: bool, rpc: str | None = None,
     rpc_timeout: float = DEFAULT_RPC_TIMEOUT, rpc_split: str | None = None,
+    draft_gpu_layers: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The ModelOptions fields of the options every model-loading command shares."""
+    from localspec.session.placement import parse_layers
+
     return dict(
         target=target,
         draft=draft,
         threads=threads,
         n_ctx=ctx,
-        n_gpu_layers=gpu_layers,
+        n_gpu_layers=parse_layers(gpu_layers),
+        draft_gpu_layers=parse_layers(draft_gpu_layers, "--draft-gpu-layers"),
         exact=exact,
         rpc=tuple(map(str, parse_endpoints(rpc))) if rpc else (),
         rpc_timeout=rpc_timeout,

@@ -23,6 +23,7 @@ from localspec.cli.common import (
     DEFAULT_RPC_TIMEOUT,
     CtxOpt,
     DrafterOpt,
+    DraftGpuLayersOpt,
     DraftMaxOpt,
     DraftOpt,
     ExactOpt,
@@ -177,6 +178,7 @@ def complete(
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
     gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
     rpc: RpcOpt = None,
     rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
     rpc_split: RpcSplitOpt = None,
@@ -191,7 +193,8 @@ def complete(
             drafter,
             {
                 **pair_settings(
-                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
+                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split,
+                    draft_gpu_layers=draft_gpu_layers,
                 ),
                 **store_settings(store, no_store, no_history),
             },
@@ -259,6 +262,7 @@ def run_complete(
         exit_on_lost(message)
 
     session = open_session(options, on_progress=print_warnings, on_lost=lost)
+    placement = session.placement
     try:
         finished = _stream(
             lambda cancel: session.complete(
@@ -272,7 +276,10 @@ def run_complete(
     finally:
         session.close()
     reason = finished.reason.value if finished else "cancelled"
-    summary = finished.stats if finished else running.to_dict()
+    summary = {
+        **(finished.stats if finished else running.to_dict()),
+        **({"placement": placement.to_dict()} if placement else {}),
+    }
     out = sys.stdout
     if json_out:
         record = {
@@ -291,6 +298,8 @@ def run_complete(
         out.flush()
     if stats:
         typer.echo(human_stats(summary, reason), err=True)
+        if placement:
+            typer.echo(f"{placement.summary()} ({placement.reason})", err=True)
     return EXIT_CANCELLED if reason == "cancelled" else 0
 
 

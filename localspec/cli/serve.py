@@ -20,6 +20,7 @@ from localspec.cli.common import (
     DEFAULT_RPC_TIMEOUT,
     CtxOpt,
     DrafterOpt,
+    DraftGpuLayersOpt,
     DraftMaxOpt,
     DraftOpt,
     ExactOpt,
@@ -80,6 +81,7 @@ def serve(
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
     gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
     rpc: RpcOpt = None,
     rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
     rpc_split: RpcSplitOpt = None,
@@ -98,7 +100,8 @@ def serve(
             drafter,
             {
                 **pair_settings(
-                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split
+                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split,
+                    draft_gpu_layers=draft_gpu_layers,
                 ),
                 **store_settings(store, no_store, no_history),
             },
@@ -145,6 +148,7 @@ def load_into(state, options, queue_size: int) -> None:  # noqa: ANN001
         os._exit(echo_error(err))  # the server cannot do anything without its models
     state.model_id = session.target.path.stem
     state.draft_id = session.draft.path.stem if session.draft is not None else None
+    state.placement = session.placement.to_dict() if session.placement else None
     worker = GenerationWorker(session, max_queue=queue_size)
     worker.start()
     state.worker = worker

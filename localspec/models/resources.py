@@ -8,6 +8,10 @@ plus a fixed allowance for compute buffers. ``available`` is ``MemAvailable`` fr
 the platform tells neither. Unreadable metadata counts as no KV cache rather than an error:
 this is advice, and the load itself reports broken files.
 
+``footprint(path, n_ctx)`` describes a model for GPU placement: its offloadable layers
+(llama.cpp counts the blocks and the output layer), its weights and its KV cache; its
+``needed(n)`` is the GPU memory ``n`` offloaded layers take.
+
 ``check_disk(directory, needed)`` raises ``DownloadError`` with the numbers when a pull
 would not fit; ``human(n)`` formats byte counts for messages.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.errors import DownloadError
@@ -24,12 +29,20 @@ from localspec.models.gguf import read_metadata
 
 # Compute buffers and runtime bookkeeping per loaded model, measured loosely on llama.cpp.
 OVERHEAD_PER_MODEL = 128 << 20
+# llama.cpp's compute buffers on a GPU (the logits of a 512-token batch alone are
+# 512 x n_vocab floats, 311 MB for a 151,936-token vocabulary) and its bookkeeping.
+GPU_COMPUTE_ALLOWANCE = 512 << 20
 # Room left on the disk after a pull, so a model never fills it to the last byte.
 DISK_MARGIN = 256 << 20
 
 
 def kv_cache_bytes(path: Path, n_ctx: int) -> int:
     """f16 K and V for ``n_ctx`` positions, all layers; 0 if the metadata is unreadable."""
+    return _shape(path, n_ctx)[1]
+
+
+def _shape(path: Path, n_ctx: int) -> tuple[int, int]:
+    """(blocks, KV cache bytes for ``n_ctx``); (0, 0) if the metadata is unreadable."""
     try:
         meta = read_metadata(path)
         arch = meta["general.architecture"]
@@ -46,7 +59,7 @@ def kv_cache_bytes(path: Path, n_ctx: int) -> int:
         )
         n_layer, n_embd = int(n_layer), int(n_embd)
     except (OSError, ValueError, KeyError, TypeError):
-        return 0
+        return 0, 0
     # Some architectures give per-layer head counts as arrays.
     heads = n_head if isinstance(n_head, list) else [n_head] * n_layer
     kv_heads = n_head_kv if isinstance(n_head_kv, list) else [n_head_kv or heads[0]] * n_layer
@@ -57,7 +70,36 @@ def kv_cache_bytes(path: Path, n_ctx: int) -> int:
         k_dim = int(key_len or n_embd // int(h))
         v_dim = int(value_len or k_dim)
         total += int(kv) * (k_dim + v_dim)
-    return total * n_ctx * 2
+    return n_layer, total * n_ctx * 2
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """A model as GPU placement sees it: ``layers`` offloadable (blocks + output layer),
+    ``weights`` bytes (the file), ``kv`` bytes of KV cache over all blocks."""
+
+    layers: int
+    weights: int
+    kv: int
+
+    def needed(self, n: int) -> int:
+        """GPU memory for ``n`` offloaded layers: their share of the weights and of the KV
+        cache, and the compute allowance once anything is offloaded."""
+        if n <= 0:
+            return 0
+        n = min(n, self.layers)
+        blocks = max(self.layers - 1, 1)
+        weights = self.weights * n // self.layers
+        kv = self.kv * min(n, blocks) // blocks
+        return weights + kv + GPU_COMPUTE_ALLOWANCE
+
+
+def footprint(path: Path, n_ctx: int) -> Footprint:
+    """``path``'s footprint; a file whose metadata cannot be read counts as one layer."""
+    path = Path(path)
+    blocks, kv = _shape(path, n_ctx)
+    size = path.stat().st_size if path.is_file() else 0
+    return Footprint(layers=blocks + 1, weights=size, kv=kv)
 
 
 def available_memory() -> int | None:

@@ -58,6 +58,7 @@ class ServerState:
     worker: GenerationWorker | None = None
     model_id: str = "localspec"
     draft_id: str | None = None
+    placement: dict[str, Any] | None = None  # where each model runs (session/placement.py)
     load_error: str | None = None
     # Control-token text in a /v1/completions prompt acts as control tokens (never in chat).
     parse_special: bool = False
@@ -100,7 +101,8 @@ def create_app(state: ServerState) -> FastAPI:
         _authorize(state, request)
         _require_loaded(state)
         card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "localspec"}
-        return {"object": "list", "data": [{**card, "draft": state.draft_id}]}
+        extra = {"draft": state.draft_id, "placement": state.placement}
+        return {"object": "list", "data": [{**card, **extra}]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:

@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.backend.compat import check_vocabularies
+from localspec.backend.devices import gpu_devices, gpu_hardware
 from localspec.backend.llama import LlamaModel, LoadOptions, exact_kernels
 from localspec.backend.rpc import DEFAULT_TIMEOUT, RpcLink, attach, parse_endpoints
 from localspec.core.controller import Controller
@@ -45,6 +46,7 @@ from localspec.errors import (
     UnsupportedByModelError,
     UsageError,
 )
+from localspec.models.resources import footprint
 from localspec.session.calibrate import (
     DRAFT_SIZES,
     CostCache,
@@ -57,6 +59,7 @@ from localspec.session.calibrate import (
 from localspec.session.chat_template import render_chat
 from localspec.session.learning import LearningStore
 from localspec.session.library import Library, vocabulary_fingerprint
+from localspec.session.placement import ALL, ModelPlace, Placement, place
 
 Progress = Callable[[str], None]
 HISTORY_MIN_TOKENS = 16  # shorter answers are not worth keeping
@@ -76,7 +79,12 @@ class ModelOptions(BaseModel):
     use_draft: bool = True  # False skips loading the draft model (drafter none / ngram)
     threads: int | None = Field(None, ge=1)
     n_ctx: int = Field(4096, ge=64)
-    n_gpu_layers: int | None = Field(None, ge=-1)  # the target's; None: all with rpc, else 0
+    # The target's layers on the GPU: None is auto (all where they fit, see
+    # session/placement.py; with rpc, all on the workers), -1 all, n that many.
+    n_gpu_layers: int | None = Field(None, ge=-1)
+    # The draft's: None follows the target's policy in the room it leaves; with rpc the
+    # draft stays on this machine's CPU.
+    draft_gpu_layers: int | None = Field(None, ge=-1)
     flash_attn: bool = True
     # llama.cpp RPC workers ("host:port") that run the target's offloaded layers; the draft
     # stays on this machine's CPU. An evaluation waiting longer than rpc_timeout is a loss.
@@ -95,11 +103,6 @@ class ModelOptions(BaseModel):
     history: bool = True  # add each finished answer to the history store (if it is on)
     show_download_progress: bool = True
 
-    @property
-    def target_gpu_layers(self) -> int:
-        if self.n_gpu_layers is not None:
-            return self.n_gpu_layers
-        return -1 if self.rpc else 0
 
 
 LostHandler = Callable[[str], None]
@@ -123,9 +126,11 @@ class Session:
         costs_file: Path | None = None,
         learning: tuple[LearningStore, str] | None = None,
         rpc: RpcLink | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.target = target
         self.rpc = rpc  # the workers the target runs on, if any
+        self.placement = placement  # where each model runs, and why
         self.closed = False
         self.costs_file = costs_file
         self.draft = draft
@@ -403,14 +408,17 @@ def open_session(
         endpoints = parse_endpoints(list(options.rpc))
         _report(on_progress, f"connecting to RPC workers {', '.join(map(str, endpoints))}")
         rpc = attach(endpoints, options.rpc_timeout, on_lost)
-    else:
+    placement = plan_placement(options, target_path, draft_path)
+    for notice in placement.notices:
+        _report(on_progress, f"warning: {notice}")
+    if not rpc and not placement.target.on_gpu:
         memory_warning = _memory_warning(target_path, draft_path, options.n_ctx)
         if memory_warning:  # said before loading, which may be what runs out of memory
             _report(on_progress, f"warning: {memory_warning}")
     load = LoadOptions(
         n_ctx=options.n_ctx,
         n_threads=options.threads,
-        n_gpu_layers=options.target_gpu_layers,
+        n_gpu_layers=placement.target.n_gpu_layers,
         flash_attn=options.flash_attn,
     )
     if options.rpc_split:
@@ -426,6 +434,8 @@ def open_session(
     if options.exact:
         exact_kernels()  # process-wide, so before either model evaluates anything
     where = f" onto {len(options.rpc)} RPC worker(s)" if rpc else ""
+    if not rpc and placement.target.on_gpu:
+        where = f" onto {placement.target.summary()}"
     _report(on_progress, f"loading target {target_path.name}{where}")
     # Only the target needs batch-invariant kernels: what the draft proposes never changes
     # what the target accepts, so the draft keeps the fast ones.
@@ -435,10 +445,11 @@ def open_session(
     draft = None
     try:
         if draft_path is not None:
-            _report(on_progress, f"loading draft {draft_path.name}")
-            # With workers, the draft stays here: its steps are many and small, and a
-            # network round trip for each would cost more than the step.
-            draft = LlamaModel(draft_path, replace(load, n_gpu_layers=0) if rpc else load)
+            draft_place = placement.draft
+            assert draft_place is not None
+            where = f" onto {draft_place.summary()}" if draft_place.on_gpu else ""
+            _report(on_progress, f"loading draft {draft_path.name}{where}")
+            draft = LlamaModel(draft_path, replace(load, n_gpu_layers=draft_place.n_gpu_layers))
             _report(on_progress, "checking that the draft's vocabulary fits the target's")
             report = check_vocabularies(target, draft)
             if not report.compatible:
@@ -448,13 +459,15 @@ def open_session(
                     "pick a draft of the target's model family (localspec models list), "
                     "or run without one: --drafter ngram",
                 )
-        costs, costs_file = _costs(options, target, draft, target_path, draft_path, on_progress)
+        costs, costs_file = _costs(
+            options, placement, target, draft, target_path, draft_path, on_progress
+        )
     except BaseException:
         target.close()
         if draft is not None:
             draft.close()
         raise
-    session = Session(target, draft, costs, costs_file, rpc=rpc)
+    session = Session(target, draft, costs, costs_file, rpc=rpc, placement=placement)
     if options.calibrate and options.learn:
         _restore_learning(session, target_path, draft_path, on_progress)
     try:
@@ -492,12 +505,37 @@ def learning_store() -> LearningStore:
     return LearningStore(cache_root() / "learning")
 
 
+def plan_placement(
+    options: ModelOptions, target_path: Path, draft_path: Path | None
+) -> Placement:
+    """Where each model of the pair will run, from the devices this build sees now (see
+    session/placement.py). With RPC workers the target goes to them (all its layers unless
+    told otherwise) and the draft stays on this machine's CPU: its steps are many and
+    small, and a network round trip for each would cost more than the step."""
+    target = footprint(target_path, options.n_ctx)
+    draft = footprint(draft_path, options.n_ctx) if draft_path is not None else None
+    if options.rpc:
+        request = ALL if options.n_gpu_layers is None else options.n_gpu_layers
+        layers = target.layers if request == ALL else min(request, target.layers)
+        return Placement(
+            ModelPlace(layers, target.layers, "RPC workers" if layers else "CPU"),
+            ModelPlace(0, draft.layers, "CPU") if draft else None,
+            "--rpc: the target's layers run on the workers, the draft on this machine",
+        )
+    return place(
+        options.n_gpu_layers, options.draft_gpu_layers, target, draft, gpu_devices(),
+        gpu_hardware(),
+    )  # fmt: skip
+
+
 def _restore_learning(
     session: Session, target_path: Path, draft_path: Path | None, on_progress: Progress | None
 ) -> None:
-    """Start the auto controller from what earlier sessions learned for this pair."""
+    """Start the auto controller from what earlier sessions learned for this pair, where
+    it runs now: the same laptop with and without its GPU keeps two."""
     store = learning_store()
-    key = machine_key(file_identity(target_path), file_identity(draft_path))
+    where = session.placement.key() if session.placement else ()
+    key = machine_key(file_identity(target_path), file_identity(draft_path), *where)
     session.learning = (store, key)
     learned, problem = store.load(key)
     if problem:
@@ -525,26 +563,31 @@ def _memory_warning(target: Path, draft: Path | None, n_ctx: int) -> str | None:
     )
 
 
-def costs_key(options: ModelOptions, target_path: Path, draft_path: Path | None) -> str:
-    """The calibration cache's key for a pair loaded with ``options`` on this machine."""
+def costs_key(
+    options: ModelOptions, placement: Placement, target_path: Path, draft_path: Path | None
+) -> str:
+    """The calibration cache's key for a pair loaded with ``options`` on this machine, its
+    models placed as ``placement`` says (a CPU-only placement adds nothing, so costs
+    measured before placement existed stay valid)."""
     return machine_key(
         file_identity(target_path),
         file_identity(draft_path),
         options.threads or os.cpu_count(),
-        options.target_gpu_layers,
+        0,  # kept so that CPU profiles measured before placement keep their keys
         options.flash_attn,
         options.n_ctx,
         *(("rpc", *options.rpc, *options.rpc_split) if options.rpc else ()),  # other costs
         *(("exact",) if options.exact else ()),  # other kernels, other costs
         DRAFT_SIZES,  # a cache measured for other draft lengths is measured again
+        *placement.key(),
     )
 
 
 def cached_costs(
-    options: ModelOptions, target_path: Path, draft_path: Path | None
+    options: ModelOptions, placement: Placement, target_path: Path, draft_path: Path | None
 ) -> CostProfile | None:
     """What was measured for a pair with ``options``, without loading it; None if nothing."""
-    return _cost_cache().load(costs_key(options, target_path, draft_path))
+    return _cost_cache().load(costs_key(options, placement, target_path, draft_path))
 
 
 def _cost_cache() -> CostCache:
@@ -555,6 +598,7 @@ def _cost_cache() -> CostCache:
 
 def _costs(
     options: ModelOptions,
+    placement: Placement,
     target: LlamaModel,
     draft: LlamaModel | None,
     target_path: Path,
@@ -563,7 +607,7 @@ def _costs(
 ) -> tuple[CostProfile | None, Path | None]:
     if not options.calibrate:
         return None, None
-    key = costs_key(options, target_path, draft_path)
+    key = costs_key(options, placement, target_path, draft_path)
     cache = _cost_cache()
     costs = None if options.recalibrate else cache.load(key)
     if costs is None:

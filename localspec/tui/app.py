@@ -229,10 +229,14 @@ class ChatApp(App[int]):
         self._stats_shown_at = time.monotonic()
         n_ctx = self.session.n_ctx if self.session else 0
         # A redraw scheduled during an answer may fire while the app is closing.
+        where = self.session.placement.summary() if self._placed() else ""
         for panel in self.query(StatsPanel):
-            panel.show(self.live, self.plain_tokens_per_s, n_ctx, self.colour)
+            panel.show(self.live, self.plain_tokens_per_s, n_ctx, self.colour, where)
         for line in self.query("#mini-stats"):
             line.update(summary_line(self.live, self.plain_tokens_per_s))
+
+    def _placed(self) -> bool:
+        return getattr(self.session, "placement", None) is not None
 
     def notify(
         self,
@@ -267,8 +271,9 @@ class ChatApp(App[int]):
         self.query(LoadingPanel).remove()
         draft = session.draft_label or "none"
         self.sub_title = f"{session.target_label} · draft {session.draft_label or 'none'}"
+        where = f" ({session.placement.summary()})" if self._placed() else ""
         self._notice(
-            f"Ready. Target {session.target_label}, draft {draft}; "
+            f"Ready. Target {session.target_label}, draft {draft}{where}; "
             f"context {session.n_ctx} tokens; {describe_params(self.params)}."
         )
         self._show_system()

@@ -123,7 +123,10 @@ def summary_line(live: LiveStats, plain_tokens_per_s: float | None) -> Text:
     )
 
 
-def render_stats(live: LiveStats, plain_tokens_per_s: float | None, n_ctx: int) -> Group:
+def render_stats(
+    live: LiveStats, plain_tokens_per_s: float | None, n_ctx: int, where: str = ""
+) -> Group:
+    """The panel's figures; ``where`` says where the models run (``Placement.summary``)."""
     answer, chat = live.answer, live.chat
     figures = Table.grid(padding=(0, 1), expand=True)
     figures.add_column(ratio=1)
@@ -156,6 +159,8 @@ def render_stats(live: LiveStats, plain_tokens_per_s: float | None, n_ctx: int) 
     parts.append(Text(sparkline(live.recent) or "–", style="#6fcf73"))
     parts.append(Text(""))
     parts.append(_context(live.context_tokens, n_ctx))
+    if where:
+        parts += [Text(""), Text.assemble(("runs on ", "bold"), where)]
     return Group(*parts)
 
 
@@ -194,6 +199,9 @@ class StatsPanel(Static):
         plain_tokens_per_s: float | None,
         n_ctx: int,
         colour: bool,
+        where: str = "",
     ) -> None:
-        self.group = Group(legend(colour), Text(""), render_stats(live, plain_tokens_per_s, n_ctx))
+        self.group = Group(
+            legend(colour), Text(""), render_stats(live, plain_tokens_per_s, n_ctx, where)
+        )
         self.update(self.group)

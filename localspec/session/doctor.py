@@ -1,0 +1,167 @@
+"""What ``localspec doctor`` reports: can localspec run here, on what, and with what.
+
+``diagnose(options)`` loads no model. It gathers the llama.cpp build (versions, CPU
+features, the GPU backends and RPC compiled in), the devices with their free memory, where
+each model of the pair would run (``plan_placement``, the policy every command uses), the
+models on disk, the cost profiles measured on this machine and the home directory.
+``Diagnosis.problems`` lists what stops localspec from running (an empty list: it can);
+``Diagnosis.notes`` what runs, but slower than it could.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localspec.errors import LocalspecError
+
+
+@dataclass
+class Diagnosis:
+    home: str
+    build: dict[str, Any] | None = None
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    pair: dict[str, Any] = field(default_factory=dict)
+    models: list[dict[str, Any]] = field(default_factory=list)
+    cost_profiles: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "problems": self.problems,
+            "notes": self.notes,
+            "home": self.home,
+            "build": self.build,
+            "devices": self.devices,
+            "pair": self.pair,
+            "models": self.models,
+            "cost_profiles": self.cost_profiles,
+        }
+
+
+def diagnose(options: Any) -> Diagnosis:
+    """Everything ``doctor`` shows, for the pair ``options`` (a ``ModelOptions``) names."""
+    from localspec.models.paths import cache_root
+
+    home = cache_root()
+    report = Diagnosis(home=str(home))
+    problem = _writable(home)
+    if problem:
+        report.problems.append(problem)
+    if not _build(report):
+        return report
+    _pair(report, options)
+    _models(report)
+    _cost_profiles(report, home / "calibration")
+    return report
+
+
+def _writable(home: Path) -> str | None:
+    """Why localspec cannot keep models, measurements and conversations in ``home``."""
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=home, prefix=".doctor-"):
+            pass
+    except OSError as err:
+        return (
+            f"the localspec home {home} is not writable ({err.strerror or err}); "
+            "set LOCALSPEC_HOME to a folder you can write"
+        )
+    return None
+
+
+def _build(report: Diagnosis) -> bool:
+    """The build and its devices; False when llama.cpp cannot even be loaded."""
+    try:
+        from localspec.backend.devices import build_info, devices, gpu_hardware
+    except (ImportError, OSError) as err:  # llama_cpp missing, or its library unloadable
+        report.problems.append(
+            f"llama-cpp-python cannot be loaded ({err}); run scripts/setup.sh again"
+        )
+        return False
+    info = build_info()
+    report.build = info.to_dict()
+    found = devices()
+    report.devices = [d.to_dict() for d in found]
+    hardware = gpu_hardware()
+    if hardware is not None and not info.gpu_offload:
+        report.notes.append(
+            f"this machine has an {hardware.description}, but this llama.cpp build has no "
+            f"backend for it: LOCALSPEC_BACKEND={hardware.backend} bash scripts/setup.sh"
+        )
+    return True
+
+
+def _pair(report: Diagnosis, options: Any) -> None:
+    """Where each model of the pair would run, for the files already on disk."""
+    from localspec.models.catalog import locate_model
+    from localspec.session.session import cached_costs, plan_placement
+
+    paths: dict[str, Path | None] = {}
+    for role, ref in (("target", options.target), ("draft", options.draft)):
+        try:
+            paths[role] = locate_model(ref, role)  # type: ignore[arg-type]
+        except LocalspecError as err:
+            report.problems.append(f"{role}: {err}")
+            paths[role] = None
+        report.pair[role] = {"ref": ref or "(default)", "path": _str(paths[role])}
+    if paths["target"] is None:
+        report.pair["placement"] = None
+        report.notes.append(
+            "the target is not on disk yet: the first `localspec complete` fetches it "
+            "(or `localspec models pull`)"
+        )
+        return
+    try:
+        placement = plan_placement(options, paths["target"], paths["draft"])
+    except LocalspecError as err:
+        report.problems.append(str(err))
+        report.pair["placement"] = None
+        return
+    report.pair["placement"] = {**placement.to_dict(), "summary": placement.summary()}
+    report.notes.extend(placement.notices)
+    measured = cached_costs(options, placement, paths["target"], paths["draft"])
+    report.pair["plain_step_ms"] = round(measured.plain_s * 1000, 2) if measured else None
+
+
+def _models(report: Diagnosis) -> None:
+    from localspec.models import catalog
+
+    for entry in catalog.load_catalog().models.values():
+        where = catalog.locate_model(entry.name)
+        if where is not None:
+            report.models.append(
+                {"name": entry.name, "role": entry.role, "path": str(where),
+                 "bytes": where.stat().st_size}
+            )  # fmt: skip
+
+
+def _cost_profiles(report: Diagnosis, directory: Path) -> None:
+    """The step costs measured on this machine, newest first."""
+    if not directory.is_dir():
+        return
+    files = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+            plain = float(data["plain_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        report.cost_profiles.append(
+            {"file": str(path), "plain_step_ms": round(plain * 1000, 2),
+             "measured": int(path.stat().st_mtime)}
+        )  # fmt: skip
+
+
+def _str(path: Path | None) -> str | None:
+    return os.fspath(path) if path is not None else None

@@ -1,0 +1,293 @@
+"""GPU placement: the auto policy, explicit requests and their errors, the notices, and what
+depends on where the models run (cost and learning keys, doctor). The device list is faked
+at its boundary (``backend.devices``); a test with the ``gpu`` marker loads a model onto a
+real GPU where the build and the machine have one."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from localspec.backend.devices import Device, Hardware
+from localspec.errors import UsageError
+from localspec.models.resources import GPU_COMPUTE_ALLOWANCE, Footprint, footprint, human
+from localspec.session import placement as placing
+from localspec.session.placement import ALL, AUTO, parse_layers, place
+
+GIB = 1024**3
+TARGET = Footprint(layers=29, weights=int(1.0 * GIB), kv=112 << 20)
+DRAFT = Footprint(layers=25, weights=int(0.46 * GIB), kv=48 << 20)
+CUDA = Hardware("cuda", "NVIDIA GPU (driver found)")
+
+
+def gpu(free_gib: float, name: str = "CUDA0") -> Device:
+    return Device(name, "NVIDIA GeForce RTX 4060", "gpu", "CUDA", int(free_gib * GIB), 8 * GIB)
+
+
+def test_auto_puts_the_whole_pair_on_a_gpu_with_room():
+    placement = place(AUTO, AUTO, TARGET, DRAFT, [gpu(7.5)])
+    assert (placement.target.layers, placement.draft.layers) == (29, 25)
+    assert placement.target.n_gpu_layers == -1 and placement.draft.n_gpu_layers == -1
+    assert placement.notices == ()
+    assert placement.summary() == (
+        "target on CUDA0 (all of 29 layers), draft on CUDA0 (all of 25 layers)"
+    )
+    assert placement.reason == (
+        f"CUDA0 has {human(int(7.5 * GIB))} free; the target needs {human(TARGET.needed(29))} there"
+    )
+
+
+def test_the_draft_stays_on_the_cpu_when_only_the_target_fits():
+    room = (TARGET.needed(29) + DRAFT.needed(25) // 2) / placing.FREE_SHARE / GIB
+    placement = place(AUTO, AUTO, TARGET, DRAFT, [gpu(room)])
+    assert placement.target.layers == 29
+    assert placement.draft.layers == 0 and placement.draft.device == "CPU"
+    (notice,) = placement.notices
+    assert notice.startswith("the draft stays on the CPU")
+
+
+def test_a_target_too_large_for_the_gpu_offloads_the_layers_that_fit():
+    room_gib = (TARGET.needed(12) + 1000) / placing.FREE_SHARE / GIB
+    placement = place(AUTO, AUTO, TARGET, DRAFT, [gpu(room_gib)])
+    assert placement.target.layers == 12
+    assert placement.target.n_gpu_layers == 12
+    assert placement.draft.layers == 0
+    assert any("only 12 of the target's 29 layers fit" in n for n in placement.notices)
+
+
+def test_a_gpu_without_room_for_one_layer_leaves_the_pair_on_the_cpu():
+    placement = place(AUTO, AUTO, TARGET, DRAFT, [gpu(0.3)])
+    assert not placement.target.on_gpu and not placement.draft.on_gpu
+    assert any("target stays on the CPU" in n for n in placement.notices)
+
+
+def test_no_gpu_stays_quiet_unless_the_machine_has_one_the_build_cannot_use():
+    quiet = place(AUTO, AUTO, TARGET, DRAFT, [])
+    assert quiet.notices == ()
+    assert quiet.reason == "this llama.cpp build has no GPU backend with a device"
+    assert quiet.key() == ()
+    loud = place(AUTO, AUTO, TARGET, DRAFT, [], CUDA)
+    (notice,) = loud.notices
+    assert "cannot use it" in notice and "LOCALSPEC_BACKEND=cuda bash scripts/setup.sh" in notice
+
+
+def test_explicit_layers_without_a_gpu_are_an_error_with_the_rebuild_hint():
+    with pytest.raises(UsageError) as err:
+        place(10, AUTO, TARGET, DRAFT, [], CUDA)
+    assert "--gpu-layers 10" in err.value.message
+    assert "LOCALSPEC_BACKEND=cuda" in err.value.hint
+    with pytest.raises(UsageError, match="--draft-gpu-layers all"):
+        place(AUTO, ALL, TARGET, DRAFT, [])
+
+
+def test_more_layers_than_fit_is_an_error_that_says_how_many_do():
+    room_gib = (TARGET.needed(12) + 1000) / placing.FREE_SHARE / GIB
+    with pytest.raises(UsageError) as err:
+        place(ALL, AUTO, TARGET, DRAFT, [gpu(room_gib)])
+    assert "--gpu-layers all: 29 of the target's layers need about" in err.value.message
+    assert err.value.hint == "use --gpu-layers auto, or at most 12"
+    assert place(12, 0, TARGET, DRAFT, [gpu(room_gib)]).target.layers == 12
+
+
+def test_zero_keeps_the_pair_on_the_cpu_and_the_draft_can_be_kept_there_alone():
+    cpu = place(0, AUTO, TARGET, DRAFT, [gpu(7.5)])
+    assert not cpu.target.on_gpu and not cpu.draft.on_gpu
+    assert cpu.reason == "--gpu-layers 0 keeps the target on the CPU"
+    split = place(AUTO, 0, TARGET, DRAFT, [gpu(7.5)])
+    assert split.target.layers == 29 and split.draft.device == "CPU"
+    assert split.summary() == "target on CUDA0 (all of 29 layers), draft on CPU"
+
+
+def test_memory_of_every_gpu_counts_and_rpc_workers_are_not_gpus():
+    two = place(AUTO, AUTO, TARGET, DRAFT, [gpu(0.9, "CUDA0"), gpu(0.9, "CUDA1")])
+    assert two.target.layers == 29 and two.target.device == "CUDA0+CUDA1"
+    worker = Device("RPC[10.0.0.2:50052]", "remote", "gpu", "RPC", 8 * GIB, 8 * GIB)
+    assert not worker.is_gpu
+    metal = Device("Metal", "Apple M2", "igpu", "Metal", 10 * GIB, 16 * GIB)
+    assert metal.is_gpu
+
+
+def test_placement_key_is_empty_on_the_cpu_and_names_device_and_layers_on_a_gpu():
+    assert place(AUTO, AUTO, TARGET, DRAFT, []).key() == ()
+    on_gpu = place(AUTO, AUTO, TARGET, DRAFT, [gpu(7.5)])
+    assert on_gpu.key() == (("gpu", "CUDA0", 29), ("gpu", "CUDA0", 25))
+
+
+@pytest.mark.parametrize(
+    ("text", "layers"),
+    [(None, AUTO), ("auto", AUTO), ("ALL", ALL), ("-1", ALL), ("0", 0), ("33", 33)],
+)
+def test_parse_layers(text, layers):
+    assert parse_layers(text) == layers
+
+
+@pytest.mark.parametrize("text", ["many", "-2", "1.5", ""])
+def test_parse_layers_refuses_anything_else(text):
+    with pytest.raises(UsageError, match="invalid --gpu-layers"):
+        parse_layers(text)
+
+
+def test_footprint_reads_layers_and_kv_from_the_file(tiny_pair):
+    target, _, _ = tiny_pair
+    shape = footprint(target, 1024)
+    # 2 blocks + the output layer; f16 K and V: 2 kv heads x 16 dims x 2 x 2 bytes per cell
+    assert shape.layers == 3
+    assert shape.kv == 2 * 1024 * 2 * 16 * 2 * 2
+    assert shape.weights == target.stat().st_size
+    assert shape.needed(0) == 0
+    assert shape.needed(3) == shape.weights + shape.kv + GPU_COMPUTE_ALLOWANCE
+
+
+# -- what depends on the placement --------------------------------------------------------
+
+
+def _fake_devices(monkeypatch, found, hardware=None):
+    from localspec.session import session as session_module
+
+    monkeypatch.setattr(session_module, "gpu_devices", lambda: [d for d in found if d.is_gpu])
+    monkeypatch.setattr(session_module, "gpu_hardware", lambda: hardware)
+
+
+def test_plan_placement_uses_the_devices_and_rpc_keeps_the_draft_here(monkeypatch, tiny_pair):
+    from localspec.session.session import ModelOptions, plan_placement
+
+    target, draft, _ = tiny_pair
+    _fake_devices(monkeypatch, [gpu(4)])
+    plan = plan_placement(ModelOptions(), target, draft)
+    assert plan.target.layers == 3 and plan.draft.layers == 3
+    rpc = plan_placement(ModelOptions(rpc=("127.0.0.1:50052",)), target, draft)
+    assert rpc.target.device == "RPC workers" and rpc.target.layers == 3
+    assert rpc.draft.device == "CPU"
+
+
+def test_costs_are_kept_per_placement_and_cpu_keys_do_not_move(monkeypatch, tiny_pair):
+    from localspec.session.session import ModelOptions, costs_key
+
+    target, draft, _ = tiny_pair
+    options = ModelOptions()
+    cpu = place(AUTO, AUTO, footprint(target, 4096), footprint(draft, 4096), [])
+    on_gpu = place(AUTO, AUTO, footprint(target, 4096), footprint(draft, 4096), [gpu(4)])
+    draft_here = place(AUTO, 0, footprint(target, 4096), footprint(draft, 4096), [gpu(4)])
+    keys = {costs_key(options, p, target, draft) for p in (cpu, on_gpu, draft_here)}
+    assert len(keys) == 3
+    # The key a CPU-only pair had before placement existed (0 layers offloaded).
+    from localspec.session.calibrate import file_identity, machine_key
+    from localspec.session.session import DRAFT_SIZES
+
+    threads = os.cpu_count()
+    legacy = machine_key(
+        file_identity(target), file_identity(draft), threads, 0, True, 4096, DRAFT_SIZES
+    )
+    assert costs_key(options, cpu, target, draft) == legacy
+
+
+def test_a_session_on_the_cpu_says_why_and_warns_only_when_a_gpu_is_idle(monkeypatch, tiny_pair):
+    from localspec.session.session import ModelOptions, open_session
+
+    target, draft, _ = tiny_pair
+    options = ModelOptions(target=str(target), draft=str(draft), n_ctx=256, calibrate=False)
+    for hardware, expected in ((None, []), (CUDA, ["cannot use it"])):
+        _fake_devices(monkeypatch, [], hardware)
+        said: list[str] = []
+        session = open_session(options, on_progress=said.append)
+        try:
+            assert session.placement.summary() == "target on CPU, draft on CPU"
+            warnings = [line for line in said if line.startswith("warning: ")]
+            assert len(warnings) == len(expected)
+            for line, words in zip(warnings, expected, strict=True):
+                assert words in line
+        finally:
+            session.close()
+
+
+def test_asking_for_layers_no_gpu_can_take_fails_before_any_load(monkeypatch, tiny_pair):
+    from localspec.session.session import ModelOptions, open_session
+
+    target, draft, _ = tiny_pair
+    _fake_devices(monkeypatch, [])
+    options = ModelOptions(target=str(target), draft=str(draft), n_gpu_layers=5, calibrate=False)
+    with pytest.raises(UsageError, match="no GPU to offload layers to"):
+        open_session(options)
+
+
+# -- doctor -------------------------------------------------------------------------------
+
+
+def test_doctor_json_lists_build_devices_and_where_the_pair_would_run(monkeypatch, tiny_pair):
+    from typer.testing import CliRunner
+
+    from localspec.cli.app import app
+
+    target, draft, _ = tiny_pair
+    _fake_devices(monkeypatch, [gpu(6)])
+    result = CliRunner().invoke(
+        app, ["doctor", "--json", "--target", str(target), "--draft", str(draft)]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["ok"] is True and report["problems"] == []
+    assert "CPU" in report["build"]["backends"]
+    assert isinstance(report["build"]["system_info"], str) and report["build"]["system_info"]
+    assert any(d["type"] == "cpu" for d in report["devices"])
+    placement = report["pair"]["placement"]
+    assert placement["target"] == {"device": "CUDA0", "gpu_layers": 3, "layers": 3}
+    assert report["pair"]["plain_step_ms"] is None  # nothing measured in this home yet
+    assert report["home"].endswith("home")
+
+
+def test_doctor_text_and_a_home_it_cannot_write_is_a_failure(monkeypatch, tmp_path, tiny_pair):
+    from typer.testing import CliRunner
+
+    from localspec.cli.app import app
+
+    target, draft, _ = tiny_pair
+    _fake_devices(monkeypatch, [], CUDA)
+    args = ["doctor", "--target", str(target), "--draft", str(draft)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "would run        target on CPU, draft on CPU" in result.output
+    assert "note: this machine has an NVIDIA GPU (driver found), but this llama.cpp" in (
+        result.output
+    )
+    assert result.output.rstrip().endswith("localspec can run here")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("LOCALSPEC_HOME", str(blocker / "home"))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1
+    assert "problem: the localspec home" in result.output and "not writable" in result.output
+    assert result.output.rstrip().endswith("localspec cannot run here")
+
+
+def test_bad_gpu_layers_on_the_command_line_is_a_usage_error(tiny_pair):
+    from typer.testing import CliRunner
+
+    from localspec.cli.app import app
+
+    target, _, _ = tiny_pair
+    result = CliRunner().invoke(
+        app, ["complete", "--target", str(target), "--drafter", "none", "--gpu-layers", "most"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "error: invalid --gpu-layers 'most'" in result.output
+
+
+# -- a real GPU ---------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_auto_offloads_a_real_model_to_the_gpu(tiny_pair):
+    from localspec.session.session import ModelOptions, open_session
+
+    target, draft, _ = tiny_pair
+    session = open_session(
+        ModelOptions(target=str(target), draft=str(draft), n_ctx=256, calibrate=False)
+    )
+    try:
+        assert session.placement.target.on_gpu and session.placement.draft.on_gpu
+        tokens = session.target.tokenize("hello", add_special=False)
+        assert session.target.forward(tokens, 1).shape == (1, session.target.n_vocab)
+    finally:
+        session.close()
