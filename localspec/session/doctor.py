@@ -104,7 +104,7 @@ def _build(report: Diagnosis) -> bool:
 
 def _pair(report: Diagnosis, options: Any) -> None:
     """Where each model of the pair would run, for the files already on disk."""
-    from localspec.models.catalog import locate_model
+    from localspec.models.catalog import default_name, locate_model
     from localspec.session.session import cached_costs, plan_placement
 
     paths: dict[str, Path | None] = {}
@@ -112,9 +112,9 @@ def _pair(report: Diagnosis, options: Any) -> None:
         try:
             paths[role] = locate_model(ref, role)  # type: ignore[arg-type]
         except LocalspecError as err:
-            report.problems.append(f"{role}: {err}")
+            report.problems.append(f"{role}: {_said(err)}")
             paths[role] = None
-        report.pair[role] = {"ref": ref or "(default)", "path": _str(paths[role])}
+        report.pair[role] = {"ref": ref or default_name(role), "path": _str(paths[role])}
     if paths["target"] is None:
         report.pair["placement"] = None
         report.notes.append(
@@ -125,7 +125,7 @@ def _pair(report: Diagnosis, options: Any) -> None:
     try:
         placement = plan_placement(options, paths["target"], paths["draft"])
     except LocalspecError as err:
-        report.problems.append(str(err))
+        report.problems.append(_said(err))
         report.pair["placement"] = None
         return
     report.pair["placement"] = {**placement.to_dict(), "summary": placement.summary()}
@@ -161,6 +161,11 @@ def _cost_profiles(report: Diagnosis, directory: Path) -> None:
             {"file": str(path), "plain_step_ms": round(plain * 1000, 2),
              "measured": int(path.stat().st_mtime)}
         )  # fmt: skip
+
+
+def _said(err: LocalspecError) -> str:
+    """An error's message and its hint, as one line."""
+    return f"{err.message} ({err.hint})" if err.hint else err.message
 
 
 def _str(path: Path | None) -> str | None:

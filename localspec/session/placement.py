@@ -152,7 +152,7 @@ def _on_cpu(
             raise UsageError(
                 f"{option} {'all' if request == ALL else request}: this llama.cpp build has "
                 "no GPU to offload layers to",
-                _rebuild_hint(hardware) or "run on the CPU: --gpu-layers 0 (or auto)",
+                _rebuild_hint(hardware) or "leave it at auto, or 0 for the CPU",
             )
     notices = []
     if hardware is not None and target_request is AUTO:
