@@ -112,7 +112,7 @@ def test_memory_of_every_gpu_counts_and_rpc_workers_are_not_gpus():
 def test_placement_key_is_empty_on_the_cpu_and_names_device_and_layers_on_a_gpu():
     assert place(AUTO, AUTO, TARGET, DRAFT, []).key() == ()
     on_gpu = place(AUTO, AUTO, TARGET, DRAFT, [gpu(7.5)])
-    assert on_gpu.key() == (("gpu", "CUDA0", 29), ("gpu", "CUDA0", 25))
+    assert on_gpu.key() == (("CUDA0", 29), ("CUDA0", 25))
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,7 @@ class Placement:
         places = [self.target] + ([self.draft] if self.draft else [])
         if not any(p.on_gpu for p in places):
             return ()
-        return tuple(("gpu", p.device, p.layers) for p in places)
+        return tuple((p.device, p.layers) for p in places)
 
     def to_dict(self) -> dict[str, object]:
         return {
