@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-speculative-simple from the llama-cpp-python sdist that localspec
-# uses, so `localspec bench --native-bin` compares against the same llama.cpp sources.
+# Build llama.cpp's llama-speculative-simple and llama-bench from the llama-cpp-python sdist
+# that localspec uses, so `localspec bench --native-bin` compares against the same llama.cpp
+# sources (its native-bench mode runs the llama-bench beside llama-speculative-simple).
 #
-#   scripts/build_native.sh DIR      # DIR/build/bin/llama-speculative-simple when done
+#   scripts/build_native.sh DIR      # DIR/build/bin/llama-speculative-simple and llama-bench
 #
 # Needs cmake and a C++ compiler; takes several minutes on 2 cores. Nothing is written
 # outside DIR. VERSION (default 0.3.36) picks another llama-cpp-python release.
@@ -35,9 +36,13 @@ fi
 # CPU backend without them, as scripts/setup.sh does for llama-cpp-python.
 cmake -S "$SRC" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
     -DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__
-cmake --build "$DIR/build" --target llama-speculative-simple -j"$JOBS"
+cmake --build "$DIR/build" --target llama-speculative-simple llama-bench -j"$JOBS"
 
 BIN="$DIR/build/bin/llama-speculative-simple"
+BENCH="$DIR/build/bin/llama-bench"
 "$BIN" --help > /dev/null
+"$BENCH" --help > /dev/null
 echo "built $BIN"
-echo "use it with: localspec bench --native-bin $BIN"
+echo "  and $BENCH"
+echo "use them with: localspec bench --native-bin $BIN"
+echo "(its native-bench mode runs the llama-bench beside llama-speculative-simple)"

@@ -448,6 +448,14 @@ def test_calibrate_command_prints_costs(tiny_pair):
     assert "75.5 tok/s" in text and "/cache/calibration" in text
 
 
+# The modes llama-speculative-simple runs (native-bench runs llama-bench).
+SPEC_SIMPLE_MODES = tuple(m for m in bench.NATIVE_MODES if m != bench.NATIVE_BENCH)
+SPEC_SIMPLE_HELP = (
+    "--spec-type none,draft-simple,ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod "
+    "--spec-ngram-simple-size-n N"
+)
+
+
 def test_native_modes_run_a_binary_and_are_summarised_beside_the_engine(tmp_path):
     binary = tmp_path / "llama-speculative-simple"
     sample = tmp_path / "sample.txt"
@@ -456,7 +464,7 @@ def test_native_modes_run_a_binary_and_are_summarised_beside_the_engine(tmp_path
     binary.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = "--help" ]; then\n'
-        '  echo "--spec-type none,draft-simple,ngram-simple --spec-ngram-simple-size-n N"\n'
+        f'  echo "{SPEC_SIMPLE_HELP}"\n'
         "  exit 0\n"
         "fi\n"
         f'echo "$@" >> {args_log}\n'
@@ -465,15 +473,15 @@ def test_native_modes_run_a_binary_and_are_summarised_beside_the_engine(tmp_path
     binary.chmod(0o755)
     session = FakeBenchSession()
     runner = NativeRunner(binary, tmp_path / "t.gguf", tmp_path / "d.gguf", lambda t: "abc")
-    runner.check(bench.NATIVE_MODES)
-    config = bench.BenchConfig(modes=("none", *bench.NATIVE_MODES), max_tokens=20)
+    runner.check(SPEC_SIMPLE_MODES)
+    config = bench.BenchConfig(modes=("none", *SPEC_SIMPLE_MODES), max_tokens=20)
     records = bench.BenchRunner(session, config, runner).run(fake_prompts()[:2])
     native = [r for r in records if r["engine"] == "llama.cpp"]
-    assert len(native) == 6 and {r["mode"] for r in native} == set(bench.NATIVE_MODES)
+    assert len(native) == 2 * 5 and {r["mode"] for r in native} == set(SPEC_SIMPLE_MODES)
     assert all(r["decode_tokens_per_s"] == pytest.approx(1.216) for r in native)
     # The sample decoded 35 tokens where 20 were asked.
     assert all(r["overshoot"] == 15 for r in native)
-    assert len(args_log.read_text().splitlines()) == 3 + 6  # warm-up, then one per run
+    assert len(args_log.read_text().splitlines()) == 5 + 10  # warm-up, then one per run
     summary = bench.summarize(records, config.modes, greedy=True)
     assert summary["overall"]["native-ngram"]["agreement"] is None
     assert summary["overall"]["native-draft"]["acceptance_rate"] == pytest.approx(24 / 31, abs=1e-4)

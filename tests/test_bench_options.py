@@ -19,7 +19,14 @@ from localspec.cli import bench as bench_cli
 from localspec.cli.bench import bench_command
 from localspec.core.controller import Controller
 from localspec.errors import InputError, UsageError
-from tests.test_bench import NATIVE_SAMPLE, FakeBenchSession, fake_prompts, rec
+from tests.test_bench import (
+    NATIVE_SAMPLE,
+    SPEC_SIMPLE_HELP,
+    SPEC_SIMPLE_MODES,
+    FakeBenchSession,
+    fake_prompts,
+    rec,
+)
 
 # -- --prompts FILE ------------------------------------------------------------------------
 
@@ -148,7 +155,7 @@ def test_native_none_is_plain_decoding_in_the_same_binary_with_the_same_n(tmp_pa
         tmp_path / "bin", tmp_path / "t.gguf", tmp_path / "d.gguf", str,
         extra_args=["--spec-ngram-simple-size-n", "3"],
     )  # fmt: skip
-    commands = {m: runner.command(m, "hi", 77, 0.0, None) for m in bench.NATIVE_MODES}
+    commands = {m: runner.command(m, "hi", 77, 0.0, None) for m in SPEC_SIMPLE_MODES}
     for cmd in commands.values():
         assert cmd[0] == str(tmp_path / "bin") and cmd[cmd.index("-n") + 1] == "77"
     plain = commands["native-none"]
@@ -339,12 +346,13 @@ def args(**changes) -> bench_cli.BenchArgs:
     return bench_cli.BenchArgs(**{**base, **changes})
 
 
-def test_native_bin_alone_adds_all_three_native_modes(tmp_path):
+def test_native_bin_alone_adds_all_native_modes(tmp_path):
     binary = tmp_path / "llama-speculative-simple"
-    binary.write_text(
-        '#!/bin/sh\necho "--spec-type none,draft-simple,ngram-simple --spec-ngram-simple-size-n"\n'
-    )
+    binary.write_text(f'#!/bin/sh\necho "{SPEC_SIMPLE_HELP}"\n')
     binary.chmod(0o755)
+    llama_bench = tmp_path / "llama-bench"  # native-bench runs the one beside it
+    llama_bench.write_text('#!/bin/sh\necho "-d, --n-depth <n>"\n')
+    llama_bench.chmod(0o755)
     chosen, _ = bench_cli._choose_modes(args(native_bin=binary))
     assert chosen == ("none", "auto", *bench.NATIVE_MODES)
     chosen, _ = bench_cli._choose_modes(args(native_bin=binary, modes="native-none"))

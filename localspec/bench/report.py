@@ -3,8 +3,9 @@
 ``summary`` is the dict ``localspec.bench.runner.summarize`` returns, extended by the caller with
 ``meta`` (models, machine, settings) and ``ceiling`` (``runner.measure_ceiling``).
 ``render_table`` gives the text printed to stdout and saved as summary.md: one row per
-category and mode (``vs none`` notes the short runs it left out; ``vs best native`` and
-``vs native-none`` appear only when llama.cpp's modes ran), a per-prompt table (each
+category and mode (``vs none`` notes the short runs it left out; ``vs best native``,
+``vs native-none`` and ``vs llama-bench`` appear only when the llama.cpp modes they compare
+with ran), a per-prompt table (each
 speculative mode's lowest prompt against ``none``, as measured and timed by each run's own
 plain steps), then notes on native runs that wrote more tokens than asked and the ceiling
 line. ``write_chart`` draws the ratio to
@@ -61,6 +62,7 @@ COLUMNS_BEFORE: list[Column] = [
 NATIVE_COLUMNS: dict[str, Column] = {
     "ratio_to_best_native": ("vs best native", lambda g: _ratio(g.get("ratio_to_best_native"))),
     "ratio_to_native_none": ("vs native-none", lambda g: _ratio(g.get("ratio_to_native_none"))),
+    "ratio_to_native_bench": ("vs llama-bench", lambda g: _ratio(g.get("ratio_to_native_bench"))),
 }
 COLUMNS_AFTER: list[Column] = [
     ("acceptance", lambda g: _fmt(g["acceptance_rate"], ".0%")),
@@ -203,8 +205,12 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"{MIN_RATIO_TOKENS} tokens, or whose reference run is that short, is left out of "
         "every ratio (its tok/s is mostly noise); vs none counts them as short. "
         "vs best native: the "
-        "same, against the faster of native-draft and native-ngram on each prompt. "
-        "vs native-none: plain decoding against llama.cpp's plain decoding. tokens/pass: "
+        "same, against the fastest of llama.cpp's speculative modes (native-draft, "
+        "native-ngram, native-ngram-map-k, native-ngram-mod, those that ran) on each prompt. "
+        "vs native-none: plain decoding against llama.cpp's plain decoding in "
+        "llama-speculative-simple; for llama.cpp's speculative modes, their speedup over it. "
+        "vs llama-bench: plain decoding (and native-none) against llama-bench's plain "
+        "decoding of as many tokens after a context as long as the prompt. tokens/pass: "
         "mean accepted length, bonus included. outside llama.cpp: share of decode time spent "
         "outside llama_decode and the logits copy. identical / common prefix: greedy "
         "agreement of the token ids with plain decoding (tokens). lowest vs none: the "

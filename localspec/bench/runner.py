@@ -16,10 +16,12 @@ and its path). ``BenchRunner.run`` drives a loaded ``Session``:
   ``session.forget_learning()``, so each prompt meets a controller that has learned nothing,
   as a fresh ``localspec complete`` without saved state does; warm: the per-mode controller
   keeps its acceptance estimates from prompt to prompt, as it does in a session;
-- ``native-draft`` / ``native-ngram`` / ``native-none`` run llama.cpp's
-  ``llama-speculative-simple`` on the same prompt text and models with the same ``-n``
-  (see ``backend/native.py``); a native run that wrote more tokens than asked keeps its
-  record and gets ``overshoot`` (the tokens beyond ``max_tokens``).
+- ``native-draft`` / ``native-ngram`` / ``native-ngram-map-k`` / ``native-ngram-mod`` /
+  ``native-none`` run llama.cpp's ``llama-speculative-simple`` on the same prompt text and
+  models with the same ``-n`` (see ``backend/native.py``); a native run that wrote more
+  tokens than asked keeps its record and gets ``overshoot`` (the tokens beyond
+  ``max_tokens``). ``native-bench`` runs ``llama-bench``: plain decoding of ``max_tokens``
+  tokens after a context as long as the prompt's tokens (``prompt_tokens`` is that depth).
 
 Each run yields one record (a plain dict, written as a JSONL line by the caller) with the
 stats vocabulary of ``stats.py`` plus ``outside_share``: the part of the decode time spent
@@ -31,7 +33,11 @@ per-category and overall figures: decode tokens/s, mean tokens per run, the geom
 of per-prompt ratios to ``none`` (paired on the same prompt; runs of fewer than
 ``MIN_RATIO_TOKENS`` tokens, or whose reference run is that short, are left out and counted
 as ``short_runs``), for the engine's modes the ratio to the fastest speculative native run
-of each prompt (``ratio_to_best_native``) and for ``none`` the ratio to ``native-none``,
+of each prompt (``ratio_to_best_native``, over all four speculative native modes), for
+``none`` the ratios to ``native-none`` and to ``native-bench`` (``ratio_to_native_none``,
+``ratio_to_native_bench``), for the speculative native modes their ratio to ``native-none``
+(llama.cpp's speedup over its own plain decoding) and for ``native-none`` its ratio to
+``native-bench``,
 acceptance, mean accepted length, outside share, greedy agreement with ``none`` (identical
 token ids, common-prefix length), for speculative modes the lowest per-prompt ratio to
 ``none`` and the same ratios timed by each run's own plain steps (``_steady``), and the list
@@ -74,9 +80,11 @@ ENGINE_MODES = ("none", "ngram", "model", "auto")
 STORE_MODE = "auto-store"  # auto with the session's datastores (``--store``); auto has none
 CHAINS_MODE = "auto-chains"  # auto without draft trees: single draft chains only
 AUTO_MODES = ("auto", STORE_MODE, CHAINS_MODE)  # the cost model's modes
-NATIVE_SPEC_MODES = ("native-draft", "native-ngram")  # "best native" is the faster of these
+# llama-speculative-simple's speculative types; "best native" is the fastest of them all.
+NATIVE_SPEC_MODES = ("native-draft", "native-ngram", "native-ngram-map-k", "native-ngram-mod")
 NATIVE_PLAIN = "native-none"  # llama.cpp without speculation: compared with `none`
-NATIVE_MODES = (*NATIVE_SPEC_MODES, NATIVE_PLAIN)
+NATIVE_BENCH = "native-bench"  # llama-bench's plain decoding at the prompt's depth
+NATIVE_MODES = (*NATIVE_SPEC_MODES, NATIVE_PLAIN, NATIVE_BENCH)
 BASELINE = "none"
 WARMUP_TOKENS = 16
 CEILING_BATCHES = (16, 32, 64)  # up to the longest draft worth verifying (n-gram copies)
@@ -363,11 +371,16 @@ class BenchRunner:
             record["trace"] = stats["trace"]
         return record
 
-    def run_native(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Record:
+    def _native_result(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Any:
+        if mode == NATIVE_BENCH:  # no text: generation after as many tokens as the prompt's
+            return self.native.run_bench(len(tokens), max_tokens)
         seed = None if self.config.seed is None else self.config.seed + index
-        result = self.native.run(
+        return self.native.run(
             mode, self.native.prompt_text(tokens), max_tokens, self.config.temperature, seed
         )
+
+    def run_native(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Record:
+        result = self._native_result(tokens, mode, max_tokens, index)
         # The binary re-tokenizes the text: a different count means it saw another prompt.
         record = {
             "engine": "llama.cpp",
@@ -488,8 +501,9 @@ class _References:
     """Per prompt, the runs others are compared with."""
 
     baseline: dict[Key, Record]  # localspec's `none`
-    best_native: dict[Key, Record]  # the fastest of native-draft / native-ngram
+    best_native: dict[Key, Record]  # the fastest of the NATIVE_SPEC_MODES
     native_none: dict[Key, Record]
+    native_bench: dict[Key, Record]
 
 
 def _references(records: list[Record]) -> _References:
@@ -503,6 +517,7 @@ def _references(records: list[Record]) -> _References:
         baseline={_key(r): r for r in records if r["mode"] == BASELINE},
         best_native=best,
         native_none={_key(r): r for r in records if r["mode"] == NATIVE_PLAIN},
+        native_bench={_key(r): r for r in records if r["mode"] == NATIVE_BENCH},
     )
 
 
@@ -579,18 +594,23 @@ def _agreement(pairs: list[tuple[list[int], list[int]]]) -> dict[str, float]:
     }
 
 
+def _ratio_to(records: list[Record], reference: dict[Key, Record]) -> float | None:
+    return _round(geometric_mean(paired_ratios(records, reference)[0]), 4)
+
+
 def _native_ratios(mode: str, records: list[Record], refs: _References) -> dict[str, Any]:
-    """The engine's modes against llama.cpp: the best speculative native run, and for
-    ``none`` llama.cpp's own plain decoding; empty when those did not run."""
+    """A mode against llama.cpp, for the references that ran: the engine's modes against
+    the best speculative native run; ``none`` against llama.cpp's plain decoding in
+    llama-speculative-simple (native-none) and in llama-bench (native-bench); the native
+    speculative modes against native-none (their speedup in llama.cpp's own terms), and
+    native-none against native-bench (what the example's loop costs over bare decoding)."""
     out: dict[str, Any] = {}
     if (mode in ENGINE_MODES or mode in AUTO_MODES) and refs.best_native:
-        out["ratio_to_best_native"] = _round(
-            geometric_mean(paired_ratios(records, refs.best_native)[0]), 4
-        )
-    if mode == BASELINE and refs.native_none:
-        out["ratio_to_native_none"] = _round(
-            geometric_mean(paired_ratios(records, refs.native_none)[0]), 4
-        )
+        out["ratio_to_best_native"] = _ratio_to(records, refs.best_native)
+    if (mode == BASELINE or mode in NATIVE_SPEC_MODES) and refs.native_none:
+        out["ratio_to_native_none"] = _ratio_to(records, refs.native_none)
+    if mode in (BASELINE, NATIVE_PLAIN) and refs.native_bench:
+        out["ratio_to_native_bench"] = _ratio_to(records, refs.native_bench)
     return out
 
 

@@ -103,7 +103,9 @@ def bench_command(
         str,
         typer.Option(
             help="comma-separated: none, ngram, model, auto, auto-store, auto-chains (auto "
-            "without draft trees), native-draft, native-ngram, native-none"
+            "without draft trees), native-draft, native-ngram (ngram-simple), "
+            "native-ngram-map-k, native-ngram-mod, native-none (llama.cpp's plain decoding), "
+            "native-bench (llama-bench at the prompt's depth)"
         ),
     ] = "none,ngram,model,auto",
     store: Annotated[
@@ -133,11 +135,17 @@ def bench_command(
     ] = False,
     native_bin: Annotated[
         Path | None,
-        typer.Option(help="llama-speculative-simple to compare with (adds the native modes)"),
+        typer.Option(
+            help="llama-speculative-simple to compare with; native-bench runs the llama-bench "
+            "beside it (adds all native modes unless --modes names some)"
+        ),
     ] = None,
     native_flags: Annotated[
         str,
-        typer.Option(help="extra flags for the native binary, e.g. '--spec-draft-n-max 8'"),
+        typer.Option(
+            help="extra flags for llama-speculative-simple (not llama-bench), e.g. "
+            "'--spec-draft-n-max 8'"
+        ),
     ] = "",
     repeat: Annotated[
         int,
@@ -401,8 +409,9 @@ def _meta(
     }
     if native is not None:
         meta["native_binary"] = str(native.binary)
+        if bench.NATIVE_BENCH in config.modes:
+            meta["native_bench_binary"] = str(native.bench_binary)
         for mode in config.modes:
             if mode in bench.NATIVE_MODES:
-                cmd = native.command(mode, "PROMPT", config.max_tokens, config.temperature, None)
-                meta[f"{mode} flags"] = " ".join(cmd[1:])
+                meta[f"{mode} flags"] = native.describe(mode, config.max_tokens, config.temperature)
     return meta
