@@ -340,8 +340,8 @@ def args(**changes) -> bench_cli.BenchArgs:
         categories=None, limit=None, prompts=None, modes="none,auto", store=None, max_tokens=200,
         temperature=0.0, seed=None, raw=False, cold=True, trace=False, native_bin=None,
         native_flags="", repeat=1, out=None, chart=False, warmup=True, target=None,
-        draft=None, threads=None, ctx=4096, gpu_layers=None, rpc=None, rpc_timeout=120.0,
-        rpc_split=None, exact=False,
+        draft=None, threads=None, ctx=4096, gpu_layers=None, draft_gpu_layers=None, rpc=None,
+        rpc_timeout=120.0, rpc_split=None, exact=False,
     )  # fmt: skip
     return bench_cli.BenchArgs(**{**base, **changes})
 

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from localspec.cli.common import (
     DEFAULT_RPC_TIMEOUT,
     CtxOpt,
+    DraftGpuLayersOpt,
     DraftOpt,
     ExactOpt,
     GpuLayersOpt,
@@ -164,6 +165,7 @@ def bench_command(
     threads: ThreadsOpt = None,
     ctx: CtxOpt = 4096,
     gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
     rpc: RpcOpt = None,
     rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
     rpc_split: RpcSplitOpt = None,
@@ -201,7 +203,8 @@ class BenchArgs:
     draft: str | None
     threads: int | None
     ctx: int
-    gpu_layers: int | None
+    gpu_layers: str | None
+    draft_gpu_layers: str | None
     rpc: str | None
     rpc_timeout: float
     rpc_split: str | None
@@ -273,6 +276,7 @@ def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
                 args.rpc,
                 args.rpc_timeout,
                 args.rpc_split,
+                draft_gpu_layers=args.draft_gpu_layers,
             ),  # fmt: skip
             use_draft=any(m in chosen for m in ("model", *bench.AUTO_MODES, "native-draft")),
             # Only auto-store drafts from a store, and only from those named; no bench run
