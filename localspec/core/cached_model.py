@@ -91,7 +91,8 @@ class CachedModel(ABC):
         if n_logits > total:
             raise ValueError("cannot return logits for more positions than tokens")
         ahead = self.cached[start:] if start else self.cached  # no copy of the whole cache
-        agreed = start + common_prefix_length(ahead, tail)
+        # The usual call (a round's batch after the cache's end) has nothing to compare.
+        agreed = start + common_prefix_length(ahead, tail) if ahead else start
         keep = min(agreed, total - n_logits)
         if n_logits == 0 and keep == total:
             self.truncate(keep)

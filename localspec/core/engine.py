@@ -111,6 +111,7 @@ class _Run:
     target_changes: int | None = None
     # Models that count the seconds of their evaluations (``compute_seconds``).
     timed: tuple = ()
+    tree_nodes: int = 0  # the most nodes a draft tree may have on the target
     trace: list[dict] = field(default_factory=list)
     # per copying drafter, a draft a round passed over and the answer has not yet graded
     passed: dict[DrafterKind, PassedDraft] = field(default_factory=dict)
@@ -245,6 +246,7 @@ class SpecDecoder:
         run = _Run(
             prompt, params, np.random.default_rng(params.seed), controller, drafters,
             TextAssembler(params.stop), emit, target_changes=prefilled, timed=self._timed(),
+            tree_nodes=tree_shape(self.target)[1],
         )  # fmt: skip
         reason: FinishReason | None = None
         while reason is None:
@@ -282,7 +284,7 @@ class SpecDecoder:
         remaining = min(run.params.max_tokens - len(run.generated) - 1, room)
         offers = self._offers(run, remaining)
         # Each branch is an offer's length, at most ``remaining``; every node takes a cell.
-        nodes = min(room, tree_shape(self.target)[1])
+        nodes = min(room, run.tree_nodes)
         plan = run.controller.plan(
             list(offers.values()), sampled=not run.params.greedy, nodes=nodes
         )

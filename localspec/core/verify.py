@@ -42,6 +42,8 @@ def verify_greedy(target_logits: np.ndarray, draft: Sequence[int]) -> Verdict:
     chunk that holds the first rejection: a draft rejected early costs a pass over a few
     rows rather than over all of them (each row is a whole vocabulary), at most twice the
     rows needed, and a handful of numpy calls where one would do."""
+    if not draft:  # a plain step: one row
+        return Verdict(0, int(target_logits[0].argmax()))
     n = len(draft) + 1
     start, size = 0, 1
     while start < n:
