@@ -258,7 +258,13 @@ def ngram_part(args: argparse.Namespace, prompt: str, home: Path) -> dict:
     return {"types": types, "runs": runs}
 
 
+RECORDS: list[Path] = []  # where each run is appended as it finishes (--out), if anywhere
+
+
 def _progress(label: str, rec: dict) -> None:
+    for path in RECORDS:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"run": label, **rec}) + "\n")
     extra = f", overhead {rec['overhead_ms']:.3f} ms/round" if rec.get("overhead_ms") else ""
     print(f"{label}: {rec['tps']:.1f} tok/s ({rec['tokens']} tokens, cpu busy "
           f"{rec['busy']:.0%} before){extra}", file=sys.stderr, flush=True)  # fmt: skip
@@ -336,7 +342,7 @@ def main() -> int:
     parser.add_argument("--also", type=Path, help="another localspec source tree, beside")
     parser.add_argument("--idle-wait", type=float, default=120.0, help="seconds at most")
     parser.add_argument("--skip", choices=("plain", "ngram"), help="leave one part out")
-    parser.add_argument("--out", type=Path, help="write the runs (JSON) and table (md) here")
+    parser.add_argument("--out", type=Path, help="write the runs (JSONL, JSON) and table here")
     args = parser.parse_args()
 
     from localspec.models.catalog import resolve_model
@@ -346,6 +352,10 @@ def main() -> int:
     prompts = load_prompts(args.prompts, ids)
     edit = load_prompts(args.prompts, [args.edit_id])[args.edit_id]
     names = [name for name, _ in engines(args)]
+    if args.out:  # every run as it finishes, so an interrupted measurement keeps its runs
+        args.out.mkdir(parents=True, exist_ok=True)
+        RECORDS.append(args.out / "runs.jsonl")
+        RECORDS[0].write_text("")
     results: dict[str, Any] = {"target": str(args.target_path), "args": vars(args).copy()}
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="localspec-short-") as tmp:

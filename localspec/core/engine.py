@@ -85,6 +85,9 @@ class TargetModel(Protocol):
     def is_eog(self, token: int) -> bool: ...
 
 
+# The controller's plan when no drafter offers anything (nothing to weigh, nothing to probe).
+PLAIN_STEP = Plan(None, 0, 0.0, "plain step")
+
 # Used when no calibration is given: batch costs typical of a small CPU (see the design note).
 DEFAULT_COSTS = CostProfile(
     plain_s=1.0,
@@ -283,12 +286,15 @@ class SpecDecoder:
         room = self.target.n_ctx - len(run.committed)
         remaining = min(run.params.max_tokens - len(run.generated) - 1, room)
         offers = self._offers(run, remaining)
-        # Each branch is an offer's length, at most ``remaining``; every node takes a cell.
-        nodes = min(room, run.tree_nodes)
-        plan = run.controller.plan(
-            list(offers.values()), sampled=not run.params.greedy, nodes=nodes
-        )
-        self._pass_over(run, plan, offers)
+        if offers:
+            # Each branch is an offer's length, at most ``remaining``; every node takes a cell.
+            nodes = min(room, run.tree_nodes)
+            plan = run.controller.plan(
+                list(offers.values()), sampled=not run.params.greedy, nodes=nodes
+            )
+            self._pass_over(run, plan, offers)
+        else:  # what the controller plans without offers, spared at every plain step
+            plan = PLAIN_STEP
         tried = self._tree_round(run, plan) if plan.branches > 1 else self._chain_round(run, plan)
         draft, verdict = tried.draft, tried.verdict
 
