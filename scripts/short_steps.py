@@ -7,10 +7,15 @@ users run) in a private LOCALSPEC_HOME that links this machine's models, with th
 off, interleaved with llama.cpp's own tools and repeated (medians):
 
 1. plain decoding (`--drafter none`) on each prompt beside `llama-bench` tg at the prompt's
-   depth (`-p 0 -n N -d DEPTH`, N being what localspec generated): the ratio per prompt and
-   its geometric mean;
-2. `--drafter ngram` on an editing prompt beside `llama-speculative-simple`'s n-gram modes
-   (`--spec-type ngram-simple`, `ngram-map-k`, `ngram-mod`, those this build has).
+   depth (`-p 0 -n N -d DEPTH`, N being what localspec generated): per prompt the median of
+   each repetition's ratio (its runs follow one another, so they see one machine speed),
+   and the geometric mean of those;
+2. `--drafter ngram`, and `auto` (which prices each draft by the machine's measured batch
+   costs; each process starts with nothing learned), on an editing prompt beside
+   `llama-speculative-simple`'s n-gram modes (`--spec-type ngram-simple`, `ngram-map-k`,
+   `ngram-mod`, those this build has). `auto` runs through the session API, in a fresh
+   process too: `localspec complete` would load the catalog's default draft, whose
+   vocabulary is not SmolLM2's.
 
 Both print localspec's Python time per round (the stats' `overhead_per_round_ms`, the decode
 time outside llama_decode) and its share of a round.
@@ -58,6 +63,7 @@ DEFAULT_IDS = ",".join(
 EDIT_ID = "rename-histogram"  # a code rewrite: the answer copies the prompt with edits
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")
 THIS = "localspec"
+MODES = ("ngram", "auto")  # localspec's modes on the editing prompt
 
 
 def private_home(directory: Path) -> Path:
@@ -127,6 +133,41 @@ def localspec_complete(
     )
     if done.returncode != 0:
         raise SystemExit(f"localspec complete failed ({mode}): {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# `localspec complete --drafter auto` loads the catalog's default draft, whatever the target
+# (a draft of another vocabulary, refused); a target without a draft of its family runs
+# auto through the session API without one, in a fresh process all the same.
+AUTO_WITHOUT_DRAFT = """
+import json, sys
+from localspec.core.engine import run_to_completion
+from localspec.core.params import GenerationParams
+from localspec.session.session import ModelOptions, open_session
+target, tokens, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+options = ModelOptions(target=target, use_draft=False, threads=threads, learn=False,
+                       stores=(), history=False, show_download_progress=False)
+session = open_session(options)
+params = GenerationParams(drafter="auto", max_tokens=tokens)
+finished = run_to_completion(session.complete(sys.stdin.read(), params))
+print(json.dumps({"token_ids": list(finished.token_ids), "stats": finished.stats}))
+"""
+
+
+def localspec_auto(
+    src: Path | None, prompt: str, args: argparse.Namespace, home: Path
+) -> dict[str, Any]:
+    """`auto` without a draft model in a fresh process (see AUTO_WITHOUT_DRAFT)."""
+    cmd = [sys.executable, "-c", AUTO_WITHOUT_DRAFT, str(args.target_path),
+           str(args.max_tokens), str(args.threads)]  # fmt: skip
+    env = {**os.environ, "LOCALSPEC_HOME": str(home), "LOCALSPEC_HISTORY": "0"}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    done = subprocess.run(
+        cmd, input=prompt, capture_output=True, text=True, env=env, timeout=900, cwd=home.parent
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"localspec auto failed: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -229,20 +270,24 @@ def plain_part(args: argparse.Namespace, prompts: dict[str, str], home: Path) ->
 
 
 def ngram_part(args: argparse.Namespace, prompt: str, home: Path) -> dict:
-    """`--drafter ngram` on the editing prompt beside llama.cpp's n-gram modes."""
+    """`--drafter ngram` and `auto` on the editing prompt beside llama.cpp's n-gram modes."""
     _, text = native_prompt(args, prompt)
     types = ngram_types(args)
     runs: dict[str, list[dict]] = {}
     rng = random.Random(args.seed + 1)
+    runners = [(f"{name} {mode}", src, mode) for name, src in engines(args) for mode in MODES]
     for rep in range(args.reps):
-        jobs: list[tuple[str, Any]] = [*engines(args), *((t, None) for t in types)]
+        jobs: list[tuple[str, Any, str]] = [*runners, *((t, None, "") for t in types)]
         rng.shuffle(jobs)
-        for name, src in jobs:
+        for name, src, mode in jobs:
             busy = wait_idle(args.idle_wait)
             if name in types:
                 rec = spec_simple(args, text, name, args.max_tokens)
             else:
-                stats = localspec_complete(src, prompt, "ngram", args, home)["stats"]
+                if mode == "auto":
+                    stats = localspec_auto(src, prompt, args, home)["stats"]
+                else:
+                    stats = localspec_complete(src, prompt, mode, args, home)["stats"]
                 rec = {
                     "tps": stats["decode_tokens_per_s"],
                     "tokens": stats["generated_tokens"],
@@ -255,7 +300,7 @@ def ngram_part(args: argparse.Namespace, prompt: str, home: Path) -> dict:
             rec["busy"] = round(busy, 3)
             runs.setdefault(name, []).append(rec)
             _progress(f"ngram rep {rep + 1}/{args.reps} {name}", rec)
-    return {"types": types, "runs": runs}
+    return {"types": types, "runs": runs, "localspec": [name for name, _, _ in runners]}
 
 
 RECORDS: list[Path] = []  # where each run is appended as it finishes (--out), if anywhere
@@ -298,8 +343,12 @@ def report_plain(plain: dict, names: list[str]) -> list[str]:
                 median(runs[name], "overhead_ms"),
                 median(runs[name], "round_ms"),
             )
-            ratios[name].append(tps / ref)
-            row += f" {tps:.1f} ({spread(runs[name])}) | {tps / ref:.3f} | {over:.3f} |"
+            # Each repetition's runs follow one another: their ratio sees one machine speed.
+            pairs = zip(runs[name], runs["llama-bench"], strict=True)
+            paired = [a["tps"] / b["tps"] for a, b in pairs]
+            ratio = statistics.median(paired)
+            ratios[name].append(ratio)
+            row += f" {tps:.1f} ({spread(runs[name])}) | {ratio:.3f} | {over:.3f} |"
             row += f" {over / step:.1%} |"
         lines.append(row)
     lines.append("")
@@ -308,10 +357,11 @@ def report_plain(plain: dict, names: list[str]) -> list[str]:
     return lines
 
 
-def report_ngram(ngram: dict, names: list[str], prompt_id: str) -> list[str]:
-    lines = ["", f"## --drafter ngram on {prompt_id} / llama-speculative-simple", ""]
+def report_ngram(ngram: dict, prompt_id: str) -> list[str]:
+    lines = ["", f"## --drafter ngram and auto on {prompt_id} / llama-speculative-simple", ""]
     lines += ["| run | tok/s (median, range) | tokens | drafted | accepted | overhead ms/round |"]
     lines += ["| --- | ---: | ---: | ---: | ---: | ---: |"]
+    names = ngram["localspec"]
     for name in [*names, *ngram["types"]]:
         recs = ngram["runs"][name]
         over = median(recs, "overhead_ms")
@@ -365,7 +415,7 @@ def main() -> int:
             lines += report_plain(results["plain"], names)
         if args.skip != "ngram":
             results["ngram"] = ngram_part(args, edit, home)
-            lines += report_ngram(results["ngram"], names, args.edit_id)
+            lines += report_ngram(results["ngram"], args.edit_id)
     table = "\n".join(lines)
     print(table)
     if args.out:
