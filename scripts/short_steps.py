@@ -121,7 +121,7 @@ def localspec_complete(
     """One fresh `localspec complete --json` process; its JSON answer. ``src``: a source
     tree to run instead of the installed localspec."""
     cmd = [sys.executable, "-m", "localspec", "complete", "--json", "--no-history",
-           "--target", str(args.target_path), "--drafter", mode,
+           "--target", args.target, "--drafter", mode,
            "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]  # fmt: skip
     env = {**os.environ, "LOCALSPEC_HOME": str(home), "LOCALSPEC_HISTORY": "0"}
     if src is not None:
@@ -133,41 +133,6 @@ def localspec_complete(
     )
     if done.returncode != 0:
         raise SystemExit(f"localspec complete failed ({mode}): {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-# `localspec complete --drafter auto` loads the catalog's default draft, whatever the target
-# (a draft of another vocabulary, refused); a target without a draft of its family runs
-# auto through the session API without one, in a fresh process all the same.
-AUTO_WITHOUT_DRAFT = """
-import json, sys
-from localspec.core.engine import run_to_completion
-from localspec.core.params import GenerationParams
-from localspec.session.session import ModelOptions, open_session
-target, tokens, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-options = ModelOptions(target=target, use_draft=False, threads=threads, learn=False,
-                       stores=(), history=False, show_download_progress=False)
-session = open_session(options)
-params = GenerationParams(drafter="auto", max_tokens=tokens)
-finished = run_to_completion(session.complete(sys.stdin.read(), params))
-print(json.dumps({"token_ids": list(finished.token_ids), "stats": finished.stats}))
-"""
-
-
-def localspec_auto(
-    src: Path | None, prompt: str, args: argparse.Namespace, home: Path
-) -> dict[str, Any]:
-    """`auto` without a draft model in a fresh process (see AUTO_WITHOUT_DRAFT)."""
-    cmd = [sys.executable, "-c", AUTO_WITHOUT_DRAFT, str(args.target_path),
-           str(args.max_tokens), str(args.threads)]  # fmt: skip
-    env = {**os.environ, "LOCALSPEC_HOME": str(home), "LOCALSPEC_HISTORY": "0"}
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
-    done = subprocess.run(
-        cmd, input=prompt, capture_output=True, text=True, env=env, timeout=900, cwd=home.parent
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"localspec auto failed: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -284,10 +249,7 @@ def ngram_part(args: argparse.Namespace, prompt: str, home: Path) -> dict:
             if name in types:
                 rec = spec_simple(args, text, name, args.max_tokens)
             else:
-                if mode == "auto":
-                    stats = localspec_auto(src, prompt, args, home)["stats"]
-                else:
-                    stats = localspec_complete(src, prompt, mode, args, home)["stats"]
+                stats = localspec_complete(src, prompt, mode, args, home)["stats"]
                 rec = {
                     "tps": stats["decode_tokens_per_s"],
                     "tokens": stats["generated_tokens"],
@@ -398,6 +360,8 @@ def main() -> int:
     from localspec.models.catalog import resolve_model
 
     args.target_path = resolve_model(args.target, "target")
+    if Path(args.target).expanduser().is_file():  # the processes run from another folder
+        args.target = str(args.target_path)
     ids = [i for i in args.ids.split(",") if i]
     prompts = load_prompts(args.prompts, ids)
     edit = load_prompts(args.prompts, [args.edit_id])[args.edit_id]

@@ -291,3 +291,28 @@ def test_auto_offloads_a_real_model_to_the_gpu(tiny_pair):
         assert session.target.forward(tokens, 1).shape == (1, session.target.n_vocab)
     finally:
         session.close()
+
+
+# -- which draft a target gets ------------------------------------------------------------
+
+
+def test_a_catalog_target_gets_its_own_familys_draft_or_none(monkeypatch, tmp_path):
+    from localspec.models import catalog
+    from localspec.session import session as session_module
+
+    resolved: list[tuple[str | None, str]] = []
+
+    def fake_resolve(ref, role, **_):
+        resolved.append((ref, role))
+        return tmp_path / f"{ref or 'default-' + role}.gguf"
+
+    monkeypatch.setattr(catalog, "resolve_model", fake_resolve)
+    options = session_module.ModelOptions
+    _, draft = session_module.resolve_pair(options(target="llama-3.1-8b"))
+    assert resolved[-1] == ("llama-3.2-1b", "draft") and draft.name == "llama-3.2-1b.gguf"
+    _, draft = session_module.resolve_pair(options(target="smollm2-135m"))
+    assert draft is None and resolved[-1] == ("smollm2-135m", "target")
+    session_module.resolve_pair(options(target="/models/any.gguf"))
+    assert resolved[-1] == (None, "draft")  # a file: the catalog's default draft
+    session_module.resolve_pair(options(target="smollm2-135m", draft="qwen2.5-coder-0.5b"))
+    assert resolved[-1] == ("qwen2.5-coder-0.5b", "draft")  # --draft always wins

@@ -387,9 +387,25 @@ def resolve_pair(
     target = resolve_model(options.target, "target", progress=options.show_download_progress)
     draft = None
     if options.use_draft:
-        _report(on_progress, "locating the draft model (fetched on first use)")
-        draft = resolve_model(options.draft, "draft", progress=options.show_download_progress)
+        ref = options.draft if options.draft else _paired_draft(options.target)
+        if ref is not NO_DRAFT:
+            _report(on_progress, "locating the draft model (fetched on first use)")
+            draft = resolve_model(ref, "draft", progress=options.show_download_progress)
     return target, draft
+
+
+NO_DRAFT = ""  # a target whose model family has no draft: auto drafts by copying alone
+
+
+def _paired_draft(target: str | None) -> str | None:
+    """The draft for a target named without ``--draft``: a catalog target's (or a model
+    optimized from one) recommended draft, ``NO_DRAFT`` where its family has none; None
+    (the catalog's default draft) for the default target, a file or a Hub reference."""
+    from localspec.models.catalog import load_catalog, load_registry, pair_for
+
+    if not target or (load_catalog().get(target) is None and target not in load_registry()):
+        return None
+    return pair_for(target) or NO_DRAFT
 
 
 def open_session(
