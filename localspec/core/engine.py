@@ -41,11 +41,11 @@ from localspec.core.controller import COPY_DEPTH, COPYING, Controller, Plan
 from localspec.core.costs import CostProfile
 from localspec.core.drafters import Branching, Draft, Drafter, ModelDrafter, Offer, PassedDraft
 from localspec.core.events import (
+    TARGET,
     EngineWarning,
     Event,
     Finished,
     FinishReason,
-    Origin,
     PrefillDone,
     RoundCompleted,
     TokenEmitted,
@@ -262,10 +262,9 @@ class SpecDecoder:
                 reason = yield from self._round(run)
         # Held-back text that never became a stop string is still part of the answer.
         tail = run.text.finish()
-        summary = stats.to_dict()
         if params.trace:
-            summary["trace"] = run.trace
-        yield Finished(reason, run.text.text, tuple(run.generated), summary, tail=tail)
+            stats.trace = run.trace
+        yield Finished(reason, run.text.text, tuple(run.generated), stats, tail=tail)
 
     def _timed(self) -> tuple:
         """The models whose evaluations are timed (``compute_seconds``): the target, and the
@@ -385,11 +384,11 @@ class SpecDecoder:
     def _emit(self, run: _Run, verdict: Verdict, draft: Draft) -> Generator[Event, None, _Outcome]:
         """Emit the round's tokens, stopping at an end of generation."""
         emitted, paused = 0, 0.0
-        drafted = Origin(draft.source.value) if verdict.accepted else Origin.TARGET
+        drafted = draft.source.value if verdict.accepted else TARGET
         for i, tok in enumerate(verdict.tokens(draft.tokens)):
             if self.target.is_eog(tok):
                 return _Outcome(emitted, paused, FinishReason.EOS)
-            origin = drafted if i < verdict.accepted else Origin.TARGET
+            origin = drafted if i < verdict.accepted else TARGET
             piece = run.text.push(self.target.token_bytes(tok))
             run.committed.append(tok)
             run.generated.append(tok)

@@ -4,24 +4,25 @@
 more ``TokenEmitted`` followed by one ``RoundCompleted``, possibly ``EngineWarning`` events, and
 finally exactly one ``Finished``. Events are frozen dataclasses with plain fields, so they
 can be rendered, recorded as JSON (``dataclasses.asdict``) or compared in tests.
+
+A token's ``origin`` is the name of the drafter that proposed it (``"ngram"``, ``"model"``,
+``"store"``, or any drafter registered later) or ``TARGET`` for the target's own token, so a
+front end colours tokens without knowing every drafter. ``Finished.stats`` is the
+generation's ``GenerationStats``; front ends turn it into text or JSON themselves.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING
 
-from localspec.core.params import DrafterKind
+if TYPE_CHECKING:
+    from localspec.core.stats import GenerationStats
 
-
-class Origin(StrEnum):
-    """Who produced an emitted token (a drafter's value, or the target)."""
-
-    DRAFT_MODEL = DrafterKind.MODEL.value  # proposed by the draft model, accepted by the target
-    NGRAM = DrafterKind.NGRAM.value  # proposed by prompt lookup and accepted by the target
-    STORE = DrafterKind.STORE.value  # proposed from the datastore and accepted by the target
-    TARGET = "target"  # the target's own token (correction, bonus, or plain step)
+# The origin of the target's own tokens (a correction, a bonus token, or a plain step); a
+# drafted token that the target accepted has its drafter's name as its origin.
+TARGET = "target"
 
 
 class FinishReason(StrEnum):
@@ -42,14 +43,14 @@ class PrefillDone:
 class TokenEmitted:
     token_id: int
     text: str  # decoded text for this token ("" while a multi-byte character is incomplete)
-    origin: Origin
+    origin: str  # the drafter that proposed it, or TARGET
     index: int  # 0-based position in the generated sequence
 
 
 @dataclass(frozen=True)
 class RoundCompleted:
     index: int  # 0-based round number
-    drafter: DrafterKind | None  # who drafted; None for a plain target step
+    drafter: str | None  # the name of the drafter that drafted; None for a plain target step
     drafted: int  # tokens proposed this round
     accepted: int  # drafted tokens that survived verification
     emitted: int  # tokens emitted this round (accepted + 1, fewer if generation ended)
@@ -74,8 +75,14 @@ class Finished:
     reason: FinishReason
     text: str
     token_ids: tuple[int, ...]
-    stats: dict[str, Any] = field(default_factory=dict)  # GenerationStats.to_dict()
+    stats: GenerationStats = field(default_factory=lambda: _no_stats())
     tail: str = ""  # text no TokenEmitted carried (held back for a stop string): print it
+
+
+def _no_stats() -> GenerationStats:
+    from localspec.core.stats import GenerationStats  # stats reads these events
+
+    return GenerationStats()
 
 
 Event = PrefillDone | TokenEmitted | RoundCompleted | EngineWarning | Finished

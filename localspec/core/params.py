@@ -29,6 +29,27 @@ class DrafterMode(StrEnum):
     NGRAM = "ngram"
     NONE = "none"
 
+    @property
+    def loads_draft_model(self) -> bool:
+        """Whether this mode uses the draft model when one is there (so it is loaded)."""
+        return self in (DrafterMode.AUTO, DrafterMode.MODEL)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Whether this mode cannot run without a draft model."""
+        return self is DrafterMode.MODEL
+
+    @property
+    def uses_cost_model(self) -> bool:
+        """Whether each round's drafter and length are chosen from this machine's measured
+        costs (so the pair is calibrated); otherwise a fixed policy, as llama.cpp's."""
+        return self is DrafterMode.AUTO
+
+    @property
+    def learns(self) -> bool:
+        """Whether what it learns of acceptance is kept for the next process."""
+        return self is DrafterMode.AUTO
+
     def kinds(self) -> tuple[DrafterKind, ...]:
         """The drafters this mode may use."""
         if self is DrafterMode.AUTO:

@@ -13,6 +13,9 @@
   their compute time (``RoundCompleted.compute_seconds``); ``None`` when none does.
 
 ``GenerationStats`` is fed the engine's events and is pure arithmetic: no clocks, no I/O.
+It is what ``Finished.stats`` carries; ``merge`` adds another generation's (the choices of
+one request, the answers of a conversation), and ``to_dict`` gives the JSON the front ends
+print or send. ``trace`` holds every round's choice when the generation was asked to keep it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from localspec.core.events import Origin, PrefillDone, RoundCompleted, TokenEmitted
+from localspec.core.events import TARGET, PrefillDone, RoundCompleted, TokenEmitted
 
 
 @dataclass
@@ -32,6 +35,21 @@ class DrafterStats:
     seconds: float = 0.0
     drafted_at: list[int] = field(default_factory=list)  # rounds that drafted >= i+1 tokens
     accepted_at: list[int] = field(default_factory=list)  # ... and accepted >= i+1
+
+    def merge(self, other: DrafterStats) -> None:
+        """Add ``other``'s rounds to these."""
+        self.rounds += other.rounds
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.emitted += other.emitted
+        self.seconds += other.seconds
+        for mine, theirs in (
+            (self.drafted_at, other.drafted_at),
+            (self.accepted_at, other.accepted_at),
+        ):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, n in enumerate(theirs):
+                mine[i] += n
 
     def observe(self, drafted: int, accepted: int, emitted: int, seconds: float) -> None:
         self.rounds += 1
@@ -84,9 +102,35 @@ class GenerationStats:
     decode_s: float = 0.0
     generated_tokens: int = 0
     by_drafter: dict[str, DrafterStats] = field(default_factory=dict)
-    by_origin: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Origin})
+    # emitted tokens per origin: the target's, and each drafter's that were accepted
+    by_origin: dict[str, int] = field(default_factory=lambda: {TARGET: 0})
     overhead_s: float = 0.0  # of decode_s, outside the models' evaluations
     timed_rounds: int = 0  # rounds whose compute time was known (overhead_s covers them)
+    trace: list[dict[str, Any]] | None = None  # every round's choice, when asked for
+
+    def merge(self, other: GenerationStats) -> None:
+        """Add ``other``'s totals to these (rates are recomputed from the sums)."""
+        self.prompt_tokens += other.prompt_tokens
+        self.prefill_evaluated += other.prefill_evaluated
+        self.prefill_s += other.prefill_s
+        self.decode_s += other.decode_s
+        self.generated_tokens += other.generated_tokens
+        self.overhead_s += other.overhead_s
+        self.timed_rounds += other.timed_rounds
+        for name, drafter in other.by_drafter.items():
+            self.by_drafter.setdefault(name, DrafterStats()).merge(drafter)
+        for origin, n in other.by_origin.items():
+            self.by_origin[origin] = self.by_origin.get(origin, 0) + n
+        if other.trace is not None:
+            self.trace = [*(self.trace or []), *other.trace]
+
+    @classmethod
+    def merged(cls, all_stats: list[GenerationStats]) -> GenerationStats:
+        """The sum of several generations' stats."""
+        total = cls()
+        for stats in all_stats:
+            total.merge(stats)
+        return total
 
     def observe(self, event: object) -> None:
         """Fold one engine event into the totals; other event kinds are ignored."""
@@ -96,7 +140,7 @@ class GenerationStats:
             self.prefill_s += event.seconds
         elif isinstance(event, TokenEmitted):
             self.generated_tokens += 1
-            self.by_origin[event.origin.value] += 1
+            self.by_origin[event.origin] = self.by_origin.get(event.origin, 0) + 1
         elif isinstance(event, RoundCompleted):
             self.decode_s += event.seconds
             if event.compute_seconds is not None:
@@ -152,6 +196,7 @@ class GenerationStats:
             "overhead_per_round_ms": (
                 round(ms, 4) if (ms := self.overhead_per_round_ms) is not None else None
             ),
-            "tokens_by_origin": dict(self.by_origin),
+            "tokens_by_origin": dict(sorted(self.by_origin.items())),
             "by_drafter": {k: v.to_dict() for k, v in sorted(self.by_drafter.items())},
+            **({"trace": self.trace} if self.trace is not None else {}),
         }
