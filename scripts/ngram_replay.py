@@ -2,12 +2,12 @@
 
 A bench run of mode ``none`` with greedy decoding records each answer's token ids
 (``records.jsonl``). With greedy decoding a draft is accepted as far as it agrees with that
-answer, so the n-gram drafter and the controller can be run against it without the target:
-each round's cost is taken from the pair's calibration (a plain step, or a verify batch of
-k drafts). Prints, per prompt and category, the estimated speedup over plain decoding of a
-cold controller (a fresh one per prompt, as a fresh ``localspec complete`` starts), and
-beside it llama.cpp's ``ngram-simple`` replayed over the same answer at the same costs, so
-the two policies are compared without the noise of timings or of answers that part.
+answer, so the engine itself can be run against it without the target
+(``localspec.core.replay``): each round's cost is taken from the pair's calibration (a plain
+step, or a verify batch of k drafts). Prints, per prompt and category, the estimated speedup
+over plain decoding of a cold engine (as a fresh ``localspec complete`` starts), and beside
+it llama.cpp's ``ngram-simple`` replayed over the same answer at the same costs, so the two
+policies are compared without the noise of timings or of answers that part.
 
 This is an estimate for tuning the cost model, not a benchmark: it assumes the measured
 batch costs hold exactly and leaves the draft model out (auto rarely picks it on a CPU
@@ -27,15 +27,12 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from localspec.bench.runner import load_prompt_file, load_prompts
 from localspec.core.cached_model import common_prefix_length
-from localspec.core.controller import COPY_DEPTH, SPECULATE_MARGIN, Controller
+from localspec.core.controller import SPECULATE_MARGIN
 from localspec.core.costs import CostProfile
-from localspec.core.drafters import PassedDraft
-from localspec.core.ngram import NgramDrafter
-from localspec.core.params import DrafterKind, GenerationParams
+from localspec.core.params import GenerationParams
+from localspec.core.replay import replay as replay_engine
 from localspec.session.session import ModelOptions, open_session
 
 
@@ -47,38 +44,13 @@ def replay(
     margin: float = SPECULATE_MARGIN,
     ends: Callable[[int], bool] | None = None,
 ) -> tuple[float, list[tuple[int, int, int]]]:
-    """Estimated seconds of a cold auto run (n-gram only) and its drafts (k, accepted, match);
-    ``ends`` tells end-of-generation tokens, as the engine's n-gram drafter is told."""
+    """Estimated seconds of a cold auto run (no draft model, no datastore) and its drafts
+    (k, accepted, match), from the engine itself; ``ends`` tells end-of-generation tokens,
+    as the engine's drafters are told."""
     params = GenerationParams(max_tokens=max_tokens)
-    controller = Controller(costs, allow=(DrafterKind.NGRAM,), margin=margin)
-    controller.new_generation()
-    drafter = NgramDrafter(params.ngram_min, params.ngram_max, ends)
-    drafter.begin(prompt)
-    committed, done, seconds, drafts = list(prompt), 0, 0.0, []
-    rng = np.random.default_rng(0)
-    passed: PassedDraft | None = None
-    while done < len(answer):
-        remaining = max_tokens - done - 1
-        offer = drafter.offer(committed, controller.limit(DrafterKind.NGRAM, remaining))
-        plan = controller.plan([offer] if offer else [])
-        if plan.drafter is None and offer is not None and passed is None:
-            passed = PassedDraft(offer, drafter.preview(COPY_DEPTH), len(committed))
-        tokens: list[int] = []
-        if plan.drafter is not None:
-            tokens = drafter.propose(committed, plan.k, params, rng, 0.0).tokens
-        accepted = common_prefix_length(tokens, answer[done : done + len(tokens)])
-        seconds += costs.verify(len(tokens))
-        emitted = min(accepted + 1, len(answer) - done)
-        committed.extend(answer[done : done + emitted])
-        done += emitted
-        if tokens:
-            drafts.append((len(tokens), accepted, offer.match if offer else 0))
-        drafter.observe(committed, len(tokens), accepted)
-        controller.observe(plan, offer if tokens else None, len(tokens), accepted)
-        if passed is not None and (graded := passed.verdict(committed)):
-            controller.observe_passed(passed.offer, *graded)
-            passed = None
-    return seconds, drafts
+    replayed = replay_engine(prompt, answer, costs, params, ends, margin=margin)
+    drafts = [(r.drafted, r.accepted, r.match) for r in replayed.rounds if r.drafted]
+    return replayed.seconds, drafts
 
 
 def replay_ngram_simple(

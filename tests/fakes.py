@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from localspec.core.cached_model import CachedModel
-from localspec.core.tree import DraftTree
+from localspec.core.tree import DraftTree, TreeVerdict
 
 
 class FakeModel(CachedModel):
@@ -91,3 +91,13 @@ def plain_greedy(model: FakeModel, prompt: list[int], n: int) -> list[int]:
         out.append(tok)
         ctx.append(tok)
     return out
+
+
+def branches_of(tree: DraftTree) -> list[list[int]]:
+    """The tokens of every root-to-leaf path of ``tree``, in leaf order."""
+    return [[tree.tokens[i] for i in tree.path(leaf)] for leaf in tree.leaves()]
+
+
+def verdict_tokens(verdict: TreeVerdict, tree: DraftTree) -> list[int]:
+    """What a tree round emits: the accepted path's tokens, then the target's own."""
+    return [*(tree.tokens[i] for i in verdict.path), verdict.token]

@@ -11,6 +11,7 @@ import pytest
 from localspec.backend import llama
 from localspec.backend.llama import MAX_TREE_SEQS, LlamaModel, LoadOptions
 from localspec.core.tree import DraftTree, verify_tree_greedy
+from tests.fakes import branches_of, verdict_tokens
 
 COMMITTED = [1, 5, 9, 14, 20, 7]
 BRANCHES = [[3, 4, 11], [3, 8], [6, 2, 2, 9], [3, 4, 12]]
@@ -50,7 +51,7 @@ def test_tree_rows_match_each_branch_alone(models):
     assert rows.shape == (1 + len(tree), model.n_vocab)
     assert model.evaluated_tokens == len(COMMITTED) + len(tree)
     fresh = models()
-    for leaf, branch in zip(tree.leaves(), tree.branches(), strict=True):
+    for leaf, branch in zip(tree.leaves(), branches_of(tree), strict=True):
         fresh.reset()
         chain = fresh.forward(COMMITTED + branch, len(branch) + 1)
         mine = rows[[0] + [1 + i for i in tree.path(leaf)]]
@@ -100,7 +101,7 @@ def test_rounds_of_trees_give_plain_greedy_tokens(models):
         tree = DraftTree.from_branches([wrong, truth[: int(rng.integers(0, 4))], wrong[:1]])
         verdict = verify_tree_greedy(model.forward_tree(committed, tree), tree)
         model.keep_path(verdict.path)
-        committed += verdict.tokens(tree)
+        committed += verdict_tokens(verdict, tree)
     assert committed[: len(expected)] == expected
 
 

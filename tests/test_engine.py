@@ -7,13 +7,12 @@ import threading
 import numpy as np
 import pytest
 
-from localspec.core.controller import COPY_ODDS
 from localspec.core.costs import CostProfile
+from localspec.core.drafting.copying import COPY_ODDS
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import (
     Finished,
     FinishReason,
-    Origin,
     PrefillDone,
     RoundCompleted,
     TokenEmitted,
@@ -60,13 +59,13 @@ def test_event_order_and_bookkeeping():
     # Every round but possibly the last emits accepted + 1 tokens.
     assert all(r.emitted == r.accepted + 1 for r in rounds[:-1])
     s = fin.stats
-    assert s["generated_tokens"] == 40
-    assert s["drafted"] == sum(r.drafted for r in rounds)
-    assert s["accepted"] == sum(r.accepted for r in rounds)
-    assert s["rounds"] == len(rounds)
-    assert s["mean_accepted_length"] == pytest.approx(1 + s["accepted"] / s["rounds"], abs=1e-3)
-    model_tokens = sum(1 for t in tokens if t.origin == Origin.DRAFT_MODEL)
-    assert model_tokens == s["accepted"] == s["tokens_by_origin"]["model"]
+    assert s.generated_tokens == 40
+    assert s.drafted == sum(r.drafted for r in rounds)
+    assert s.accepted == sum(r.accepted for r in rounds)
+    assert s.rounds == len(rounds)
+    assert s.mean_accepted_length == pytest.approx(1 + s.accepted / s.rounds)
+    model_tokens = sum(1 for t in tokens if t.origin == "model")
+    assert model_tokens == s.accepted == s.by_origin["model"]
 
 
 def test_target_cache_holds_committed_minus_last_after_every_round():
@@ -98,7 +97,7 @@ def test_prefill_requests_no_logits_and_draft_never_reevaluates():
     assert target.calls[0] == (0, len(PROMPT) - 1, 0)
     # The draft evaluates each position at most once: prompt + generated, nothing twice.
     assert draft.evaluated_tokens <= len(PROMPT) + 50
-    assert fin.stats["acceptance_rate"] == 1.0
+    assert fin.stats.acceptance_rate == 1.0
 
 
 def test_kv_cache_is_reused_for_a_continued_prompt():
@@ -244,7 +243,7 @@ def test_a_draft_with_a_larger_vocabulary_never_drafts_an_id_the_target_lacks():
             decoder, PROMPT, max_tokens=30, drafter="model", temperature=temperature, seed=3
         )
         assert len(fin.token_ids) == 30 and max(fin.token_ids) < 20
-        assert fin.stats["drafted"] > 0
+        assert fin.stats.drafted > 0
     _, greedy = run(decoder, PROMPT, max_tokens=30, drafter="model")
     assert list(greedy.token_ids) == plain_greedy(target, PROMPT, 30)
 
@@ -258,7 +257,7 @@ def test_a_draft_with_a_smaller_vocabulary_samples_exactly():
     assert first_token_distance(target, draft) < 0.04
     decoder = SpecDecoder(target, draft, CHEAP_VERIFY)
     _, longer = run(decoder, PROMPT, max_tokens=30, drafter="model", temperature=0.9, seed=1)
-    assert len(longer.token_ids) == 30 and longer.stats["drafted"] > 0
+    assert len(longer.token_ids) == 30 and longer.stats.drafted > 0
 
 
 def test_drafts_that_plain_steps_pass_over_are_graded_by_the_answer():
@@ -273,5 +272,6 @@ def test_drafts_that_plain_steps_pass_over_are_graded_by_the_answer():
         events, fin = run(decoder, PROMPT, max_tokens=60, drafter="auto")
         assert list(fin.token_ids) == plain_greedy(target, PROMPT, 60)
         assert all(r.drafted == 0 for r in events if isinstance(r, RoundCompleted))
-        odds[seed] = decoder.controllers()[0].copy_odds
+        ngram = decoder.planner_for(GenerationParams(drafter="auto")).drafters["ngram"]
+        odds[seed] = ngram.pricing.copies.odds
     assert odds[5] < COPY_ODDS < odds[0]

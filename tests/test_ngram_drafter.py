@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.core.drafters import Offer, PassedDraft
-from localspec.core.ngram import NgramDrafter
-from localspec.core.params import DrafterKind, GenerationParams
+from localspec.core.drafting.base import Outcome
+from localspec.core.drafting.copying import CopyOffer, PassedDraft
+from localspec.core.drafting.ngram import NgramDrafter
+from localspec.core.params import GenerationParams
 
 GREEDY = GenerationParams()
 RNG = np.random.default_rng(0)
 
 
 def propose(d: NgramDrafter, tokens: list[int], k: int) -> list[int]:
-    return d.propose(tokens, k, GREEDY, RNG, 0.0).tokens
+    return d.propose(tokens, k, GREEDY, RNG).tokens
 
 
 def test_prefers_the_longest_suffix_match():
@@ -33,7 +34,7 @@ def test_measures_matches_far_back_and_reports_them():
     d.begin(toks)
     m = d.match()
     assert m.n == 20  # the whole repeated stretch, not just the 4-token key
-    assert d.offer(toks, 64).match == 20
+    assert d.copy_offer(toks, 64).match == 20
     assert propose(d, toks, 64)[:20] == body[20:40]
 
 
@@ -64,10 +65,10 @@ def test_long_draft_stops_at_the_end_of_the_text():
     toks = [1, 2, 3, 4, 5, 6, 1, 2, 3]
     d = NgramDrafter(2, 8)
     d.begin(toks)
-    offer = d.offer(toks, 64)
+    offer = d.copy_offer(toks, 64)
     assert offer.available == 6  # 4 5 6 1 2 3: everything after the occurrence
     assert propose(d, toks, 64) == [4, 5, 6, 1, 2, 3]
-    assert d.offer(toks, 2).available == 2  # bounded by the caller's limit
+    assert d.copy_offer(toks, 2).available == 2  # bounded by the caller's limit
 
 
 def test_no_match_incremental_extension_and_streak():
@@ -75,19 +76,20 @@ def test_no_match_incremental_extension_and_streak():
     body = list(range(10, 30))
     toks = [1, 2, *body]
     d.begin(toks)
-    assert d.match() is None and d.offer(toks, 8) is None
+    assert d.match() is None and d.copy_offer(toks, 8) is None
     toks += [1, 2]
-    d.observe(toks, 0, 0)
-    offer = d.offer(toks, 64)
-    assert offer.kind == DrafterKind.NGRAM and offer.match == 2 and not offer.streak
+    d.observe(toks)
+    offer = d.copy_offer(toks, 64)
+    assert offer.match == 2 and not offer.streak
+    assert d.offer(toks, 64).drafter == "ngram"
     assert propose(d, toks, 10) == body[:10]
     toks += body[:11]
-    d.observe(toks, 10, 10)  # a long draft accepted whole: the copy goes on
-    assert d.offer(toks, 64).streak
+    d.observe(toks, Outcome(True, 10, 10))  # a long draft accepted whole: the copy goes on
+    assert d.copy_offer(toks, 64).streak
     assert propose(d, toks, 3) == body[11:14]
     toks += [body[11], 99]
-    d.observe(toks, 3, 1)  # parted: no streak
-    after = d.offer(toks, 64)
+    d.observe(toks, Outcome(True, 3, 1))  # parted: no streak
+    after = d.copy_offer(toks, 64)
     assert after is None or not after.streak
 
 
@@ -100,7 +102,7 @@ def test_never_matches_the_suffix_itself():
 def _draft_and_observe(d, toks, k, answer_tokens, accepted):
     draft = propose(d, toks, k)
     toks += answer_tokens
-    d.observe(toks, len(draft), accepted)
+    d.observe(toks, Outcome(True, len(draft), accepted))
     return draft
 
 
@@ -113,8 +115,8 @@ def test_a_parted_copy_resumes_after_a_replaced_token():
     draft = _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)
     assert draft == [4, 5, 6, 7, 8]
     toks.append(7)  # a plain step: the answer is back on the source, after the 6
-    d.observe(toks, 0, 0)
-    offer = d.offer(toks, 64)
+    d.observe(toks)
+    offer = d.copy_offer(toks, 64)
     assert offer.resync and offer.available == len(toks) - 7
     assert propose(d, toks, 3) == [8, 9, 10]
 
@@ -126,8 +128,8 @@ def test_a_parted_copy_resumes_after_inserted_text():
     _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)  # 77 inserted before the 6
     for token in (78, 6):  # more inserted text, then the source again
         toks.append(token)
-        d.observe(toks, 0, 0)
-    offer = d.offer(toks, 64)
+        d.observe(toks)
+    offer = d.copy_offer(toks, 64)
     assert offer.resync
     assert propose(d, toks, 3) == [7, 8, 9]
 
@@ -139,8 +141,8 @@ def test_a_parted_copy_is_forgotten_when_the_answer_goes_elsewhere():
     _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)
     for token in range(100, 112):  # new text, nothing like the source
         toks.append(token)
-        d.observe(toks, 0, 0)
-    assert d.offer(toks, 64) is None
+        d.observe(toks)
+    assert d.copy_offer(toks, 64) is None
 
 
 END = 99  # an end-of-generation token: the end of a turn in the chat template
@@ -151,7 +153,7 @@ def test_a_copy_ends_after_the_end_of_a_turn():
     toks = [1, 2, 3, 4, 5, END, 60, 61, 62, 63, 1, 2]
     d = NgramDrafter(2, 16, ends=lambda t: t == END)
     d.begin(toks)
-    offer = d.offer(toks, 64)
+    offer = d.copy_offer(toks, 64)
     assert offer.available == 4  # 3 4 5 END: never the template after it
     assert propose(d, toks, 64) == [3, 4, 5, END]
     plain = NgramDrafter(2, 16)
@@ -168,14 +170,14 @@ def test_preview_shows_the_draft_without_drafting_it():
     assert d.preview(5) == [4, 5, 6, 7, 8]
     for token in (4, 5, 77, 7):  # plain steps: the answer copies, parts, and comes back
         toks.append(token)
-        d.observe(toks, 0, 0)
-        never.observe(toks, 0, 0)
-        assert d.offer(toks, 64) == never.offer(toks, 64)
+        d.observe(toks)
+        never.observe(toks)
+        assert d.copy_offer(toks, 64) == never.copy_offer(toks, 64)
         assert propose(d, toks, 3) == propose(never, toks, 3)
 
 
 def test_a_passed_draft_is_graded_once_the_answer_shows_its_fate():
-    offer = Offer(DrafterKind.NGRAM, 4, match=3)
+    offer = CopyOffer(4, match=3)
     passed = PassedDraft(offer, [7, 8, 9, 10], start=3)
     assert passed.verdict([1, 2, 3, 7, 8]) is None  # so far, so good: not known yet
     assert passed.verdict([1, 2, 3, 7, 8, 5]) == (4, 2)  # parted at the third token
@@ -196,7 +198,7 @@ def test_a_replaced_token_is_replaced_again_in_later_drafts():
     # The answer copies 3, writes NEW for OLD, and goes on with the source.
     _draft_and_observe(d, toks, 4, [3, NEW], accepted=1)
     toks.append(5)  # back on the source: OLD -> NEW is an edit of this text
-    d.observe(toks, 0, 0)
+    d.observe(toks)
     assert d.edits == {(OLD,): (NEW,)}
     assert propose(d, toks, 10) == [6, 7, NEW, 9, 10, 11, 12, NEW, 14, 15]
 
@@ -210,7 +212,7 @@ def test_a_replaced_span_is_learned_once_two_tokens_agree_again():
     _draft_and_observe(d, toks, 4, [3, 77], accepted=1)
     for token in (78, 6, 7):  # the rest of the new name, then the source again
         toks.append(token)
-        d.observe(toks, 0, 0)
+        d.observe(toks)
     assert d.edits == {tuple(old): tuple(new)}
     assert propose(d, toks, 5) == [8, *new, 6, 9]
 
@@ -222,10 +224,10 @@ def test_an_edit_the_answer_does_not_make_is_forgotten():
     d.begin(toks)
     _draft_and_observe(d, toks, 4, [3, NEW], accepted=1)
     toks.append(5)
-    d.observe(toks, 0, 0)
+    d.observe(toks)
     assert propose(d, toks, 3) == [6, 7, NEW]
     toks += [6, 7, OLD]  # here the answer keeps the old name
-    d.observe(toks, 3, 2)
+    d.observe(toks, Outcome(True, 3, 2))
     assert d.edits == {}
     assert propose(d, toks, 2) == [9, 10]
 
@@ -237,7 +239,7 @@ def test_insertions_are_not_learned_as_edits():
     d.begin(toks)
     _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)  # 77 inserted before the 6
     toks.append(6)
-    d.observe(toks, 0, 0)
+    d.observe(toks)
     assert d.edits == {} and propose(d, toks, 3) == [7, 8, 9]
 
 
@@ -248,11 +250,11 @@ def test_a_copy_followed_through_edits_is_offered_on_the_length_it_was_followed(
     d.begin(toks)
     _draft_and_observe(d, toks, 3, [12, NEW], accepted=1)
     toks.append(14)
-    d.observe(toks, 0, 0)
-    assert d.offer(toks, 64).resync  # just back: too soon to call it a copy
+    d.observe(toks)
+    assert d.copy_offer(toks, 64).resync  # just back: too soon to call it a copy
     draft = _draft_and_observe(d, toks, 8, [15, 16, 17, NEW, 19, 20, 21, 22, 23], accepted=8)
     assert draft == [15, 16, 17, NEW, 19, 20, 21, 22]
-    offer = d.offer(toks, 64)
+    offer = d.copy_offer(toks, 64)
     # The suffix (with NEW in it) matches little, but the copy was followed for 10 tokens
     # and its last draft held whole.
     assert not offer.resync and offer.streak and offer.match == 10
@@ -264,13 +266,13 @@ def test_short_drafts_accepted_whole_in_a_row_add_up_to_a_copy_under_way():
     toks = [1, 2, 3, 4, *body, 7, 1, 2, 3, 4]
     d = NgramDrafter(2, 16)
     d.begin(toks)
-    assert not d.offer(toks, 64).streak
+    assert not d.copy_offer(toks, 64).streak
     _draft_and_observe(d, toks, 5, body[:6], accepted=5)  # 5 accepted whole: not yet
-    assert not d.offer(toks, 64).streak
+    assert not d.copy_offer(toks, 64).streak
     _draft_and_observe(d, toks, 5, body[6:12], accepted=5)  # 10 in a row: a copy under way
-    assert d.offer(toks, 64).streak
+    assert d.copy_offer(toks, 64).streak
     _draft_and_observe(d, toks, 5, [*body[12:15], 99], accepted=3)  # parted
-    offer = d.offer(toks, 64)
+    offer = d.copy_offer(toks, 64)
     assert offer is None or not offer.streak
 
 
@@ -282,7 +284,7 @@ def test_disagreeing_occurrences_give_shares_and_one_alternative_per_next_token(
     toks = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 8, 0, 1, 2, 3]
     d = NgramDrafter(2, 8)
     d.begin(toks)
-    offer = d.offer(toks, 3)
+    offer = d.copy_offer(toks, 3)
     assert offer.shares == (2 / 3, 1 / 3)
     assert d.alternatives(3, 4) == [[4, 5, 0], [9, 8, 0]]
     assert d.alternatives(3, 1) == [[4, 5, 0]]
@@ -293,7 +295,7 @@ def test_agreeing_occurrences_have_no_alternatives():
     toks = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3]
     d = NgramDrafter(2, 8)
     d.begin(toks)
-    assert d.offer(toks, 8).shares == ()  # they part only later: one next token
+    assert d.copy_offer(toks, 8).shares == ()  # they part only later: one next token
     assert d.alternatives(3, 4) == [[4, 6, 0]]
 
 
@@ -309,12 +311,12 @@ def test_alternatives_apply_the_edits_and_stop_after_the_end_of_a_turn():
     d.begin(toks)
     _draft_and_observe(d, toks, 4, [3, NEW], accepted=1)
     toks.append(5)  # OLD -> NEW is an edit of this text
-    d.observe(toks, 0, 0)
+    d.observe(toks)
     assert d.edits == {(OLD,): (NEW,)}
     for token in (20, 21):  # the answer leaves that source for text that occurs thrice
         toks.append(token)
-        d.observe(toks, 0, 0)
-    assert d.offer(toks, 4).shares == (2 / 3, 1 / 3)
+        d.observe(toks)
+    assert d.copy_offer(toks, 4).shares == (2 / 3, 1 / 3)
     assert d.alternatives(4, 4) == [[25, 26, 28, 41], [NEW, 23, END]]
 
 
@@ -326,13 +328,13 @@ def test_take_makes_the_branch_the_target_took_the_draft_observe_follows():
     for took in (True, False):
         d = NgramDrafter(2, 16)
         d.begin(toks)
-        assert d.offer(toks, 8).shares == (0.5, 0.5)
+        assert d.copy_offer(toks, 8).shares == (0.5, 0.5)
         assert d.alternatives(8, 2) == [b[:8], a[:8]]  # a tie: the most recent first
         if took:
             d.take(1)
         committed = toks + answer
-        d.observe(committed, 8, 8)
-        streaks[took] = d.offer(committed, 8).streak
+        d.observe(committed, Outcome(True, 8, 8))
+        streaks[took] = d.copy_offer(committed, 8).streak
         if took:  # the copy of a goes on from where it was taken
             assert propose(d, committed, 2) == [a[9], 50]
     # Eight drafted tokens accepted in a row from the copy the target took: a copy under

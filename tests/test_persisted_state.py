@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile
+from localspec.core.drafting.copying import COPY_ODDS, CopyOffer
 from localspec.core.engine import run_to_completion
 from localspec.core.params import GenerationParams
 from localspec.session.calibrate import CostCache, fastest_of
@@ -54,7 +54,8 @@ def test_two_measurements_keep_the_faster_of_each_cost():
 
 def test_learning_store_round_trip_damaged_and_foreign_files(tmp_path):
     store = LearningStore(tmp_path)
-    learned = {"copies": [1.0, 2.0], "model": {"hits": [1.0], "tries": [2.0]}, "streaks": {}}
+    model = {"hits": [1.0], "tries": [2.0]}
+    learned = {"drafters": {"ngram": {"copies": [1.0, 2.0], "streaks": {}}, "model": model}}
     assert store.load("pair") == (None, "")  # nothing saved yet: no warning either
     assert store.save("pair", learned) == ""
     assert store.load("pair") == (learned, "")
@@ -64,10 +65,31 @@ def test_learning_store_round_trip_damaged_and_foreign_files(tmp_path):
     store.path("other").write_text(json.dumps({"format": FORMAT, "pair": "pair", "learned": {}}))
     data, why = store.load("other")
     assert data is None and "another model pair" in why
-    store.path("old").write_text(json.dumps({"format": FORMAT - 1, "pair": "old", "learned": {}}))
+    older = {"format": 1, "pair": "old", "learned": {}}
+    store.path("old").write_text(json.dumps(older))
     data, why = store.load("old")  # an older release's evidence, of another shape
     assert data is None and f"not a format {FORMAT} file" in why
     assert store.forget() == 3
+
+
+def test_the_previous_formats_file_is_read_into_one_entry_per_drafter(tmp_path):
+    store = LearningStore(tmp_path)
+    model = {"hits": [1.0], "tries": [2.0]}
+    ngram = {"copies": [1.0, 2.0], "streaks": {"16": {"hits": [3.0], "tries": [3.0]}}}
+    store_entry = {"copies": [0.5, 1.0], "streaks": {}}
+    saved = {**ngram, "model": model, "store": store_entry}
+    store.path("pair").write_text(json.dumps({"format": 2, "pair": "pair", "learned": saved}))
+    data, why = store.load("pair")
+    assert why == ""
+    assert data == {"drafters": {"ngram": ngram, "model": model, "store": store_entry}}
+    without_store = {k: v for k, v in saved.items() if k != "store"}  # before datastores
+    store.path("pair").write_text(
+        json.dumps({"format": 2, "pair": "pair", "learned": without_store})
+    )
+    assert store.load("pair")[0] == {"drafters": {"ngram": ngram, "model": model}}
+    store.path("pair").write_text(json.dumps({"format": 2, "pair": "pair", "learned": {}}))
+    data, why = store.load("pair")
+    assert data is None and "malformed" in why
 
 
 @pytest.fixture
@@ -79,8 +101,6 @@ def tiny_options(tiny_pair):
 
 
 def test_a_second_session_starts_from_what_the_first_learned(tiny_options, isolated_home):
-    from localspec.core.drafters import Offer
-    from localspec.core.params import DrafterKind
     from localspec.session.session import open_session
 
     params = GenerationParams(max_tokens=24, drafter="auto")
@@ -94,35 +114,35 @@ def test_a_second_session_starts_from_what_the_first_learned(tiny_options, isola
     second = open_session(tiny_options)
     try:
         assert second.decoder.restored == saved
-        assert second.decoder.controller_for(params).learned()["streaks"].keys() == (
-            saved["streaks"].keys()
-        )
+        assert set(saved["drafters"]) == {"ngram", "store", "model"}
+        learned = second.decoder.learned(params)["drafters"]
+        assert learned["ngram"]["streaks"].keys() == saved["drafters"]["ngram"]["streaks"].keys()
         assert second.learning is not None
         store, key = second.learning
+        # What a long copying answer teaches: copies under way hold, and this text copies.
+        taught = second.decoder.planner_for(params)
+        ngram = taught.drafters["ngram"].pricing
+        streak = CopyOffer(32, match=16, streak=True)
+        for _ in range(12):
+            ngram.drafted(streak, 16, 16)
+        for _ in range(6):
+            ngram.passed(CopyOffer(32, match=16), 12, 12)
+        assert ngram.copies.odds > COPY_ODDS
+        store.save(key, taught.learned())
     finally:
         second.close()
-    # What a long copying answer teaches: copies under way hold, and this text copies.
-    taught = Controller(second.decoder.costs)
-    streak = Offer(DrafterKind.NGRAM, 32, match=16, streak=True)
-    for _ in range(12):
-        taught.observe(taught.plan([streak]), streak, 16, 16)
-    long_match = Offer(DrafterKind.NGRAM, 32, match=16)
-    for _ in range(6):
-        taught.observe_passed(long_match, 12, 12)
-    assert taught.copy_odds > Controller(second.decoder.costs).copy_odds
-    store.save(key, taught.learned())
     third = open_session(tiny_options)
     try:
-        warm = third.decoder.controller_for(params)
+        warm = third.decoder.planner_for(params).drafters["ngram"].pricing
         # The pair's acceptance along copies comes back at half weight, warm from the start.
-        assert warm.estimate(streak).evidence == pytest.approx(
-            taught.estimate(streak).evidence / 2, rel=1e-3
+        assert warm.estimate(streak).tries[0] == pytest.approx(
+            ngram.estimate(streak).tries[0] / 2, rel=1e-3
         )
         assert warm.estimate(streak).alphas(16) == pytest.approx(
-            taught.estimate(streak).alphas(16), abs=0.02
+            ngram.estimate(streak).alphas(16), abs=0.02
         )
         # Whether a text copies belongs to that text: the next prompt's odds start afresh.
-        assert warm.copy_odds == Controller(third.decoder.costs).copy_odds
+        assert warm.copies.odds == COPY_ODDS
         third.forget_learning()
         assert third.decoder.restored is None
     finally:
@@ -144,7 +164,7 @@ def test_a_damaged_learning_file_is_ignored_with_a_warning(tiny_options, isolate
             assert session.decoder.restored is None
             assert any(line.startswith("warning: ") for line in lines), lines
             fin = run_to_completion(session.complete("the cat", GenerationParams(max_tokens=4)))
-            assert fin.stats["generated_tokens"] > 0
+            assert fin.stats.generated_tokens > 0
         finally:
             session.close()
 

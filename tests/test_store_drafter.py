@@ -6,27 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.core.controller import COPY_DEPTH, STORE_COPY_ODDS, Controller
+from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile
-from localspec.core.drafters import Offer
-from localspec.core.engine import SpecDecoder, run_to_completion
-from localspec.core.events import Origin
-from localspec.core.params import DrafterKind, GenerationParams
-from localspec.core.retrieval import StoreDrafter, vote
+from localspec.core.drafting.base import Outcome
+from localspec.core.drafting.copying import COPY_DEPTH, COPY_ODDS, CopyOffer
+from localspec.core.drafting.ngram import NgramDrafter
+from localspec.core.drafting.store import STORE_COPY_ODDS, StoreDrafter
+from localspec.core.engine import SpecDecoder, restore_drafters, run_to_completion
+from localspec.core.params import GenerationParams
 from localspec.session.datastore import TokenIndex
 from tests.fakes import FakeModel, plain_greedy
 
 COSTS = CostProfile(plain_s=1.0, verify_s={k: 1.0 + 0.04 * k for k in range(1, 65)})
 PARAMS = GenerationParams()
-
-
-def test_vote_follows_the_continuation_most_occurrences_share():
-    runs = [((5, 6, 7), 3), ((5, 6, 9), 1), ((8, 1), 2)]
-    tokens, support = vote(runs, 8)
-    assert tokens == [5, 6, 7]
-    assert support == pytest.approx(4 / 6)
-    assert vote(runs, 2)[0] == [5, 6]
-    assert vote([], 4) == ([], 0.0)
 
 
 def test_the_longest_match_among_corpora_drafts_what_followed_it():
@@ -35,11 +27,12 @@ def test_the_longest_match_among_corpora_drafts_what_followed_it():
     drafter = StoreDrafter([("short", short), ("long", long)], n_min=2)
     committed = [9, 1, 2, 3, 4]
     offer = drafter.offer(committed, 16)
-    assert offer is not None and offer.kind == DrafterKind.STORE
-    assert offer.match == 5 and offer.available == 3 and offer.support == 1.0
-    found = drafter.lookup(committed)
-    assert found is not None and found.source == "long"
-    draft = drafter.propose(committed, 2, PARAMS, np.random.default_rng(0), 0.0)
+    assert offer is not None and offer.drafter == "store"
+    found = drafter.copy_offer(committed, 16)
+    assert found.match == 5 and found.available == 3 and found.support == 1.0
+    looked_up = drafter.lookup(committed)
+    assert looked_up is not None and looked_up.source == "long"
+    draft = drafter.propose(committed, 2, PARAMS, np.random.default_rng(0))
     assert draft.tokens == [60, 61] and draft.probs is None
     assert drafter.preview(16) == [60, 61, 62]
 
@@ -65,66 +58,65 @@ def test_disagreeing_occurrences_lower_the_support_and_the_price():
     agree = TokenIndex.build([[1, 2, 3, 4, 5, 6, 7, 8]] * 4)
     split = TokenIndex.build([[1, 2, 3, 4, t, 6, 7, 8] for t in (5, 9, 10, 11)])
     context = [1, 2, 3, 4]
-    a = StoreDrafter([("a", agree)]).offer(context, 16)
-    b = StoreDrafter([("b", split)]).offer(context, 16)
-    assert a.support == 1.0 and b.support == pytest.approx(0.25)
-    c = Controller(COSTS)
-    assert c.expected_accepted(b, 4)[-1] < c.expected_accepted(a, 4)[-1]
-
-
-def store_offer(available: int, match: int, **kw) -> Offer:
-    return Offer(DrafterKind.STORE, available, match, **kw)
+    a = StoreDrafter([("a", agree)])
+    b = StoreDrafter([("b", split)])
+    assert a.copy_offer(context, 16).support == 1.0
+    assert b.copy_offer(context, 16).support == pytest.approx(0.25)
+    assert b.offer(context, 16).accepted(4)[-1] < a.offer(context, 16).accepted(4)[-1]
 
 
 def test_a_store_starts_at_lower_odds_than_prompt_lookup_and_earns_its_own():
-    c = Controller(COSTS)
-    ngram = Offer(DrafterKind.NGRAM, 16, 8)
-    store = store_offer(16, 8)
-    assert c.copies[DrafterKind.STORE].odds == pytest.approx(STORE_COPY_ODDS)
-    assert c.expected_accepted(store, 16)[-1] < c.expected_accepted(ngram, 16)[-1]
+    store, ngram = StoreDrafter([]).pricing, NgramDrafter().pricing
+    found = CopyOffer(16, 8)
+    assert store.copies.odds == pytest.approx(STORE_COPY_ODDS)
+    assert store.accepted(found, 16)[-1] < ngram.accepted(found, 16)[-1]
     for _ in range(4):
-        c.observe_passed(store, COPY_DEPTH, COPY_DEPTH)
-    assert c.copies[DrafterKind.STORE].odds > STORE_COPY_ODDS
-    assert c.copy_odds == pytest.approx(0.5)  # prompt lookup's odds are its own
+        store.passed(found, COPY_DEPTH, COPY_DEPTH)
+    assert store.copies.odds > STORE_COPY_ODDS
+    assert ngram.copies.odds == pytest.approx(COPY_ODDS)  # prompt lookup's odds are its own
 
 
 def test_a_cold_long_store_match_buys_no_long_draft_until_the_text_copies_the_store():
     # Batches as on a 2-core CPU: a verify of k drafts costs 1 + 0.4 k plain steps.
     cpu = CostProfile(plain_s=1.0, verify_s={k: 1.0 + 0.4 * k for k in range(1, 65)})
-    c = Controller(cpu, allow=(DrafterKind.NGRAM, DrafterKind.STORE))
-    store = store_offer(31, 32)  # a question quoting a file matches it at length
-    assert c.plan([store]).drafter is None  # a plain step, and the passed-over draft is graded
+    c = Controller(cpu)
+    store = StoreDrafter([]).pricing
+    quoted = CopyOffer(31, 32)  # a question quoting a file matches it at length
+    assert c.plan([store.offer("store", quoted)]).drafter is None
     for _ in range(3):  # the answer showed it copies the store
-        c.observe_passed(store_offer(31, 16), COPY_DEPTH, COPY_DEPTH)
-    plan = c.plan([store])
-    assert plan.drafter == DrafterKind.STORE and plan.k >= 8
+        store.passed(CopyOffer(31, 16), COPY_DEPTH, COPY_DEPTH)
+    plan = c.plan([store.offer("store", quoted)])
+    assert plan.drafter == "store" and plan.k >= 8
 
 
-def test_passed_over_store_drafts_that_part_keep_a_store_from_costing_anything():
-    c = Controller(COSTS)
-    offer = store_offer(16, 4)
+def test_passed_over_store_drafts_that_part_cut_its_odds_and_its_drafts_short():
+    c = Controller(COSTS)  # verify batches cost little more than a step
+    store = StoreDrafter([]).pricing
+    found = CopyOffer(16, 4)
+    assert c.plan([store.offer("store", found)]).k == 16  # a long bet on a long copy
     for _ in range(6):
-        c.observe_passed(offer, COPY_DEPTH, 0)
-    assert c.plan([offer]).drafter is None
+        store.passed(found, COPY_DEPTH, 0)
+    assert store.copies.odds < STORE_COPY_ODDS / 2
+    assert c.plan([store.offer("store", found)]).k <= 2  # only what a parting match keeps
 
 
 def test_store_learning_round_trips_and_older_files_without_it_load():
-    c = Controller(COSTS)
-    c.observe_passed(store_offer(16, 8), COPY_DEPTH, COPY_DEPTH)
-    c.observe(c.plan([store_offer(16, 16, streak=True)]), store_offer(16, 16, streak=True), 16, 16)
-    saved = c.learned()
-    assert saved["store"]["copies"][0] > 0 and saved["store"]["streaks"]
-    fresh = Controller(COSTS)
-    fresh.restore(saved, keep=1.0)
-    assert fresh.learned()["store"]["streaks"] == saved["store"]["streaks"]
+    drafter = StoreDrafter([])
+    drafter.pricing.passed(CopyOffer(16, 8), COPY_DEPTH, COPY_DEPTH)
+    drafter.pricing.drafted(CopyOffer(16, 16, streak=True), 16, 16)
+    saved = drafter.learned()
+    assert saved["copies"][0] > 0 and saved["streaks"]
+    fresh = StoreDrafter([])
+    restore_drafters({"store": fresh}, {"drafters": {"store": saved}}, keep=1.0)
+    assert fresh.learned()["streaks"] == saved["streaks"]
     # Whether the next text copies the store is its own to show: its odds start afresh.
-    assert fresh.copies[DrafterKind.STORE].odds == pytest.approx(STORE_COPY_ODDS)
-    older = {k: v for k, v in saved.items() if k != "store"}
-    old = Controller(COSTS)
-    old.restore(older, keep=1.0)
-    assert old.copies[DrafterKind.STORE].odds == pytest.approx(STORE_COPY_ODDS)
+    assert fresh.pricing.copies.odds == pytest.approx(STORE_COPY_ODDS)
+    old = StoreDrafter([])
+    restore_drafters({"store": old}, {"drafters": {}}, keep=1.0)  # saved without a store
+    assert old.pricing.copies.odds == pytest.approx(STORE_COPY_ODDS)
     with pytest.raises(ValueError):
-        Controller(COSTS).restore({**saved, "store": {"copies": [-1, 0], "streaks": {}}})
+        bad = {"store": {"copies": [-1, 0], "streaks": {}}}
+        restore_drafters({"store": StoreDrafter([])}, {"drafters": bad}, keep=1.0)
 
 
 def test_greedy_output_with_a_store_is_the_targets_own_and_the_store_drafts_it():
@@ -136,9 +128,8 @@ def test_greedy_output_with_a_store_is_the_targets_own_and_the_store_drafts_it()
     decoder.corpora = [("history", TokenIndex.build([prompt + answer]))]
     fin = run_to_completion(decoder.generate(prompt, GenerationParams(max_tokens=120)))
     assert list(fin.token_ids) == answer
-    assert fin.stats["tokens_by_origin"][Origin.STORE.value] > 60
-    store = fin.stats["by_drafter"]["store"]
-    assert store["accepted"] == fin.stats["tokens_by_origin"]["store"]
+    assert fin.stats.by_origin["store"] > 60
+    assert fin.stats.by_drafter["store"].accepted == fin.stats.by_origin["store"]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -166,7 +157,7 @@ def test_the_store_is_left_out_when_auto_is_not_asked_for():
     fin = run_to_completion(
         decoder.generate(prompt, GenerationParams(max_tokens=40, drafter="ngram"))
     )
-    assert fin.stats["tokens_by_origin"]["store"] == 0
+    assert "store" not in fin.stats.by_origin
     assert list(fin.token_ids) == answer
 
 
@@ -178,16 +169,16 @@ def test_disagreeing_occurrences_give_shares_and_one_alternative_per_next_token(
         [[1, 2, 3, 4, 5, 6, 7, 8]] * 2 + [[1, 2, 3, 4, 9, 10, END, 11], [1, 2, 3, 4, 12, 13]]
     )
     drafter = StoreDrafter([("s", index)], ends=lambda t: t == END)
-    offer = drafter.offer([1, 2, 3, 4], 16)
+    offer = drafter.copy_offer([1, 2, 3, 4], 16)
     assert offer.shares == (0.5, 0.25, 0.25) and offer.support == 0.5
     # The first is what propose drafts; the others end after an end-of-generation token.
     assert drafter.alternatives(8, 4) == [[5, 6, 7, 8], [9, 10, END], [12, 13]]
     assert drafter.alternatives(2, 2) == [[5, 6], [9, 10]]
-    assert drafter.propose([1, 2, 3, 4], 8, PARAMS, np.random.default_rng(0), 0.0).tokens == [
+    assert drafter.propose([1, 2, 3, 4], 8, PARAMS, np.random.default_rng(0)).tokens == [
         5, 6, 7, 8
     ]  # fmt: skip
     agree = StoreDrafter([("a", TokenIndex.build([[1, 2, 3, 4, 5, 6]] * 3))])
-    assert agree.offer([1, 2, 3, 4], 16).shares == ()
+    assert agree.copy_offer([1, 2, 3, 4], 16).shares == ()
     assert agree.alternatives(4, 4) == [[5, 6]]
 
 
@@ -198,13 +189,13 @@ def test_taking_another_branch_starts_a_copy_of_its_own():
         drafter = StoreDrafter([("s", index)])
         committed = [1, 2, 3, 4]
         drafter.offer(committed, 16)
-        drafter.propose(committed, 4, PARAMS, np.random.default_rng(0), 0.0)
-        drafter.observe(committed, 5, 5)  # an earlier draft accepted whole
+        drafter.propose(committed, 4, PARAMS, np.random.default_rng(0))
+        drafter.observe(committed, Outcome(True, 5, 5))  # an earlier draft accepted whole
         drafter.offer(committed, 16)
         drafter.alternatives(4, 2)
         drafter.take(taken)
-        drafter.observe(committed, 4, 4)  # the branch taken, accepted whole
-        streaks[taken] = drafter.offer(committed, 16).streak
+        drafter.observe(committed, Outcome(True, 4, 4))  # the branch taken, accepted whole
+        streaks[taken] = drafter.copy_offer(committed, 16).streak
     # 5 + 4 in a row along the continuation most occurrences share make a copy under way;
     # the other branch's 4 are a copy of their own, not yet one.
     assert streaks == {0: True, 1: False}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from localspec.core.tree import ROOT, DraftTree, TreeVerdict, verify_tree_greedy
-from tests.fakes import FakeModel, plain_greedy
+from tests.fakes import FakeModel, branches_of, plain_greedy, verdict_tokens
 
 COMMITTED = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
 V = 10  # vocabulary of the hand-made rows
@@ -31,7 +31,7 @@ def test_from_branches_merges_shared_prefixes_first_branch_first():
     assert tree.children(ROOT) == [0, 4]
     assert tree.children(1) == [2, 3]
     assert tree.leaves() == [2, 3, 4, 5]
-    assert tree.branches() == [[3, 4, 5], [3, 4, 6], [7], [3, 8]]
+    assert branches_of(tree) == [[3, 4, 5], [3, 4, 6], [7], [3, 8]]
     assert [tree.depth(i) for i in range(len(tree))] == [1, 2, 3, 3, 1, 2]
     assert tree.path(3) == [0, 1, 3]
 
@@ -40,15 +40,15 @@ def test_one_branch_is_the_chain():
     tree = DraftTree.from_branches([[9, 2, 9, 2]])
     assert tree.tokens == (9, 2, 9, 2)
     assert tree.parents == (ROOT, 0, 1, 2)
-    assert tree.branches() == [[9, 2, 9, 2]]
+    assert branches_of(tree) == [[9, 2, 9, 2]]
 
 
 def test_empty_and_duplicate_branches_are_dropped():
     tree = DraftTree.from_branches([[], [5, 6], [5, 6], [], [5]])
     assert tree.tokens == (5, 6)
-    assert tree.branches() == [[5, 6]]
+    assert branches_of(tree) == [[5, 6]]
     empty = DraftTree.from_branches([[], []])
-    assert len(empty) == 0 and empty.leaves() == [] and empty.branches() == []
+    assert len(empty) == 0 and empty.leaves() == [] and branches_of(empty) == []
 
 
 def test_a_tree_needs_parents_before_children():
@@ -73,21 +73,21 @@ def test_verify_accepts_down_the_branch_the_target_takes():
     rows = rows_choosing(3, 6, 0, 0, 2, 0, 0)
     verdict = verify_tree_greedy(rows, tree)
     assert verdict == TreeVerdict(path=(0, 3), accepted=2, token=2)
-    assert verdict.tokens(tree) == [3, 6, 2]
+    assert verdict_tokens(verdict, tree) == [3, 6, 2]
 
 
 def test_verify_stops_at_the_root_with_the_correction():
     tree = DraftTree.from_branches([[3, 4], [7]])
     verdict = verify_tree_greedy(rows_choosing(9, 4, 0, 0), tree)
     assert verdict == TreeVerdict((), 0, 9)
-    assert verdict.tokens(tree) == [9]
+    assert verdict_tokens(verdict, tree) == [9]
 
 
 def test_verify_adds_the_bonus_token_after_a_fully_accepted_leaf():
     tree = DraftTree.from_branches([[3, 4], [7, 8]])  # nodes 3,4,7,8
     verdict = verify_tree_greedy(rows_choosing(7, 0, 0, 8, 1), tree)
     assert verdict == TreeVerdict((2, 3), 2, 1)
-    assert verdict.tokens(tree) == [7, 8, 1]
+    assert verdict_tokens(verdict, tree) == [7, 8, 1]
 
 
 def test_verify_an_empty_tree_is_a_plain_step():
@@ -110,7 +110,7 @@ def test_tree_rows_equal_each_branch_evaluated_as_a_chain():
     model.forward(COMMITTED[:-1], 0)
     rows = model.forward_tree(COMMITTED, tree)
     assert rows.shape == (1 + len(tree), model.n_vocab) and rows.dtype == np.float32
-    for leaf, branch in zip(tree.leaves(), tree.branches(), strict=True):
+    for leaf, branch in zip(tree.leaves(), branches_of(tree), strict=True):
         chain = FakeModel(seed=4).forward(COMMITTED + branch, len(branch) + 1)
         assert np.array_equal(rows[[0] + [1 + i for i in tree.path(leaf)]], chain)
 
@@ -200,7 +200,7 @@ def test_tree_rounds_give_the_targets_own_greedy_tokens():
         assert target.calls[-1][0] == len(committed) - 1  # the cache held committed[:-1]
         assert target.evaluated_tokens - before == 1 + len(tree)
         target.keep_path(verdict.path)
-        committed += verdict.tokens(tree)
+        committed += verdict_tokens(verdict, tree)
         assert target.cached == committed[:-1]
         rounds += 1
     assert committed[len(COMMITTED) :][:n_new] == expected

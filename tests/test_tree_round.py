@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from localspec.core.costs import CostProfile
+from localspec.core.drafting.ngram import NgramDrafter
 from localspec.core.engine import SpecDecoder
-from localspec.core.events import Origin, RoundCompleted, TokenEmitted
-from localspec.core.ngram import NgramDrafter
+from localspec.core.events import RoundCompleted, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.tree_round import taken_branch, verify_branches
 from tests.fakes import FakeModel, plain_greedy
@@ -88,9 +88,9 @@ def test_greedy_output_with_trees_is_the_targets_own_and_a_minority_branch_is_ta
     first = trees[0]
     assert first.accepted >= 8 and first.drafted > first.accepted + 8  # every node counted
     assert "tree 2x" in first.reason
-    assert fin.stats["drafted"] == sum(r.drafted for r in rounds)
-    assert fin.stats["tokens_by_origin"][Origin.NGRAM.value] >= first.accepted
-    assert any(entry["branches"] == 2 for entry in fin.stats["trace"])
+    assert fin.stats.drafted == sum(r.drafted for r in rounds)
+    assert fin.stats.by_origin["ngram"] >= first.accepted
+    assert any(entry["branches"] == 2 for entry in fin.stats.trace)
     # One target pass per round, nothing evaluated twice: the prefill, then the last
     # committed token and every drafted node of each round.
     assert target.evaluated_tokens == len(prompt) - 1 + sum(1 + r.drafted for r in rounds)

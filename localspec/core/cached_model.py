@@ -28,17 +28,22 @@ tokens and its own ancestors, and leaves the cache provisional; ``keep_path(path
 keeps the accepted nodes and drops the others. A subclass that can do this sets
 ``supports_trees`` and implements ``_evaluate_tree`` and ``_keep_path``; the others raise
 ``NotImplementedError``. Any other cache operation on a provisional cache first drops every
-node, as ``keep_path([])`` would, so ``cached`` never parts from the cache.
+node, as ``keep_path([])`` would, so ``cached`` never parts from the cache. A tree's size is
+bounded by the model: ``tree_seqs`` leaves (one sequence each) and ``n_batch`` tokens in all.
+
+``TargetModel`` is what the engine needs of a target: a ``CachedModel`` with its tokens'
+bytes and end-of-generation test.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
-from localspec.core.tree import DraftTree
+from localspec.core.tree import MAX_BRANCHES, TREE_MAX_NODES, DraftTree
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -57,6 +62,10 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 class CachedModel(ABC):
     n_ctx: int
     n_vocab: int
+    # The largest draft tree it evaluates: leaves, and tokens in one batch (the last
+    # committed one and every node). A backend with other limits sets its own.
+    tree_seqs: int = MAX_BRANCHES
+    n_batch: int = TREE_MAX_NODES + 1
     _tree: DraftTree | None = None  # evaluated by forward_tree, awaiting keep_path
     # Whether _evaluate and _evaluate_tree return views of a buffer the next evaluation
     # overwrites (then copied unless the caller borrows them).
@@ -183,3 +192,30 @@ class CachedModel(ABC):
         """Keep the nodes of ``path`` at positions ``start``, ``start + 1``...; free the
         other nodes of the tree evaluated last."""
         raise NotImplementedError(f"{type(self).__name__} cannot evaluate draft trees")
+
+
+class TargetModel(Protocol):
+    """What the engine needs of the target (``CachedModel`` plus its vocabulary)."""
+
+    n_ctx: int
+    n_vocab: int
+    evaluated_tokens: int
+    changes: int
+    tree_seqs: int
+    n_batch: int
+
+    def forward(
+        self, tokens: Sequence[int], n_logits: int, *, borrow: bool = False
+    ) -> np.ndarray: ...
+    def forward_after(
+        self, start: int, tail: Sequence[int], n_logits: int, *, borrow: bool = False
+    ) -> np.ndarray: ...
+    def truncate(self, n: int) -> None: ...
+    @property
+    def supports_trees(self) -> bool: ...
+    def forward_tree(
+        self, committed: Sequence[int], tree: DraftTree, *, borrow: bool = False
+    ) -> np.ndarray: ...
+    def keep_path(self, path: Sequence[int]) -> None: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...

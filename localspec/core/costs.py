@@ -6,8 +6,10 @@ step and the draft model's catch-up cost per token. Verify costs are used as mea
 CPUs the curve is not monotonic (kernels change with the batch size), so between measured
 sizes the cost is interpolated but never smoothed over a measured point.
 
-``LiveCosts`` corrects the profile with what rounds actually take, so a machine that got
-busier or quieter since calibrating is judged by its present speed. Pure arithmetic.
+``LiveCosts`` corrects the profile's target costs with what rounds actually take, so a
+machine that got busier or quieter since calibrating is judged by its present speed; a
+drafter that times its own work (the draft model) corrects its costs the same way (``Ema``),
+scaled as the target's batches are until it has been timed. Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -52,10 +54,6 @@ class CostProfile:
             return self.verify_s[edge] * (k + 1) / (edge + 1)
         return self.plain_s + (self.verify_s[above[0]] - self.plain_s) * k / above[0]
 
-    @property
-    def largest_measured(self) -> int:
-        return max(self.verify_s, default=0)
-
     def to_dict(self) -> dict[str, object]:
         return {
             "plain_s": self.plain_s,
@@ -91,7 +89,9 @@ CLIP = 1.5  # one observation moves a cost estimate by at most this factor
 
 
 @dataclass
-class _Ema:
+class Ema:
+    """A running average of observed seconds that one outlier cannot drag far."""
+
     value: float = 0.0
     count: int = 0
 
@@ -118,25 +118,14 @@ class LiveCosts:
     def __init__(self, base: CostProfile, *, weight: float = 0.15, min_obs: int = 3) -> None:
         self.base = base
         self.weight, self.min_obs = weight, min_obs
-        self._verify: dict[int, _Ema] = {}
-        self._draft = _Ema()
-        self._catch_up = _Ema()  # seconds per token of the draft model's catch-up pass
+        self._verify: dict[int, Ema] = {}
         # The controller prices every draft length every round: interpolate once.
         self._base = [base.verify(k) for k in range(TABLE_SIZE)]
         self._scale: float | None = None
 
     def observe_verify(self, k: int, seconds: float) -> None:
-        self._verify.setdefault(k, _Ema()).add(seconds, self.weight, self.verify(k))
+        self._verify.setdefault(k, Ema()).add(seconds, self.weight, self.verify(k))
         self._scale = None
-
-    def observe_draft(self, steps: int, seconds: float) -> None:
-        if steps > 0:
-            self._draft.add(seconds / steps, self.weight, self.draft_step_s)
-
-    def observe_catch_up(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
-            expected = self.catch_up(tokens) / tokens if self.base.draft_step_s else None
-            self._catch_up.add(seconds / tokens, self.weight, expected)
 
     def scale(self) -> float:
         """Observed/calibrated for batch sizes not observed enough yet: the geometric mean
@@ -169,23 +158,6 @@ class LiveCosts:
     @property
     def plain_s(self) -> float:
         return self.verify(0)
-
-    @property
-    def draft_step_s(self) -> float | None:
-        if self.base.draft_step_s is None:
-            return None
-        if self._draft.count >= self.min_obs:
-            return self._draft.value
-        return self.base.draft_step_s * self.scale()
-
-    def catch_up(self, tokens: int) -> float:
-        """Seconds for the draft model's first pass over ``tokens`` it lacks, in one batch."""
-        if tokens <= 0 or self.base.draft_step_s is None:
-            return 0.0
-        if self._catch_up.count >= self.min_obs:
-            return tokens * self._catch_up.value
-        per_token = self.base.draft_prefill_s or self.base.draft_step_s / 4
-        return max(tokens * per_token, self.base.draft_step_s) * self.scale()
 
     def plain_drift(self) -> float | None:
         """Observed / calibrated plain step time, once plain steps were seen enough."""

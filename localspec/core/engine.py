@@ -3,18 +3,24 @@
 Invariant at the start of every round: the target's cache holds ``committed[:-1]`` and the
 last committed token is still to be evaluated. A round (``_round``) then
 
-1. asks every drafter what it could draft and the controller which offer to take and how
-   far (k = 0 is a plain step);
+1. asks every drafter what it could draft (each prices its own offer) and the controller
+   which offer to take and how far (k = 0 is a plain step);
 2. drafts ``d1..dk`` with the chosen drafter;
 3. evaluates ``[last, d1..dk]`` on the target in one batch, logits for those k+1 positions;
 4. verifies (greedy, or exact speculative sampling), rolls the target's cache back to the
-   accepted length, and emits the accepted drafts plus the target's own token.
+   accepted length, and emits the accepted drafts plus the target's own token;
+5. tells the controller what verifying took, every drafter how the round went (each learns
+   from its own verdict), and the controller the round's balance.
+
+The drafters of a mode are built by the registry (``core.drafting.registry``) and kept with
+their controller across generations (a ``Planner`` per mode and limits), so what they learn
+carries from answer to answer; ``learned`` and ``restore`` carry it across processes.
 
 A tree round (greedy decoding only, when the controller plans one) drafts the competing
-continuations of a copying drafter's sources (``alternatives``), verifies them in one target
-pass (``core.tree_round``), and from there on is the chain round of the branch the target
-took (``take``): the same tokens emitted, the same bookkeeping. Its stats count every node
-of the tree as drafted.
+continuations of the chosen drafter's sources (its ``branching`` capability), verifies them
+in one target pass (``core.tree_round``), and from there on is the chain round of the
+branch the target took (``take``): the same tokens emitted, the same bookkeeping. Its stats
+count every node of the tree as drafted.
 
 The engine prints nothing and imports no UI: front ends render the events it yields.
 Cancellation is cooperative (a ``threading.Event`` checked between rounds).
@@ -32,14 +38,24 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 
-from localspec.core.cached_model import CachedModel
-from localspec.core.controller import COPY_DEPTH, COPYING, Controller, Plan
-from localspec.core.costs import CostProfile
-from localspec.core.drafters import Branching, Draft, Drafter, ModelDrafter, Offer, PassedDraft
+from localspec.core.cached_model import CachedModel, TargetModel
+from localspec.core.controller import PLAIN_STEP, Controller, Plan
+from localspec.core.costs import CostProfile, LiveCosts
+from localspec.core.drafting.base import (
+    NOT_CHOSEN,
+    PLAIN,
+    Corpus,
+    Draft,
+    Drafter,
+    Offer,
+    Outcome,
+    Resources,
+)
+from localspec.core.drafting.registry import build_drafters
 from localspec.core.events import (
     TARGET,
     EngineWarning,
@@ -50,43 +66,13 @@ from localspec.core.events import (
     RoundCompleted,
     TokenEmitted,
 )
-from localspec.core.ngram import NgramDrafter
-from localspec.core.params import DrafterKind, DrafterMode, GenerationParams
-from localspec.core.retrieval import Corpus, StoreDrafter
+from localspec.core.params import DrafterMode, GenerationParams
 from localspec.core.sampling import warp
 from localspec.core.stats import GenerationStats
 from localspec.core.text import TextAssembler
-from localspec.core.tree import DraftTree
 from localspec.core.tree_round import tree_shape, verify_branches
 from localspec.core.verify import Verdict, verify_greedy, verify_sampled
 from localspec.errors import ContextOverflowError
-
-
-class TargetModel(Protocol):
-    """What the engine needs of the target (``CachedModel`` plus its vocabulary)."""
-
-    n_ctx: int
-    n_vocab: int
-    evaluated_tokens: int
-    changes: int
-
-    def forward(
-        self, tokens: Sequence[int], n_logits: int, *, borrow: bool = False
-    ) -> np.ndarray: ...
-    def forward_after(
-        self, start: int, tail: Sequence[int], n_logits: int, *, borrow: bool = False
-    ) -> np.ndarray: ...
-    def truncate(self, n: int) -> None: ...
-    @property
-    def supports_trees(self) -> bool: ...
-    def forward_tree(self, committed: Sequence[int], tree: DraftTree) -> np.ndarray: ...
-    def keep_path(self, path: Sequence[int]) -> None: ...
-    def token_bytes(self, token: int) -> bytes: ...
-    def is_eog(self, token: int) -> bool: ...
-
-
-# The controller's plan when no drafter offers anything (nothing to weigh, nothing to probe).
-PLAIN_STEP = Plan(None, 0, 0.0, "plain step")
 
 # Used when no calibration is given: batch costs typical of a small CPU (see the design note).
 DEFAULT_COSTS = CostProfile(
@@ -94,6 +80,31 @@ DEFAULT_COSTS = CostProfile(
     verify_s={1: 2.3, 3: 2.9, 4: 3.2, 15: 5.8, 31: 11.0, 47: 14.0, 63: 17.0},
     draft_step_s=0.5,
 )
+RESTORE_KEEP = 0.5  # what a new process keeps of the evidence an earlier one saved
+
+
+@dataclass
+class Planner:
+    """A mode's controller and the drafters it weighs, kept across generations."""
+
+    controller: Controller
+    drafters: dict[str, Drafter]
+
+    def learned(self) -> dict[str, Any]:
+        """What the drafters learned, as plain data: one entry per drafter."""
+        return {"drafters": {name: d.learned() for name, d in self.drafters.items()}}
+
+
+def restore_drafters(drafters: dict[str, Drafter], data: Any, keep: float) -> None:
+    """Each drafter from its entry of ``Planner.learned()`` data; one without an entry
+    (a drafter the saving process did not have) starts afresh. Raises ``ValueError``,
+    ``KeyError`` or ``TypeError`` on malformed data."""
+    entries = data["drafters"]
+    if not isinstance(entries, dict):
+        raise ValueError("the drafters' entries must be a mapping")
+    for name, drafter in drafters.items():
+        if name in entries:
+            drafter.restore(entries[name], keep)
 
 
 @dataclass
@@ -104,7 +115,7 @@ class _Run:
     params: GenerationParams
     rng: np.random.Generator
     controller: Controller
-    drafters: dict[DrafterKind, Drafter]
+    drafters: dict[str, Drafter]
     text: TextAssembler
     emit: Callable[[Event], Event]
     generated: list[int] = field(default_factory=list)
@@ -116,8 +127,6 @@ class _Run:
     timed: tuple = ()
     tree_nodes: int = 0  # the most nodes a draft tree may have on the target
     trace: list[dict] = field(default_factory=list)
-    # per copying drafter, a draft a round passed over and the answer has not yet graded
-    passed: dict[DrafterKind, PassedDraft] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,51 +155,63 @@ class SpecDecoder:
         target: TargetModel,
         draft: CachedModel | None = None,
         costs: CostProfile | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """``clock``: what rounds are timed with (default ``time.perf_counter``); a replay
+        gives a virtual one that its models advance by what their evaluations cost."""
         self.target = target
-        self.model_drafter = (
-            ModelDrafter(draft, target.is_eog, target.n_vocab) if draft is not None else None
-        )
+        self.draft = draft
+        self.clock = clock or time.perf_counter
         self.costs = costs or DEFAULT_COSTS
-        self._controllers: dict[tuple, Controller] = {}
-        self.restored: dict | None = None  # learned state to start every new controller from
+        self._planners: dict[tuple, Planner] = {}
+        self.restored: dict | None = None  # learned state to start every new planner from
         self.corpora: list[tuple[str, Corpus]] = []  # what the datastore drafter looks up
 
     def controllers(self) -> list[Controller]:
-        return list(self._controllers.values())
+        return [planner.controller for planner in self._planners.values()]
 
     def forget_learning(self) -> None:
         """Start the next generation as a fresh process would with no saved state: new
-        controllers, nothing restored (the machine's measured costs are kept)."""
-        self._controllers.clear()
+        controllers and drafters, nothing restored (the machine's measured costs are kept)."""
+        self._planners.clear()
         self.restored = None
 
-    def controller_for(self, params: GenerationParams) -> Controller:
-        """One controller per mode, kept across calls so acceptance estimates carry over.
-        Its draft trees are on when asked for and the target can verify them; it plans them
-        for greedy rounds only."""
+    def _drafters(self, params: GenerationParams, costs: LiveCosts) -> dict[str, Drafter]:
+        resources = Resources(costs, self.target, self.draft, lambda: self.corpora, self.clock)
+        return build_drafters(params, resources)
+
+    def planner_for(self, params: GenerationParams) -> Planner:
+        """One controller and its drafters per mode and limits, kept across calls so what
+        they learn carries over. Draft trees are on when asked for and the target can
+        verify them; they are planned for greedy rounds only."""
         key = (
             params.drafter, params.draft_max, params.ngram_draft_max, params.draft_min,
             params.trees,
         )  # fmt: skip
-        if key not in self._controllers:
-            allow = tuple(
-                k for k in params.drafter.kinds() if k != DrafterKind.MODEL or self.model_drafter
-            )
+        if key not in self._planners:
             controller = Controller(
                 self.costs,
-                allow=allow,
-                draft_max=params.draft_max,
-                ngram_draft_max=params.ngram_draft_max,
                 draft_min=params.draft_min,
-                fixed=params.drafter in (DrafterMode.NGRAM, DrafterMode.MODEL),
+                fixed=not params.drafter.uses_cost_model,
                 trees=params.trees and self.target.supports_trees,
                 max_branches=tree_shape(self.target)[0],
             )
-            if self.restored is not None and params.drafter == DrafterMode.AUTO:
-                controller.restore(self.restored)
-            self._controllers[key] = controller
-        return self._controllers[key]
+            planner = Planner(controller, self._drafters(params, controller.costs))
+            if self.restored is not None and params.drafter.learns:
+                restore_drafters(planner.drafters, self.restored, RESTORE_KEEP)
+            self._planners[key] = planner
+        return self._planners[key]
+
+    def learned(self, params: GenerationParams) -> dict[str, Any]:
+        """What the drafters of ``params``' mode learned (for ``restored``, another time)."""
+        return self.planner_for(params).learned()
+
+    def check_learned(self, data: Any) -> None:
+        """Raise ``ValueError``, ``KeyError`` or ``TypeError`` unless ``data`` could be
+        restored into ``auto``'s drafters; changes nothing."""
+        scratch = self._drafters(GenerationParams(drafter=DrafterMode.AUTO), LiveCosts(self.costs))
+        restore_drafters(scratch, data, RESTORE_KEEP)
 
     def check(self, prompt: list[int], params: GenerationParams) -> None:
         """Raise what ``generate`` would raise for this prompt before its first event
@@ -206,7 +227,7 @@ class SpecDecoder:
                 n_tokens=len(prompt),
                 n_ctx=n_ctx,
             )
-        if params.drafter == DrafterMode.MODEL and self.model_drafter is None:
+        if params.drafter.needs_draft_model and self.draft is None:
             raise ValueError("the model drafter needs a draft model")
 
     def generate(
@@ -223,33 +244,21 @@ class SpecDecoder:
             stats.observe(event)
             return event
 
-        t0 = time.perf_counter()
+        t0 = self.clock()
         before = self.target.evaluated_tokens
         self.target.forward(prompt[:-1], 0)
         prefilled = self.target.changes
         evaluated = self.target.evaluated_tokens - before
-        yield emit(PrefillDone(len(prompt), evaluated, time.perf_counter() - t0))
+        yield emit(PrefillDone(len(prompt), evaluated, self.clock() - t0))
 
-        controller = self.controller_for(params)
-        controller.new_generation()
-        drafters: dict[DrafterKind, Drafter] = {
-            DrafterKind.NGRAM: NgramDrafter(params.ngram_min, params.ngram_max, self.target.is_eog)
-        }
-        if self.corpora and DrafterKind.STORE in controller.allow:
-            drafters[DrafterKind.STORE] = StoreDrafter(
-                self.corpora, n_max=params.ngram_max, ends=self.target.is_eog
-            )
-        if self.model_drafter is not None:
-            drafters[DrafterKind.MODEL] = self.model_drafter
-        # Only those the controller may choose: the others would do work every round
-        # (the n-gram index follows the text) for nothing.
-        drafters = {k: d for k, d in drafters.items() if k in controller.allow}
-        for drafter in drafters.values():
-            drafter.begin(prompt)
+        planner = self.planner_for(params)
+        planner.controller.new_generation()
+        for drafter in planner.drafters.values():
+            drafter.begin(prompt, params)
         run = _Run(
-            prompt, params, np.random.default_rng(params.seed), controller, drafters,
-            TextAssembler(params.stop), emit, target_changes=prefilled, timed=self._timed(),
-            tree_nodes=tree_shape(self.target)[1],
+            prompt, params, np.random.default_rng(params.seed), planner.controller,
+            planner.drafters, TextAssembler(params.stop), emit, target_changes=prefilled,
+            timed=self._timed(), tree_nodes=tree_shape(self.target)[1],
         )  # fmt: skip
         reason: FinishReason | None = None
         while reason is None:
@@ -269,9 +278,7 @@ class SpecDecoder:
     def _timed(self) -> tuple:
         """The models whose evaluations are timed (``compute_seconds``): the target, and the
         draft model when there is one."""
-        models = [self.target]
-        if self.model_drafter is not None:
-            models.append(self.model_drafter.model)
+        models = [self.target] if self.draft is None else [self.target, self.draft]
         return tuple(m for m in models if hasattr(m, "compute_seconds"))
 
     @staticmethod
@@ -280,7 +287,7 @@ class SpecDecoder:
 
     def _round(self, run: _Run) -> Generator[Event, None, FinishReason | None]:
         """One draft-verify round; returns why generation ends, or None to go on."""
-        t_round = time.perf_counter()
+        t_round = self.clock()
         compute = self._compute(run)
         room = self.target.n_ctx - len(run.committed)
         remaining = min(run.params.max_tokens - len(run.generated) - 1, room)
@@ -291,7 +298,6 @@ class SpecDecoder:
             plan = run.controller.plan(
                 list(offers.values()), sampled=not run.params.greedy, nodes=nodes
             )
-            self._pass_over(run, plan, offers)
         else:  # what the controller plans without offers, spared at every plain step
             plan = PLAIN_STEP
         tried = self._tree_round(run, plan) if plan.branches > 1 else self._chain_round(run, plan)
@@ -299,24 +305,20 @@ class SpecDecoder:
 
         drafted = len(draft.tokens)  # of the chain the round amounted to
         outcome = yield from self._emit(run, verdict, draft)
-        for kind, drafter in run.drafters.items():
-            mine = kind == draft.source and drafted > 0
-            drafter.observe(run.committed, drafted if mine else 0, verdict.accepted if mine else 0)
         # A tree of n nodes is one batch of n + 1 tokens, as a chain of n drafts.
-        run.controller.observe_timing(tried.nodes, tried.t_done - tried.t_verify, draft)
+        run.controller.observe_timing(tried.nodes, tried.t_done - tried.t_verify)
+        mine = Outcome(True, drafted, verdict.accepted)
+        for name, drafter in run.drafters.items():
+            drafter.observe(run.committed, mine if name == plan.drafter else NOT_CHOSEN)
         offer = offers.get(plan.drafter) if plan.drafter is not None else None
         run.controller.observe(plan, offer, drafted, verdict.accepted)
-        for kind, passed in list(run.passed.items()):
-            if graded := passed.verdict(run.committed):
-                run.controller.observe_passed(passed.offer, *graded)
-                del run.passed[kind]
         event = RoundCompleted(
             index=run.rounds,
             drafter=draft.source if tried.nodes else None,
             drafted=tried.nodes,
             accepted=verdict.accepted,
             emitted=outcome.emitted,
-            seconds=time.perf_counter() - t_round - outcome.paused,
+            seconds=self.clock() - t_round - outcome.paused,
             draft_seconds=tried.t_verify - t_round,
             verify_seconds=tried.t_done - tried.t_verify,
             reason=plan.reason,
@@ -331,51 +333,39 @@ class SpecDecoder:
         return outcome.reason
 
     @staticmethod
-    def _offers(run: _Run, remaining: int) -> dict[DrafterKind, Offer]:
-        """What every allowed drafter could draft this round, up to its limit."""
-        offers: dict[DrafterKind, Offer] = {}
-        for kind, drafter in run.drafters.items():
-            if kind in run.controller.allow:
-                offer = drafter.offer(run.committed, run.controller.limit(kind, remaining))
-                if offer is not None:
-                    offers[kind] = offer
+    def _offers(run: _Run, remaining: int) -> dict[str, Offer]:
+        """What every drafter could draft this round, up to its limit."""
+        offers: dict[str, Offer] = {}
+        for name, drafter in run.drafters.items():
+            offer = drafter.offer(run.committed, min(drafter.limit, remaining))
+            if offer is not None:
+                offers[name] = offer
         return offers
-
-    @staticmethod
-    def _pass_over(run: _Run, plan: Plan, offers: dict[DrafterKind, Offer]) -> None:
-        """Keep what a copying drafter would have drafted when the round drafts from another
-        (or not at all), for the answer to grade: whether this text copies from there."""
-        for kind in COPYING:
-            offer = offers.get(kind)
-            if offer is None or kind == plan.drafter or kind in run.passed:
-                continue
-            drafter = run.drafters[kind]
-            assert isinstance(drafter, NgramDrafter | StoreDrafter)
-            run.passed[kind] = PassedDraft(offer, drafter.preview(COPY_DEPTH), len(run.committed))
 
     def _chain_round(self, run: _Run, plan: Plan) -> _Verified:
         """Draft a chain (none for a plain step) and verify it in one target batch."""
-        draft = Draft(DrafterKind.NGRAM, [])
+        draft = PLAIN
         if plan.drafter is not None and plan.k > 0:
             drafter = run.drafters[plan.drafter]
-            draft = drafter.propose(run.committed, plan.k, run.params, run.rng, plan.p_min)
-        t_verify = time.perf_counter()
+            draft = drafter.propose(run.committed, plan.k, run.params, run.rng)
+        t_verify = self.clock()
         verdict = self._verify_round(run, draft)
-        return _Verified(draft, verdict, len(draft.tokens), 1, t_verify, time.perf_counter())
+        return _Verified(draft, verdict, len(draft.tokens), 1, t_verify, self.clock())
 
     def _tree_round(self, run: _Run, plan: Plan) -> _Verified:
         """Draft the plan's competing branches and verify them as one draft tree (greedy);
         the drafter is told which branch the target took, and the round amounts to that
         branch's chain round."""
         assert plan.drafter is not None and run.params.greedy
-        drafter = run.drafters[plan.drafter]
-        assert isinstance(drafter, Branching)
+        # Only an offer that prices trees is planned as one: its drafter branches.
+        drafter = run.drafters[plan.drafter].branching
+        assert drafter is not None
         branches = drafter.alternatives(plan.k, plan.branches)
         if not branches:  # nothing to draft after all: a plain step
             return self._chain_round(run, Plan(None, 0, 0.0, plan.reason))
-        t_verify = time.perf_counter()
+        t_verify = self.clock()
         tried = verify_branches(self.target, run.committed, branches)
-        t_done = time.perf_counter()
+        t_done = self.clock()
         run.target_changes = self.target.changes
         drafter.take(tried.taken)
         draft = Draft(plan.drafter, branches[tried.taken])
@@ -384,7 +374,7 @@ class SpecDecoder:
     def _emit(self, run: _Run, verdict: Verdict, draft: Draft) -> Generator[Event, None, _Outcome]:
         """Emit the round's tokens, stopping at an end of generation."""
         emitted, paused = 0, 0.0
-        drafted = draft.source.value if verdict.accepted else TARGET
+        drafted = draft.source if verdict.accepted else TARGET
         for i, tok in enumerate(verdict.tokens(draft.tokens)):
             if self.target.is_eog(tok):
                 return _Outcome(emitted, paused, FinishReason.EOS)
@@ -393,9 +383,9 @@ class SpecDecoder:
             run.committed.append(tok)
             run.generated.append(tok)
             emitted += 1
-            t_yield = time.perf_counter()
+            t_yield = self.clock()
             yield run.emit(TokenEmitted(tok, piece, origin, len(run.generated) - 1))
-            paused += time.perf_counter() - t_yield  # the consumer's time is not ours
+            paused += self.clock() - t_yield  # the consumer's time is not ours
             if run.text.stopped:
                 return _Outcome(emitted, paused, FinishReason.STOP)
             if len(run.generated) >= run.params.max_tokens:

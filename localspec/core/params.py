@@ -1,9 +1,9 @@
 """Generation parameters shared by the engine, the CLI, the TUI and the benchmark.
 
-``DrafterKind`` names who drafts (the draft model, n-gram lookup, the datastore);
 ``DrafterMode`` is the user's choice of policy (``auto`` chooses per round from measured
-costs among all of them, ``model`` and ``ngram`` use one drafter as llama.cpp does, ``none``
-is plain decoding).
+costs among every drafter, ``model`` and ``ngram`` use one drafter as llama.cpp does,
+``none`` is plain decoding), and answers what it needs; which drafters each mode drafts with
+is the registry's (``core.drafting.registry``).
 
 ``GenerationParams`` is validated once (pydantic) so the core can trust its values:
 greedy decoding is ``temperature == 0``; the warps (top-k, top-p, min-p) apply only when
@@ -15,12 +15,6 @@ from __future__ import annotations
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-
-class DrafterKind(StrEnum):
-    MODEL = "model"  # the small draft model, run autoregressively
-    NGRAM = "ngram"  # prompt lookup: continuations of earlier occurrences of the suffix
-    STORE = "store"  # retrieval: continuations of the suffix in the user's indexed files
 
 
 class DrafterMode(StrEnum):
@@ -49,14 +43,6 @@ class DrafterMode(StrEnum):
     def learns(self) -> bool:
         """Whether what it learns of acceptance is kept for the next process."""
         return self is DrafterMode.AUTO
-
-    def kinds(self) -> tuple[DrafterKind, ...]:
-        """The drafters this mode may use."""
-        if self is DrafterMode.AUTO:
-            return (DrafterKind.NGRAM, DrafterKind.STORE, DrafterKind.MODEL)
-        if self is DrafterMode.NONE:
-            return ()
-        return (DrafterKind(self.value),)
 
 
 class GenerationParams(BaseModel):

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 ROOT = -1  # the parent index of a child of the last committed token
+MAX_BRANCHES = 4  # most branches of a draft tree (each takes one of the target's sequences)
+TREE_MAX_NODES = 64  # most nodes of a draft tree: as long as the longest n-gram chain
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,6 @@ class DraftTree:
         has_child = set(self.parents)
         return [i for i in range(len(self.tokens)) if i not in has_child]
 
-    def branches(self) -> list[list[int]]:
-        """The tokens of every root-to-leaf path, in leaf order."""
-        return [[self.tokens[i] for i in self.path(leaf)] for leaf in self.leaves()]
-
     def is_path(self, nodes: Sequence[int]) -> bool:
         """Whether ``nodes`` is a root-to-node path of this tree (empty included)."""
         parent = ROOT
@@ -97,9 +95,6 @@ class TreeVerdict:
     path: tuple[int, ...]  # accepted nodes, root-to-node
     accepted: int  # len(path)
     token: int  # the target's own token after the accepted path (correction or bonus)
-
-    def tokens(self, tree: DraftTree) -> list[int]:
-        return [*(tree.tokens[i] for i in self.path), self.token]
 
 
 def verify_tree_greedy(rows: np.ndarray, tree: DraftTree) -> TreeVerdict:

@@ -9,19 +9,18 @@ first branch, the drafted one, when the path is empty). The result reads as the 
 round of that branch (``Verdict`` over its tokens), so the engine emits and learns from it
 as from any chain. Greedy decoding only (see ``core.tree``).
 
-``tree_shape(target)`` is the largest tree a target verifies: each leaf takes one of a
-backend's sequences (``tree_seqs``) and the whole tree one batch with the last committed
-token (``n_batch``); targets without those limits (fakes) take the controller's own.
+``tree_shape(target)`` is the largest tree a target verifies: each leaf takes one of its
+sequences (``tree_seqs``) and the whole tree one batch with the last committed token
+(``n_batch``), within the trees' own bounds (``core.tree``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from localspec.core.controller import MAX_BRANCHES, TREE_MAX_NODES
-from localspec.core.tree import DraftTree, verify_tree_greedy
+from localspec.core.cached_model import TargetModel
+from localspec.core.tree import MAX_BRANCHES, TREE_MAX_NODES, DraftTree, verify_tree_greedy
 from localspec.core.verify import Verdict
 
 
@@ -42,7 +41,9 @@ def taken_branch(branches: Sequence[Sequence[int]], path: Sequence[int]) -> int:
     return 0
 
 
-def verify_branches(target: Any, committed: list[int], branches: list[list[int]]) -> TreeVerified:
+def verify_branches(
+    target: TargetModel, committed: list[int], branches: list[list[int]]
+) -> TreeVerified:
     """Verify ``branches`` after ``committed`` in one target pass; afterwards the target's
     cache holds ``committed`` plus the accepted tokens, as after a chain round."""
     tree = DraftTree.from_branches(branches)
@@ -53,8 +54,6 @@ def verify_branches(target: Any, committed: list[int], branches: list[list[int]]
     return TreeVerified(taken, Verdict(found.accepted, found.token), len(tree))
 
 
-def tree_shape(target: Any) -> tuple[int, int]:
+def tree_shape(target: TargetModel) -> tuple[int, int]:
     """The most branches and nodes a draft tree may have on ``target``."""
-    branches = getattr(target, "tree_seqs", MAX_BRANCHES)
-    nodes = getattr(target, "n_batch", TREE_MAX_NODES + 1) - 1
-    return min(branches, MAX_BRANCHES), min(nodes, TREE_MAX_NODES)
+    return min(target.tree_seqs, MAX_BRANCHES), min(target.n_batch - 1, TREE_MAX_NODES)

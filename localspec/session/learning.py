@@ -1,12 +1,13 @@
-"""What the controller learned, kept per model pair so the next process starts warm.
+"""What auto's drafters learned, kept per model pair so the next process starts warm.
 
 ``LearningStore(directory)`` keeps one JSON file per pair key: the acceptance evidence of
-``Controller.learned()`` with a format version and the key it belongs to. ``load`` returns
-that evidence, or None with a reason when the file is missing, unreadable, of another
-version or of another pair, so a damaged or foreign file is ignored, never fatal. ``save`` is
-best effort (``store.write_json``): a failure is reported, not raised. The evidence is
-discounted when a controller restores it (``Controller.restore``), so what a new session
-sees soon outweighs it.
+``SpecDecoder.learned()`` (one entry per drafter) with a format version and the key it
+belongs to. ``load`` returns that evidence, or None with a reason when the file is missing,
+unreadable, of an unknown version or of another pair, so a damaged or foreign file is
+ignored, never fatal; a file of the previous format (2, which held the n-gram drafter's
+evidence at the top level and the datastore's nested) is read into the current one. ``save``
+is best effort (``store.write_json``): a failure is reported, not raised. The evidence is
+discounted when the drafters restore it, so what a new session sees soon outweighs it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from localspec.session.store import remove_json, write_json
 
-FORMAT = 2  # 2: n-gram evidence as copies per text and streaks per bucket
+FORMAT = 3  # 3: one entry per drafter, by name
 
 
 class LearningStore:
@@ -36,10 +37,15 @@ class LearningStore:
             return None, ""
         except (OSError, ValueError) as err:
             return None, f"ignoring unreadable learned state {path}: {err}"
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") not in (2, FORMAT):
             return None, f"ignoring learned state {path}: not a format {FORMAT} file"
         if data.get("pair") != key or not isinstance(data.get("learned"), dict):
             return None, f"ignoring learned state {path}: it belongs to another model pair"
+        if data["format"] == 2:
+            try:
+                return from_format_2(data["learned"]), ""
+            except (KeyError, TypeError) as err:
+                return None, f"ignoring learned state {path}: malformed ({err})"
         return data["learned"], ""
 
     def save(self, key: str, learned: dict[str, Any]) -> str:
@@ -49,3 +55,15 @@ class LearningStore:
     def forget(self) -> int:
         """Delete every pair's file; returns how many there were."""
         return remove_json(self.directory)
+
+
+def from_format_2(learned: dict[str, Any]) -> dict[str, Any]:
+    """Format 2's evidence as format 3's: the n-gram drafter's copies and streaks and the
+    draft model's estimate were at the top level, the datastore's under ``store``."""
+    drafters = {
+        "ngram": {"copies": learned["copies"], "streaks": learned["streaks"]},
+        "model": learned["model"],
+    }
+    if "store" in learned:  # absent from files saved before the datastore drafter
+        drafters["store"] = learned["store"]
+    return {"drafters": drafters}

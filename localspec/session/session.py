@@ -33,7 +33,6 @@ from localspec.backend.compat import check_vocabularies
 from localspec.backend.devices import gpu_devices, gpu_hardware
 from localspec.backend.llama import LlamaModel, LoadOptions, exact_kernels
 from localspec.backend.rpc import DEFAULT_TIMEOUT, RpcLink, attach, parse_endpoints
-from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import Event, Finished, FinishReason
@@ -305,7 +304,7 @@ class Session:
         store, key = self.learning
         for event in events:
             if isinstance(event, Finished):
-                problem = store.save(key, self.decoder.controller_for(params).learned())
+                problem = store.save(key, self.decoder.learned(params))
                 if problem:
                     self.warnings.append(problem)
             yield event
@@ -559,7 +558,7 @@ def _restore_learning(
     if learned is None:
         return
     try:
-        Controller(session.decoder.costs).restore(learned)  # validates it, changing nothing
+        session.decoder.check_learned(learned)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         _report(on_progress, f"warning: ignoring malformed learned state ({err})")
         return

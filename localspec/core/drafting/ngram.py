@@ -3,14 +3,14 @@
 ``NgramDrafter`` finds earlier occurrences of the longest suffix of prompt + answer (measured
 up to ``n_max`` tokens back) and drafts what followed them. When several occurrences match
 equally far back, it follows the one the copy under way reads from, else the continuation
-most of them share, so one odd recent copy does not outvote the rest. A continuation ends
-after an end-of-generation token (given as ``ends``): past the end of a turn the source goes
-on with the chat template, which an answer never copies. Free to run; its q is one-hot, so
-``Draft.probs`` is None. ``preview`` shows what it would draft without drafting, so that a
-``PassedDraft`` can grade, as the answer goes on, the drafts a round passed over.
+most of them share (``copying.vote``), so one odd recent copy does not outvote the rest. A
+continuation ends after an end-of-generation token (given as ``ends``): past the end of a
+turn the source goes on with the chat template, which an answer never copies. Its offers are
+priced and its drafts graded as copies (``copying.CopyingDrafter``); ``preview`` shows what
+it would draft without drafting, for the answer to grade the drafts a round passed over.
 
 Disagreeing sources. When the occurrences that match equally far go on with different next
-tokens, the offer says so (``Offer.shares``: the share of them behind each distinct next
+tokens, the offer says so (``CopyOffer.shares``: the share of them behind each distinct next
 token, the drafted one first), and ``alternatives(k, m)`` drafts one continuation per next
 token, each read by the same vote among its own occurrences, for the engine to verify as a
 draft tree (greedy decoding only). ``take(i)`` then makes branch ``i`` the draft that
@@ -23,7 +23,7 @@ suffix no longer matches. When the answer parts from the source (a renamed varia
 inserted type hint), the places where it may come back are kept: the parted token itself
 (text was inserted before it), the token after it (it was replaced), or a few tokens further
 once two tokens agree (a longer span was replaced). The drafter then offers to resume there
-(``Offer.resync``) before the suffix could match again.
+(``CopyOffer.resync``) before the suffix could match again.
 
 Edits. What the answer wrote in place of a source span between parting and coming back is
 an edit: a few source tokens (``key``) replaced by a few others (``value``). Rewrites repeat
@@ -41,16 +41,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.core.drafters import Draft, Offer
-from localspec.core.params import DrafterKind, GenerationParams
+from localspec.core.drafting.base import Draft, Outcome, Resources
+from localspec.core.drafting.copying import (
+    COPY_ODDS,
+    CopyingDrafter,
+    CopyOffer,
+    CopyPricing,
+    Streak,
+    vote,
+)
+from localspec.core.params import GenerationParams
 
+NAME = "ngram"
 # Occurrences of the suffix are found through an index of short keys, then measured back.
 LONG_KEY = 4
 MAX_CANDIDATES = 256  # most recent occurrences looked at per round
-# Drafted tokens accepted in a row (drafts accepted whole, from one copy) that make the copy
-# one under way: short drafts count together, so that a copy drafted in cheap short batches
-# earns the estimates that may lengthen them.
-STREAK_MIN = 8
 RESYNC_BELOW = 6  # a suffix match shorter than this defers to the copy's own place
 RESYNC_MISSES = 8  # answer tokens a parted copy may wait for before its place is lost
 EDIT_MAX = 8  # most tokens an edit's source span, and its replacement, may have
@@ -86,7 +91,7 @@ class _Plan:
 
     start: Cursor
     run: int
-    offer: Offer
+    found: CopyOffer
     rivals: tuple[tuple[int, ...], ...] = ()
 
 
@@ -103,26 +108,44 @@ class _Parted:
     misses: int = 0
 
 
-class NgramDrafter:
+class NgramDrafter(CopyingDrafter):
     """Prompt lookup over a growing token list, longest suffix match first."""
 
-    kind = DrafterKind.NGRAM
+    name = NAME
 
     def __init__(
-        self, n_min: int = 2, n_max: int = 32, ends: Callable[[int], bool] | None = None
+        self,
+        n_min: int = 2,
+        n_max: int = 32,
+        ends: Callable[[int], bool] | None = None,
+        *,
+        limit: int = 64,
+        pricing: CopyPricing | None = None,
     ) -> None:
+        super().__init__(pricing or CopyPricing(COPY_ODDS), limit)
+        self.branching = self
+        self.ends = ends
+        self._configure(n_min, n_max)
+        self._reset([])
+
+    def _configure(self, n_min: int, n_max: int) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
-        self.ends = ends
         self._keys = sorted({k for k in (LONG_KEY, n_min) if n_min <= k <= n_max}, reverse=True)
-        self.begin([])
 
-    def begin(self, tokens: Sequence[int]) -> None:
+    def begin(self, tokens: Sequence[int], params: GenerationParams | None = None) -> None:
+        """A new answer after ``tokens``, matched with ``params``' n-gram lengths."""
+        if params is not None:
+            self._configure(params.ngram_min, params.ngram_max)
+        self.begin_text()
+        self._reset(tokens)
+
+    def _reset(self, tokens: Sequence[int]) -> None:
         self._tokens: list[int] = []
         # key length -> key -> continuation starts (index after the key), oldest first
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {k: {} for k in self._keys}
-        self._copied = 0  # drafted tokens of the copy under way accepted in a row
+        self.streak = Streak()  # of the copy under way
         self._match: NgramMatch | None = None
         self._match_at = -1  # len(tokens) when ``_match`` was computed
         self._cursor: Cursor | None = None  # the copy under way
@@ -188,21 +211,11 @@ class NgramDrafter:
         """Where a draft from the occurrences ``starts`` reads: the one whose next ``k``
         tokens take, at each step, the token most of the still-agreeing occurrences continue
         with (ties: the most recent)."""
-        toks, n = self._tokens, len(self._tokens)
-        k = min(k, n - max(starts))  # as far as the most recent one goes
+        toks = self._tokens
+        k = min(k, len(toks) - max(starts))  # as far as the most recent one goes
         alive = sorted(starts, reverse=True)  # most recent first
-        for i in range(k):
-            votes: dict[int, int] = {}
-            for p in alive:
-                if p + i < n:
-                    votes[toks[p + i]] = votes.get(toks[p + i], 0) + 1
-            if not votes:
-                break
-            token = max(votes, key=votes.__getitem__)  # first maximum = most recent occurrence
-            alive = [p for p in alive if p + i < n and toks[p + i] == token]
-            if self.ends is not None and self.ends(token):
-                break
-        return alive[0]
+        _, agreeing, _ = vote([toks[p : p + k] for p in alive], k, ends=self.ends)
+        return alive[agreeing[0]]
 
     # -- reading the source through the edits -------------------------------------------------
 
@@ -243,14 +256,14 @@ class NgramDrafter:
         found = self.match()
         cursor, toks = self._cursor, self._tokens
         live = cursor is not None and (cursor.pending or cursor.at < len(toks))
-        streak = self._copied >= STREAK_MIN
+        streak = self.streak.under_way
         if live and (found is None or found.n < max(RESYNC_BELOW, self._run + 1)):
             assert cursor is not None
             n = len(self.read(cursor, limit)[0])
             if self._run >= RESYNC_BELOW:  # a copy followed through edits
                 run = min(self._run, self.n_max)
-                return _Plan(cursor, self._run, Offer(self.kind, n, run, streak))
-            return _Plan(cursor, self._run, Offer(self.kind, n, resync=True))
+                return _Plan(cursor, self._run, CopyOffer(n, run, streak))
+            return _Plan(cursor, self._run, CopyOffer(n, resync=True))
         if found is None:
             return None
         start = Cursor(self._source(found.starts, limit))
@@ -258,8 +271,8 @@ class NgramDrafter:
         streak = streak and start == cursor  # the copy under way, not another source
         groups = self._groups(found.tied, start)
         shares = tuple(len(g) / len(found.tied) for g in groups) if len(groups) > 1 else ()
-        offer = Offer(self.kind, n, found.n, streak, shares=shares)
-        return _Plan(start, found.n, offer, tuple(groups[1:]))
+        copy = CopyOffer(n, found.n, streak, shares=shares)
+        return _Plan(start, found.n, copy, tuple(groups[1:]))
 
     def _groups(self, starts: Sequence[int], start: Cursor) -> list[tuple[int, ...]]:
         """``starts`` grouped by the token a copy from each writes first (edits applied):
@@ -275,11 +288,9 @@ class NgramDrafter:
         order = sorted(groups, key=lambda t: (t != drafted, -len(groups[t])))  # stable
         return [tuple(groups[t]) for t in order]
 
-    def offer(self, committed: Sequence[int], limit: int) -> Offer | None:
-        if limit <= 0:
-            return None
+    def copy_offer(self, committed: Sequence[int], limit: int) -> CopyOffer | None:
         planned = self._plan(limit)
-        return planned.offer if planned is not None and planned.offer.available > 0 else None
+        return planned.found if planned is not None and planned.found.available > 0 else None
 
     def preview(self, k: int) -> list[int]:
         """Up to ``k`` tokens ``propose`` would draft now, without drafting them."""
@@ -292,18 +303,17 @@ class NgramDrafter:
         k: int,
         params: GenerationParams,
         rng: np.random.Generator,
-        p_min: float,
     ) -> Draft:
         planned = self._plan(k) if k > 0 else None
         if planned is None:
-            return Draft(self.kind, [])
+            return Draft(self.name, [])
         tokens, cursors = self.read(planned.start, k)
         self._draft = (planned.start, cursors, planned.run)
-        return Draft(self.kind, tokens)
+        return Draft(self.name, tokens)
 
     def alternatives(self, k: int, m: int) -> list[list[int]]:
         """Up to ``m`` continuations of up to ``k`` tokens with distinct first tokens, in the
-        order of ``Offer.shares``: first what ``propose(k)`` would draft now, then one per
+        order of ``CopyOffer.shares``: first what ``propose(k)`` would draft now, then one per
         other next token of the occurrences that match as far. Drafts them all (``take``
         says which one the target took; until then, the first)."""
         planned = self._plan(k) if k > 0 and m > 0 else None
@@ -325,15 +335,15 @@ class NgramDrafter:
         copy's place, its run, and whether it continues the copy under way)."""
         self._draft = self._branches[i]
 
-    def observe(self, committed: Sequence[int], drafted: int, accepted: int) -> None:
+    def advance(self, committed: Sequence[int], outcome: Outcome) -> None:
         old = len(self._tokens)
         self._extend(committed)
         first = old  # the first answer token the cursor has not followed yet
+        drafted, accepted = (outcome.drafted, outcome.accepted) if outcome.chosen else (0, 0)
         if drafted > 0 and self._draft is not None:
             start, cursors, run = self._draft
             # Drafts accepted whole in a row from one copy add up to a copy under way.
-            same = start == self._cursor
-            self._copied = (self._copied if same else 0) + accepted if accepted == drafted else 0
+            self.streak.add(drafted, accepted, start == self._cursor)
             self._cursor = cursors[accepted - 1] if accepted else start
             self._run, self._parted = run + accepted, None
             first += accepted
@@ -356,7 +366,7 @@ class NgramDrafter:
             wrong = cursor.edit if cursor.pending else (step[1].edit if step else None)
             if wrong is not None:
                 self._forget(wrong)
-            self._cursor, self._run, self._copied = None, 0, 0
+            self._cursor, self._run, self.streak = None, 0, Streak()
             self._parted = _Parted(cursor.at, i)
             return
         if self._parted is not None:
@@ -402,3 +412,14 @@ class NgramDrafter:
         self._by_first = {}
         for key, value in sorted(self.edits.items(), key=lambda edit: -len(edit[0])):
             self._by_first.setdefault(key[0], []).append((key, value))
+
+
+def build(params: GenerationParams, resources: Resources) -> NgramDrafter:
+    # A fixed policy drafts as far as a draft model would (llama.cpp's --draft-max).
+    fixed = not params.drafter.uses_cost_model
+    return NgramDrafter(
+        params.ngram_min,
+        params.ngram_max,
+        resources.target.is_eog,
+        limit=params.draft_max if fixed else params.ngram_draft_max,
+    )

@@ -2,16 +2,19 @@
 
 As REST drafts from a datastore, ``StoreDrafter`` looks the last ``n_max`` committed tokens
 up in token corpora (the user's indexed files, earlier answers) and drafts the continuation
-most occurrences of the longest match share. A ``Corpus`` is anything with
+most occurrences of the longest match share (``copying.vote``). A ``Corpus`` is anything with
 ``longest_match(context, n_max, n_min)`` and ``continuations(match, k, limit)``, as
 ``session.datastore.TokenIndex`` has; this module does no I/O of its own.
 
 Among corpora the longest match wins, then the one with more occurrences. The draft is read
 token by token: at each position the token most still-agreeing occurrences continue with.
 Its offer carries the match length and ``support``, the share of the examined occurrences
-that go on as the first drafted token, which the controller folds into its price. One lookup
-per committed text, shared by the round's offer, preview and draft. Its q is one-hot, so
-``Draft.probs`` is None, and a continuation ends after an end-of-generation token.
+that go on as the first drafted token, which its price folds in. It is priced as prompt
+lookup is (``copying.CopyPricing``), with odds of long copies of its own that start lower
+(``STORE_COPY_ODDS``): a store is the user's own corpus, which may have nothing to do with
+the text at hand. One lookup per committed text, shared by the round's offer, preview and
+draft. Its q is one-hot, so ``Draft.probs`` is None, and a continuation ends after an
+end-of-generation token.
 
 When the examined occurrences go on with different next tokens, the offer's ``shares`` give
 each next token's share of them (the drafted one first), and ``alternatives(k, m)`` drafts
@@ -23,23 +26,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from localspec.core.drafters import Draft, Offer
-from localspec.core.ngram import STREAK_MIN
-from localspec.core.params import DrafterKind, GenerationParams
+from localspec.core.drafting.base import Corpus, Draft, Outcome, Resources
+from localspec.core.drafting.copying import CopyingDrafter, CopyOffer, CopyPricing, Streak, vote
+from localspec.core.params import GenerationParams
 
+NAME = "store"
 EXAMINED = 32  # occurrences of a match whose continuations are read (spread over all)
-
-
-class Corpus(Protocol):
-    def longest_match(self, context: Sequence[int], n_max: int = 32, n_min: int = 2) -> Any: ...
-
-    def continuations(
-        self, match: Any, k: int, limit: int = 64
-    ) -> list[tuple[tuple[int, ...], int]]: ...
+# A datastore is the user's own corpus, which may have nothing to do with the text at hand:
+# its drafts start at lower odds of long copies than prompt lookup's and earn theirs the
+# same way.
+STORE_COPY_ODDS = 0.25
+# A long store match says less than a long match in the prompt: a question quoting a file
+# matches that file for as long as it quotes it, and the answer then writes its own code.
+# Unless the text copies the store, its drafts are priced as parting almost at once (as a
+# 3-token prompt match does), so only the copy chance, earned by graded drafts, buys long ones.
+STORE_PARTING_ALPHA = 0.25
 
 
 @dataclass(frozen=True)
@@ -57,53 +62,52 @@ class Retrieved:
     shares: tuple[float, ...] = ()
 
 
-def vote(runs: list[tuple[tuple[int, ...], int]], k: int) -> tuple[list[int], float]:
-    """The continuation most runs agree on, token by token, and the first token's share."""
-    alive = runs
-    total = sum(count for _, count in runs)
-    out: list[int] = []
-    first = 0
-    while len(out) < k and alive:
-        i = len(out)
-        votes: dict[int, int] = {}
-        for run, count in alive:
-            if i < len(run):
-                votes[run[i]] = votes.get(run[i], 0) + count
-        if not votes:
-            break
-        token = max(votes, key=votes.__getitem__)
-        if i == 0:
-            first = votes[token]
-        out.append(token)
-        alive = [(run, count) for run, count in alive if i < len(run) and run[i] == token]
-    return out, (first / total if total else 0.0)
+Runs = list[tuple[tuple[int, ...], int]]  # continuations and how many occurrences share each
 
 
-class StoreDrafter:
-    """Drafts from named corpora; see the module docstring."""
+def _vote(runs: Runs, k: int, ends: Callable[[int], bool] | None) -> tuple[list[int], float]:
+    tokens, _, share = vote([run for run, _ in runs], k, [count for _, count in runs], ends)
+    return tokens, share
 
-    kind = DrafterKind.STORE
+
+class StoreDrafter(CopyingDrafter):
+    """Drafts from named corpora; see the module docstring. ``corpora`` may be a callable
+    that gives them: they are read again as every answer begins."""
+
+    name = NAME
 
     def __init__(
         self,
-        corpora: Sequence[tuple[str, Corpus]],
+        corpora: Sequence[tuple[str, Corpus]] | Callable[[], Sequence[tuple[str, Corpus]]],
         n_min: int = 4,
         n_max: int = 32,
         k_max: int = 64,
         ends: Callable[[int], bool] | None = None,
+        *,
+        limit: int = 64,
     ) -> None:
+        super().__init__(CopyPricing(STORE_COPY_ODDS, STORE_PARTING_ALPHA), limit)
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
-        self.corpora = list(corpora)
+        self.branching = self
+        self._corpora = corpora
+        self.corpora = list(corpora() if callable(corpora) else corpora)
         self.n_min, self.n_max, self.k_max = n_min, n_max, k_max
         self.ends = ends
         self._found: Retrieved | None = None
         self._found_at: tuple | None = None  # the text ``_found`` was looked up after
-        self._copied = 0  # drafted tokens accepted in a row, drafts accepted whole
+        self.streak = Streak()
         self._taken = 0  # the branch of the last ``alternatives`` the target took
 
-    def begin(self, tokens: Sequence[int]) -> None:
-        self._found, self._found_at, self._copied = None, None, 0
+    def begin(self, tokens: Sequence[int], params: GenerationParams | None = None) -> None:
+        """A new answer after ``tokens``: the corpora as they are now, matched up to
+        ``params``' n-gram length."""
+        if callable(self._corpora):
+            self.corpora = list(self._corpora())
+        if params is not None:
+            self.n_max = params.ngram_max
+        self.begin_text()
+        self._found, self._found_at, self.streak = None, None, Streak()
 
     def lookup(self, committed: Sequence[int]) -> Retrieved | None:
         """The best continuation after ``committed`` (computed once per committed text)."""
@@ -126,49 +130,41 @@ class StoreDrafter:
             return None
         name, match, corpus = best
         runs = corpus.continuations(match, self.k_max, EXAMINED)
-        tokens, support = vote(runs, self.k_max)
-        tokens = self._until_end(tokens)
+        tokens, support = _vote(runs, self.k_max, self.ends)
         if not tokens:
             return None
         branches, shares = self._branches(runs, tokens)
         return Retrieved(name, match.n, match.count, tuple(tokens), support, branches, shares)
 
     def _branches(
-        self, runs: list[tuple[tuple[int, ...], int]], drafted: list[int]
+        self, runs: Runs, drafted: list[int]
     ) -> tuple[tuple[tuple[int, ...], ...], tuple[float, ...]]:
         """One continuation per distinct next token of ``runs``, each voted among its own
         runs: ``drafted`` first, then the others by how many runs share them; and each
         one's share of the runs."""
         total = sum(count for _, count in runs)
-        by_first: dict[int, list[tuple[tuple[int, ...], int]]] = {}
+        by_first: dict[int, Runs] = {}
         for run, count in runs:
             if run:
                 by_first.setdefault(run[0], []).append((run, count))
         weight = {t: sum(c for _, c in group) for t, group in by_first.items()}
         others = sorted((t for t in by_first if t != drafted[0]), key=lambda t: -weight[t])
         branches = [tuple(drafted)]
-        branches += [tuple(self._until_end(vote(by_first[t], self.k_max)[0])) for t in others]
+        branches += [tuple(_vote(by_first[t], self.k_max, self.ends)[0]) for t in others]
         shares = [weight.get(drafted[0], 0) / total] + [weight[t] / total for t in others]
         return tuple(branches), tuple(shares)
 
-    def _until_end(self, tokens: list[int]) -> list[int]:
-        """``tokens`` up to and including the first end-of-generation token."""
-        if self.ends is not None:
-            for i, token in enumerate(tokens):
-                if self.ends(token):
-                    return tokens[: i + 1]
-        return tokens
-
-    def offer(self, committed: Sequence[int], limit: int) -> Offer | None:
-        if limit <= 0:
+    def copy_offer(self, committed: Sequence[int], limit: int) -> CopyOffer | None:
+        if not self.corpora:
             return None
         found = self.lookup(committed)
         if found is None:
             return None
         available = min(limit, len(found.tokens))
-        streak = self._copied >= STREAK_MIN
         shares = found.shares if len(found.shares) > 1 else ()
-        return Offer(self.kind, available, found.n, streak, support=found.support, shares=shares)
+        return CopyOffer(
+            available, found.n, self.streak.under_way, support=found.support, shares=shares
+        )
 
     def preview(self, k: int) -> list[int]:
         """Up to ``k`` tokens ``propose`` would draft after the text of the last ``offer``."""
@@ -181,15 +177,14 @@ class StoreDrafter:
         k: int,
         params: GenerationParams,
         rng: np.random.Generator,
-        p_min: float,
     ) -> Draft:
         found = self.lookup(committed)
         self._taken = 0
-        return Draft(self.kind, list(found.tokens[:k]) if found is not None and k > 0 else [])
+        return Draft(self.name, list(found.tokens[:k]) if found is not None and k > 0 else [])
 
     def alternatives(self, k: int, m: int) -> list[list[int]]:
         """Up to ``m`` continuations of up to ``k`` tokens with distinct first tokens after
-        the text of the last ``offer``, in the order of ``Offer.shares``: first what
+        the text of the last ``offer``, in the order of ``CopyOffer.shares``: first what
         ``propose(k)`` would draft now."""
         self._taken = 0
         found = self._found
@@ -201,10 +196,19 @@ class StoreDrafter:
         """After ``alternatives``: the target took branch ``i``."""
         self._taken = i
 
-    def observe(self, committed: Sequence[int], drafted: int, accepted: int) -> None:
+    def advance(self, committed: Sequence[int], outcome: Outcome) -> None:
         # As for prompt lookup: drafts accepted whole in a row add up to a copy under way;
         # another branch than the one most occurrences share starts a copy of its own.
-        if drafted > 0:
-            run = self._copied if self._taken == 0 else 0
-            self._copied = run + accepted if accepted == drafted else 0
+        if outcome.chosen and outcome.drafted > 0:
+            self.streak.add(outcome.drafted, outcome.accepted, self._taken == 0)
         self._taken = 0
+
+
+def build(params: GenerationParams, resources: Resources) -> StoreDrafter:
+    fixed = not params.drafter.uses_cost_model
+    return StoreDrafter(
+        resources.corpora,
+        n_max=params.ngram_max,
+        ends=resources.target.is_eog,
+        limit=params.draft_max if fixed else params.ngram_draft_max,
+    )

@@ -1,0 +1,47 @@
+"""The drafters there are, and which modes draft with them.
+
+``build_drafters(params, resources)`` builds, in registry order, every drafter the mode
+``params.drafter`` drafts with that can be built from ``resources`` (a draft model's
+drafter needs a draft model). The order is the order offers are weighed in (a tie goes to
+the first). Adding a drafter is one module with a ``build(params, resources)`` function and
+one line here; the engine and the controller do not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from localspec.core.drafting import model, ngram, store
+from localspec.core.drafting.base import Drafter, Resources
+from localspec.core.params import DrafterMode, GenerationParams
+
+AUTO, MODEL, NGRAM = DrafterMode.AUTO, DrafterMode.MODEL, DrafterMode.NGRAM
+
+
+@dataclass(frozen=True)
+class Registration:
+    name: str
+    build: Callable[[GenerationParams, Resources], Drafter | None]
+    modes: tuple[DrafterMode, ...]  # the modes that draft with it
+
+
+REGISTRY = (
+    Registration(ngram.NAME, ngram.build, (AUTO, NGRAM)),
+    Registration(store.NAME, store.build, (AUTO,)),
+    Registration(model.NAME, model.build, (AUTO, MODEL)),
+)
+
+
+def build_drafters(params: GenerationParams, resources: Resources) -> dict[str, Drafter]:
+    drafters: dict[str, Drafter] = {}
+    for entry in REGISTRY:
+        if params.drafter in entry.modes:
+            drafter = entry.build(params, resources)
+            if drafter is not None:
+                drafters[entry.name] = drafter
+    return drafters
+
+
+def drafter_names() -> tuple[str, ...]:
+    return tuple(entry.name for entry in REGISTRY)

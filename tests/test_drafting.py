@@ -1,0 +1,233 @@
+"""What drafters learn and how they price: copy pricing and its grading, the draft model's
+own costs and confidence cut-off, learned state out and in, and the registry."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from localspec.core.controller import Controller
+from localspec.core.costs import CostProfile, LiveCosts
+from localspec.core.drafting.base import Outcome, Resources
+from localspec.core.drafting.copying import (
+    COPY_DEPTH,
+    COPY_ODDS,
+    CopyOffer,
+    CopyPricing,
+    PassedDraft,
+    Streak,
+    vote,
+)
+from localspec.core.drafting.model import FIXED_P_MIN, ModelDrafter
+from localspec.core.drafting.registry import REGISTRY, build_drafters
+from localspec.core.drafting.store import StoreDrafter
+from localspec.core.engine import Planner, restore_drafters
+from localspec.core.params import GenerationParams
+from tests.fakes import FakeModel
+
+CPU = CostProfile(
+    plain_s=0.036,
+    verify_s={1: 0.082, 3: 0.104, 4: 0.116, 8: 0.2, 15: 0.212, 31: 0.457, 63: 0.45},
+    draft_step_s=0.02,
+)
+FLAT = CostProfile(plain_s=1.0, verify_s={1: 1.5, 8: 1.6, 16: 1.65, 32: 1.8, 64: 2.0})
+
+
+def test_vote_follows_the_continuation_most_runs_share():
+    runs = [(5, 6, 7), (5, 6, 9), (8, 1)]
+    tokens, agreeing, share = vote(runs, 8, [3, 1, 2])
+    assert tokens == [5, 6, 7] and agreeing == [0]
+    assert share == pytest.approx(4 / 6)
+    assert vote(runs, 2, [3, 1, 2])[0] == [5, 6]
+    assert vote([], 4) == ([], [], 0.0)
+    # Ties go to the earlier run; a run ending in an end-of-generation token stops there.
+    assert vote([(1, 2), (1, 3)], 4)[0] == [1, 2]
+    assert vote([(1, 99, 4)], 4, ends=lambda t: t == 99)[0] == [1, 99]
+
+
+def test_a_streak_counts_drafts_accepted_whole_from_one_copy():
+    streak = Streak()
+    streak.add(5, 5, same_copy=True)
+    assert not streak.under_way
+    streak.add(4, 4, same_copy=True)
+    assert streak.under_way and streak.copied == 9
+    streak.add(4, 4, same_copy=False)  # another copy starts its own count
+    assert streak.copied == 4
+    streak.add(4, 2, same_copy=True)  # parted
+    assert streak.copied == 0
+
+
+def test_a_passed_draft_is_graded_once_the_answer_shows_its_fate():
+    passed = PassedDraft(CopyOffer(4, match=3), [7, 8, 9, 10], start=3)
+    assert passed.verdict([1, 2, 3, 7, 8]) is None  # so far, so good: not known yet
+    assert passed.verdict([1, 2, 3, 7, 8, 5]) == (4, 2)  # parted at the third token
+    assert passed.verdict([1, 2, 3, 7, 8, 9, 10, 11]) == (4, 4)  # held whole
+    assert PassedDraft(CopyOffer(0), [], start=3).verdict([1, 2, 3]) == (0, 0)
+
+
+def test_what_says_nothing_about_copies_leaves_the_odds_alone():
+    pricing = CopyPricing(COPY_ODDS)
+    pricing.drafted(CopyOffer(16, 6), 4, 4)  # short and accepted whole
+    pricing.drafted(CopyOffer(40, 20, streak=True), 40, 3)  # a streak's own estimate
+    pricing.passed(CopyOffer(16, 6), 0, 0)  # nothing was there to pass over
+    assert pricing.copies.odds == pytest.approx(COPY_ODDS)
+
+
+def test_drafts_passed_over_are_graded_like_drafts():
+    drafted, passed = CopyPricing(COPY_ODDS), CopyPricing(COPY_ODDS)
+    for _ in range(3):
+        drafted.drafted(CopyOffer(16, 4), COPY_DEPTH, COPY_DEPTH)
+        passed.passed(CopyOffer(16, 4), COPY_DEPTH, COPY_DEPTH)
+    assert passed.copies.odds == pytest.approx(drafted.copies.odds)
+    assert passed.copies.odds > COPY_ODDS
+    passed.passed(CopyOffer(16, 4), COPY_DEPTH, 1)  # it parted after one token
+    assert passed.copies.odds < drafted.copies.odds
+
+
+def test_passed_over_drafts_of_a_copy_under_way_teach_its_estimate():
+    """A copy under way whose estimate is pessimistic (learned from an earlier text whose
+    copies parted) is passed over; what its previews would have had accepted raises the
+    estimate until it drafts again, rather than plain steps for the rest of the answer."""
+    c = Controller(CPU)
+    pricing = CopyPricing(COPY_ODDS)
+    streak = CopyOffer(32, 64, streak=True)
+    for _ in range(30):
+        pricing.drafted(streak, 16, 1)  # copies that parted at once (in an earlier answer)
+    assert c.plan([pricing.offer("ngram", streak)]).drafter is None
+    for _ in range(40):
+        pricing.passed(streak, 12, 12)  # the answer went on copying all along
+        if c.plan([pricing.offer("ngram", streak)]).drafter == "ngram":
+            break
+    assert c.plan([pricing.offer("ngram", streak)]).drafter == "ngram"
+    estimate = pricing.estimate(streak)
+    before = list(estimate.tries)
+    pricing.passed(CopyOffer(32, 64), 12, 3)  # not a streak: graded as this text's odds
+    assert estimate.tries == before
+
+
+def test_a_store_fork_prices_trees_as_a_copy_does():
+    store = StoreDrafter([]).pricing
+    offer = store.offer("store", CopyOffer(16, 8, support=0.5, shares=(0.5, 0.5)))
+    assert offer.tree is not None and offer.branches == 2
+    assert Controller(FLAT, trees=True).plan([offer]).branches == 2
+
+
+def ngram_auto() -> tuple[Planner, dict]:
+    costs = LiveCosts(CPU)
+    target = FakeModel()
+    resources = Resources(costs, target, FakeModel(), lambda: ())
+    drafters = build_drafters(GenerationParams(), resources)
+    return Planner(Controller(costs), drafters), drafters
+
+
+def test_learned_state_round_trips_discounted_and_the_texts_copy_odds_start_afresh():
+    planner, drafters = ngram_auto()
+    ngram, model = drafters["ngram"].pricing, drafters["model"]
+    for _ in range(20):
+        ngram.drafted(CopyOffer(16, 6), 16, 2)
+    for _ in range(50):
+        ngram.drafted(CopyOffer(16, 6), 16, 16)
+    for _ in range(20):
+        ngram.drafted(CopyOffer(16, 20, streak=True), 16, 10)
+    for _ in range(10):
+        model.estimate.observe(4, 3)
+    saved = planner.learned()
+    assert set(saved["drafters"]) == {"ngram", "store", "model"}
+    assert ngram.copies.odds > COPY_ODDS  # this text copied at length
+    fresh, fresh_drafters = ngram_auto()
+    restore_drafters(fresh_drafters, saved, keep=1.0)
+    restored = fresh.learned()["drafters"]
+    # The pair's estimates come back whole; whether a text copies is the next text's own.
+    assert restored["ngram"]["copies"] == restored["store"]["copies"] == [0.0, 0.0]
+    assert restored["model"] == saved["drafters"]["model"]
+    assert restored["ngram"]["streaks"] == saved["drafters"]["ngram"]["streaks"]
+    assert fresh_drafters["ngram"].pricing.copies.odds == COPY_ODDS
+    half, half_drafters = ngram_auto()
+    restore_drafters(half_drafters, saved, keep=0.5)
+    streak = CopyOffer(16, 20, streak=True)
+    evidence = ngram.estimate(streak).tries[0]
+    assert half_drafters["ngram"].pricing.estimate(streak).tries[0] == pytest.approx(
+        evidence / 2, rel=1e-3
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},
+        {"drafters": []},
+        {"drafters": {"ngram": {"copies": [0, 0], "streaks": {"5": {}}}}},
+        {"drafters": {"model": {"hits": [2], "tries": [1]}}},
+        {"drafters": {"model": {"hits": [1], "tries": [1, 2]}}},
+        {"drafters": {"model": {"hits": "x", "tries": []}}},
+        {"drafters": {"ngram": {"copies": [-1, 2], "streaks": {}}}},
+        {"drafters": {"ngram": {"streaks": {}}}},
+    ],
+)
+def test_restore_rejects_malformed_state(bad):
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        restore_drafters(ngram_auto()[1], bad, keep=0.5)
+
+
+def test_a_drafter_without_an_entry_starts_afresh():
+    _, drafters = ngram_auto()
+    restore_drafters(drafters, {"drafters": {"someone-else": {"x": 1}}}, keep=0.5)
+    assert drafters["model"].learned() == {"hits": [], "tries": []}
+
+
+def model_drafter(costs: CostProfile, **kw) -> ModelDrafter:
+    return ModelDrafter(SimpleNamespace(cached=[]), lambda t: False, costs=LiveCosts(costs), **kw)
+
+
+def test_catch_up_is_timed_apart_from_draft_steps():
+    costs = CostProfile(plain_s=0.06, verify_s={4: 0.12}, draft_step_s=0.005, draft_prefill_s=0.004)
+    drafter = model_drafter(costs)
+    for _ in range(30):
+        drafter.timing.observe(3, 0.03, 50, 0.5)
+    assert drafter.timing.step_s == pytest.approx(0.01, rel=0.02)  # catch-up is not a step
+    assert drafter.timing.catch_up(100) == pytest.approx(1.0, rel=0.02)  # 0.01 s a token, seen
+
+
+def test_the_draft_model_stops_where_one_more_token_does_not_pay():
+    fixed = model_drafter(CPU, fixed=True)
+    assert fixed.p_min() == FIXED_P_MIN  # llama.cpp's cut-off
+    priced = model_drafter(CPU)
+    marginal = CPU.draft_step_s + CPU.verify(2) - CPU.verify(1)
+    assert priced.p_min() == pytest.approx(marginal / (marginal + CPU.plain_s))
+
+
+def test_the_draft_models_offer_prices_its_own_steps_and_catching_up():
+    costs = CostProfile(plain_s=0.06, verify_s={4: 0.12}, draft_step_s=0.005, draft_prefill_s=0.004)
+    drafter = model_drafter(costs)
+    drafter.model.cached = [1, 2, 3]
+    assert drafter.offer([1, 2, 3, 4], 8).draft_seconds(4) == pytest.approx(4 * 0.005)
+    lagging = drafter.offer([1, 2, 3, *range(10, 110)], 8)
+    assert lagging.draft_seconds(4) == pytest.approx(100 * 0.004 + 3 * 0.005)
+    assert lagging.probe  # learned from its own drafts only: may be probed
+
+
+def test_the_registry_builds_each_modes_drafters_with_their_limits():
+    costs = LiveCosts(CPU)
+    resources = Resources(costs, FakeModel(), FakeModel(), lambda: ())
+    assert [r.name for r in REGISTRY] == ["ngram", "store", "model"]
+
+    def built(**kw):
+        drafters = build_drafters(GenerationParams(**kw), resources)
+        return {name: d.limit for name, d in drafters.items()}
+
+    assert built() == {"ngram": 64, "store": 64, "model": 16}
+    assert built(draft_max=6, ngram_draft_max=40) == {"ngram": 40, "store": 40, "model": 6}
+    assert built(drafter="ngram", draft_max=6) == {"ngram": 6}  # fixed: llama.cpp's limit
+    assert built(drafter="model") == {"model": 16}
+    assert built(drafter="none") == {}
+    no_draft = Resources(costs, FakeModel(), None, lambda: ())
+    assert set(build_drafters(GenerationParams(), no_draft)) == {"ngram", "store"}
+
+
+def test_outcomes_reach_only_the_drafter_that_drafted():
+    drafter = model_drafter(CPU)
+    drafter.observe([1, 2], Outcome(False))
+    assert drafter.learned() == {"hits": [], "tries": []}
+    drafter.observe([1, 2], Outcome(True, 4, 2))
+    assert drafter.learned()["tries"] == [1.0, 1.0, 1.0, 0.0]

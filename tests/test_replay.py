@@ -1,0 +1,73 @@
+"""Replays run the real engine over a recorded answer: the same choices as a live run."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.core.costs import CostProfile
+from localspec.core.engine import SpecDecoder, run_to_completion
+from localspec.core.events import RoundCompleted
+from localspec.core.params import GenerationParams
+from localspec.core.replay import VirtualClock, replay
+from tests.fakes import FakeModel, plain_greedy
+
+CPU = CostProfile(
+    plain_s=0.036,
+    verify_s={1: 0.082, 3: 0.104, 4: 0.116, 8: 0.2, 15: 0.212, 31: 0.457, 63: 0.45},
+)
+FLAT = CostProfile(plain_s=1.0, verify_s={1: 1.5, 8: 1.6, 16: 1.65, 32: 1.8, 64: 2.0})
+
+
+class TimedFake(FakeModel):
+    """A scripted target whose evaluations advance a virtual clock as a replay prices them."""
+
+    def __init__(self, clock: VirtualClock, costs: CostProfile, **kw) -> None:
+        super().__init__(**kw)
+        self.clock, self.costs = clock, costs
+
+    def _evaluate(self, tokens, n_logits):
+        if n_logits:
+            self.clock.now += self.costs.verify(n_logits - 1)
+        return super()._evaluate(tokens, n_logits)
+
+    def _evaluate_tree(self, start, last, tree):
+        self.clock.now += self.costs.verify(len(tree))
+        return super()._evaluate_tree(start, last, tree)
+
+
+def rounds_of(events) -> list[tuple]:
+    return [(r.drafter, r.drafted, r.accepted, r.reason, r.branches) for r in events]
+
+
+@pytest.mark.parametrize("costs", [CPU, FLAT])
+@pytest.mark.parametrize("seed", [0, 5])
+def test_a_replay_makes_the_live_engines_choices(costs, seed):
+    # Seed 0's answer cycles (its drafts copy it); seed 5's never repeats.
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
+    params = GenerationParams(max_tokens=80)
+    clock = VirtualClock()
+    target = TimedFake(clock, costs, seed=seed, window=2)
+    answer = plain_greedy(FakeModel(seed=seed, window=2), prompt, 80)
+    live: list[RoundCompleted] = []
+    decoder = SpecDecoder(target, None, costs, clock=clock)
+    run_to_completion(
+        decoder.generate(prompt, params),
+        lambda e: live.append(e) if isinstance(e, RoundCompleted) else None,
+    )
+    replayed = replay([t + 1000 for t in prompt], [t + 1000 for t in answer], costs, params)
+    assert replayed.token_ids == [t + 1000 for t in answer]  # its own ids, given back
+    assert rounds_of(replayed.rounds) == rounds_of(live)
+    assert replayed.seconds == pytest.approx(sum(r.seconds for r in live))
+    if seed == 0:
+        assert any(r.drafted for r in live)  # the comparison covers drafting rounds
+
+
+def test_a_replay_prices_every_round_at_the_given_costs():
+    prompt = list(range(100, 160)) + [5, 6]
+    answer = list(range(100, 150)) + [7, 8, 9] + list(range(120, 160))
+    replayed = replay(prompt, answer, CPU, GenerationParams(max_tokens=200))
+    assert replayed.token_ids == answer
+    assert replayed.seconds == pytest.approx(sum(CPU.verify(r.drafted) for r in replayed.rounds))
+    assert any(r.drafter == "ngram" and r.accepted > 20 for r in replayed.rounds)
+    with pytest.raises(ValueError):
+        replay(prompt, answer, CPU, GenerationParams(temperature=0.5))
