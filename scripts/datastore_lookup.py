@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.core.retrieval import EXAMINED
+from localspec.core.drafting.store import EXAMINED
 from localspec.session.datastore import DamagedIndex, TokenIndex
 from localspec.session.indexing import time_lookups
 from localspec.session.library import disk_bytes

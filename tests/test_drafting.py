@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from localspec.core.acceptance import AcceptanceEstimate
 from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile, LiveCosts
-from localspec.core.drafting.base import Outcome, Resources
+from localspec.core.drafting.base import Draft, Offer, Outcome, Resources
 from localspec.core.drafting.copying import (
     COPY_DEPTH,
     COPY_ODDS,
@@ -20,7 +21,7 @@ from localspec.core.drafting.copying import (
     vote,
 )
 from localspec.core.drafting.model import FIXED_P_MIN, ModelDrafter
-from localspec.core.drafting.registry import REGISTRY, build_drafters
+from localspec.core.drafting.registry import AUTO, REGISTRY, Registration, build_drafters
 from localspec.core.drafting.store import StoreDrafter
 from localspec.core.engine import Planner, restore_drafters
 from localspec.core.params import GenerationParams
@@ -231,3 +232,50 @@ def test_outcomes_reach_only_the_drafter_that_drafted():
     assert drafter.learned() == {"hits": [], "tries": []}
     drafter.observe([1, 2], Outcome(True, 4, 2))
     assert drafter.learned()["tries"] == [1.0, 1.0, 1.0, 0.0]
+
+
+class EchoDrafter:
+    """The README's example drafter, as written there: drafts the last token again."""
+
+    name, branching = "echo", None
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.estimate = AcceptanceEstimate(prior=0.3)
+
+    def begin(self, prompt, params): ...
+
+    def offer(self, committed, limit):
+        return Offer("echo", limit, self.estimate.expected_accepted)
+
+    def propose(self, committed, k, params, rng):
+        return Draft("echo", [committed[-1]] * k)
+
+    def observe(self, committed, outcome):
+        if outcome.chosen and outcome.drafted:
+            self.estimate.observe(outcome.drafted, outcome.accepted)
+
+    def learned(self):
+        return self.estimate.to_dict()
+
+    def restore(self, data, keep):
+        self.estimate.load(data, keep)
+
+
+def test_a_new_drafter_is_a_module_and_a_registry_line(monkeypatch):
+    from localspec.core.drafting import registry
+    from localspec.core.engine import SpecDecoder, run_to_completion
+    from tests.fakes import plain_greedy
+
+    line = Registration("echo", lambda params, resources: EchoDrafter(params.draft_max), (AUTO,))
+    monkeypatch.setattr(registry, "REGISTRY", (*registry.REGISTRY, line))
+    # A target that repeats itself, with verification as cheap as a step: echoes pay.
+    target = FakeModel(n_vocab=3, seed=2, window=1, sharpness=0.5)
+    cheap = CostProfile(plain_s=1.0, verify_s={k: 1.0 + 0.01 * k for k in range(1, 17)})
+    decoder = SpecDecoder(target, None, cheap)
+    prompt = [0, 1, 2, 1]
+    fin = run_to_completion(decoder.generate(prompt, GenerationParams(max_tokens=60)))
+    assert list(fin.token_ids) == plain_greedy(target, prompt, 60)
+    assert fin.stats.by_drafter["echo"].accepted > 0
+    assert fin.stats.by_origin.get("echo", 0) == fin.stats.by_drafter["echo"].accepted
+    assert "echo" in decoder.learned(GenerationParams())["drafters"]

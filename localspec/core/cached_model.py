@@ -8,7 +8,7 @@ rollback rather than a re-evaluation, and a new chat turn evaluates only its new
 
 Subclasses implement ``_evaluate`` (append tokens at the cache's end, logits for the last
 ``n_logits`` of them) and ``_remove_from`` (drop cached positions >= n). ``FakeModel``
-in the tests and ``LlamaModel`` in ``backend.py`` are the two implementations.
+in the tests and ``LlamaModel`` in ``backend/llama.py`` are the two implementations.
 
 Work per call in O(what changes) rather than O(context), for loops whose steps take a few
 milliseconds (a GPU):

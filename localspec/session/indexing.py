@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from localspec.core.retrieval import EXAMINED
+from localspec.core.drafting.store import EXAMINED
 from localspec.errors import DatastoreError, InputError, UsageError
 from localspec.session.datastore import SEPARATOR, TokenIndex
 from localspec.session.library import (
