@@ -145,7 +145,8 @@ class LiveCosts:
             else:
                 plain = self._verify.get(0)
                 seen = plain is not None and plain.count >= self.min_obs
-                self._scale = max(1.0, plain.value / self.base.plain_s) if seen else 1.0
+                ratio = plain.value / self.base.plain_s if plain is not None and seen else 1.0
+                self._scale = max(1.0, ratio)
         return self._scale
 
     def verify(self, k: int) -> float:

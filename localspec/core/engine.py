@@ -210,7 +210,8 @@ class SpecDecoder:
     def check_learned(self, data: Any) -> None:
         """Raise ``ValueError``, ``KeyError`` or ``TypeError`` unless ``data`` could be
         restored into ``auto``'s drafters; changes nothing."""
-        scratch = self._drafters(GenerationParams(drafter=DrafterMode.AUTO), LiveCosts(self.costs))
+        auto = GenerationParams.model_validate({"drafter": DrafterMode.AUTO})
+        scratch = self._drafters(auto, LiveCosts(self.costs))
         restore_drafters(scratch, data, RESTORE_KEEP)
 
     def check(self, prompt: list[int], params: GenerationParams) -> None:

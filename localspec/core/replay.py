@@ -27,7 +27,6 @@ from localspec.core.events import Event, RoundCompleted
 from localspec.core.params import GenerationParams
 from localspec.core.tree import DraftTree
 
-
 CONTEXT_ROOM = 4096  # past the text: drafts are never cut short by the context
 
 
@@ -41,13 +40,20 @@ class VirtualClock:
 
 class OracleTarget(CachedModel):
     """A target whose greedy choice after a prefix of ``text`` is the text's next token
-    (``end`` after all of it); its evaluations advance ``clock`` by ``costs``."""
+    (``end`` after all of it); its evaluations advance ``clock`` by ``costs``. ``stops``:
+    the text's own end-of-generation tokens (the ends of the template's turns)."""
 
     def __init__(
-        self, text: Sequence[int], end: int, n_vocab: int, costs: CostProfile, clock: VirtualClock
+        self,
+        text: Sequence[int],
+        end: int,
+        n_vocab: int,
+        costs: CostProfile,
+        clock: VirtualClock,
+        stops: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__()
-        self.text, self.end = list(text), end
+        self.text, self.end, self.stops = list(text), end, stops
         self.n_vocab, self.n_ctx = n_vocab, len(self.text) + CONTEXT_ROOM
         self.costs, self.clock = costs, clock
 
@@ -94,7 +100,7 @@ class OracleTarget(CachedModel):
         return b""
 
     def is_eog(self, token: int) -> bool:
-        return token == self.end
+        return token == self.end or token in self.stops
 
 
 @dataclass(frozen=True)
@@ -122,11 +128,10 @@ def replay(
     ids = sorted({*prompt, *answer})
     index = {t: i for i, t in enumerate(ids)}
     end = len(ids)  # a token of its own after the answer
-    stops = [index[t] for t in ids if ends is not None and ends(t)]
+    stops = frozenset(index[t] for t in ids if ends is not None and ends(t))
     clock = VirtualClock()
     text = [index[t] for t in (*prompt, *answer)]
-    target = OracleTarget(text, end, end + 1, costs, clock)
-    target.is_eog = lambda t: t == end or t in stops  # type: ignore[method-assign]
+    target = OracleTarget(text, end, end + 1, costs, clock, stops)
     decoder = SpecDecoder(target, None, costs, clock=clock)
     if margin is not None:
         decoder.planner_for(params).controller.margin = margin

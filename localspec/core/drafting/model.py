@@ -25,7 +25,7 @@ import numpy as np
 from localspec.core.acceptance import AcceptanceEstimate, TextCount
 from localspec.core.cached_model import CachedModel, common_prefix_length
 from localspec.core.costs import Ema, LiveCosts
-from localspec.core.drafting.base import Draft, Offer, Outcome, Resources
+from localspec.core.drafting.base import Branching, Draft, Offer, Outcome, Resources
 from localspec.core.params import GenerationParams
 from localspec.core.sampling import sample, top_probability, warp
 
@@ -75,7 +75,7 @@ class ModelDrafter:
     """Autoregressive drafting with a small model that shares the target's vocabulary."""
 
     name = NAME
-    branching = None
+    branching: Branching | None = None  # it drafts one continuation: chains only
 
     def __init__(
         self,
