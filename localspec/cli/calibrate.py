@@ -62,7 +62,15 @@ def calibrate_command(
         try:
             options = ModelOptions(
                 **pair_settings(
-                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split,
+                    target,
+                    draft,
+                    threads,
+                    ctx,
+                    gpu_layers,
+                    exact,
+                    rpc,
+                    rpc_timeout,
+                    rpc_split,
                     draft_gpu_layers=draft_gpu_layers,
                 ),
                 recalibrate=True,

@@ -104,7 +104,6 @@ class ModelOptions(BaseModel):
     show_download_progress: bool = True
 
 
-
 LostHandler = Callable[[str], None]
 
 
@@ -521,9 +520,7 @@ def learning_store() -> LearningStore:
     return LearningStore(cache_root() / "learning")
 
 
-def plan_placement(
-    options: ModelOptions, target_path: Path, draft_path: Path | None
-) -> Placement:
+def plan_placement(options: ModelOptions, target_path: Path, draft_path: Path | None) -> Placement:
     """Where each model of the pair will run, from the devices this build sees now (see
     session/placement.py). With RPC workers the target goes to them (all its layers unless
     told otherwise) and the draft stays on this machine's CPU: its steps are many and
