@@ -27,11 +27,11 @@ from pathlib import Path
 
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.events import (
+    TARGET,
     EngineWarning,
     Event,
     Finished,
     FinishReason,
-    Origin,
     PrefillDone,
     RoundCompleted,
     TokenEmitted,
@@ -45,7 +45,7 @@ HOLD_TIMEOUT_S = 10.0  # a held answer gives up waiting, so a broken test cannot
 
 @dataclass
 class ScriptedRound:
-    tokens: list[tuple[str, Origin]]
+    tokens: list[tuple[str, str]]  # (text, origin: a drafter's name or TARGET)
     drafter: str | None  # "model", "ngram" or None for a plain target step
     drafted: int
     seconds: float = 0.05
@@ -53,7 +53,7 @@ class ScriptedRound:
 
     @property
     def accepted(self) -> int:
-        return sum(1 for _, origin in self.tokens if origin is not Origin.TARGET)
+        return sum(1 for _, origin in self.tokens if origin != TARGET)
 
 
 @dataclass
@@ -80,15 +80,15 @@ class ScriptedAnswer:
         all its drafts were rejected); it drafted as many tokens as it accepted unless
         ``drafted[round]`` says more.
         """
-        grouped: dict[int, list[tuple[str, Origin]]] = {}
+        grouped: dict[int, list[tuple[str, str]]] = {}
         for text, origin, round_index in tokens:
-            grouped.setdefault(round_index, []).append((text, Origin(origin)))
+            grouped.setdefault(round_index, []).append((text, origin))
         rounds = []
         for index in sorted(grouped):
             toks = grouped[index]
-            drafter = next((o.value for _, o in toks if o is not Origin.TARGET), None)
+            drafter = next((o for _, o in toks if o != TARGET), None)
             drafter = (drafters or {}).get(index, drafter)
-            accepted = sum(1 for _, o in toks if o is not Origin.TARGET)
+            accepted = sum(1 for _, o in toks if o != TARGET)
             n_drafted = (drafted or {}).get(index, accepted)
             rounds.append(ScriptedRound(toks, drafter, n_drafted if drafter else 0, seconds))
         return cls(rounds, **kwargs)  # type: ignore[arg-type]
@@ -98,7 +98,7 @@ class ScriptedAnswer:
         """One target-only round per word."""
         words = text.split(" ")
         pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
-        return cls([ScriptedRound([(p, Origin.TARGET)], None, 0, seconds) for p in pieces])
+        return cls([ScriptedRound([(p, TARGET)], None, 0, seconds) for p in pieces])
 
 
 def count_tokens(messages: list[dict[str, str]]) -> int:

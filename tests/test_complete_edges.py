@@ -8,7 +8,7 @@ import json
 import pytest
 
 from localspec.cli import complete as complete_cli
-from localspec.core.events import Origin, TokenEmitted
+from localspec.core.events import TARGET, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.errors import BackendError, InputError
 from localspec.session import session as session_module
@@ -25,8 +25,8 @@ class StubSession:
         self.placement = None  # where the models run: nothing loaded here
 
     def complete(self, prompt, params, **kwargs):
-        yield TokenEmitted(7, "ab", Origin.TARGET, 0)
-        yield TokenEmitted(9, "cd", Origin.TARGET, 1)
+        yield TokenEmitted(7, "ab", TARGET, 0)
+        yield TokenEmitted(9, "cd", TARGET, 1)
         raise self.then
 
     def close(self) -> None:

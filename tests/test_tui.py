@@ -15,13 +15,19 @@ import pytest
 from rich.console import Console
 from textual.pilot import Pilot
 
-from localspec.core.events import FinishReason, Origin
+from localspec.core.events import FinishReason
 from localspec.core.params import GenerationParams
 from localspec.errors import BackendError, ModelNotFoundError
 from localspec.tui.app import ChatApp
 from localspec.tui.conversation import Conversation, Turn, turns_to_drop
 from localspec.tui.screens import HelpScreen, OverflowScreen
-from localspec.tui.stats_panel import ORIGIN_STYLES, StatsPanel, sparkline
+from localspec.tui.stats_panel import (
+    ORIGIN_STYLES,
+    StatsPanel,
+    origin_label,
+    origin_style,
+    sparkline,
+)
 from localspec.tui.widgets import AssistantMessage, ChatInput, LoadingPanel, Notice, UserMessage
 from tests.fake_session import FakeSession, ScriptedAnswer, count_tokens, fake_factory
 
@@ -160,8 +166,8 @@ async def test_answer_streams_with_origin_styles_and_stats() -> None:
         assert app.query_one(ChatInput).text == ""
         answer = app.query_one(AssistantMessage)
         assert answer.text == SPEC_TEXT
-        assert style_at(answer, 0) == ORIGIN_STYLES[Origin.DRAFT_MODEL]
-        assert style_at(answer, SPEC_TEXT.index(" return")) == ORIGIN_STYLES[Origin.NGRAM]
+        assert style_at(answer, 0) == ORIGIN_STYLES["model"]
+        assert style_at(answer, SPEC_TEXT.index(" return")) == ORIGIN_STYLES["ngram"]
         assert style_at(answer, SPEC_TEXT.index(",")) == ""  # the target's own token
         turn = app.conversation.turns[0]
         assert (turn.answer, turn.finish) == (SPEC_TEXT, "eos")
@@ -706,6 +712,23 @@ async def test_system_prompt_heads_the_conversation_and_survives_a_new_chat(tmp_
         assert session.calls[-1][0]["role"] == "system" and len(session.calls[-1]) == 2
 
 
+@pytest.mark.asyncio
+async def test_a_drafter_the_app_does_not_know_gets_a_colour_and_its_name() -> None:
+    tokens = [("one", "lookahead", 0), (" two", "lookahead", 0), (" three", "target", 0)]
+    session = FakeSession([ScriptedAnswer.from_tokens(tokens)])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "count")
+        style = style_at(app.query_one(AssistantMessage), 0)
+        assert style and style not in ORIGIN_STYLES.values()
+        assert style_at(app.query_one(AssistantMessage), len("one two")) == ""
+        text = squash(panel_text(app))
+        assert "■ lookahead" in text and "lookahead 2/2 100%" in text
+    assert origin_style("lookahead") == style  # the same colour every time
+    assert origin_label("lookahead") == "lookahead"
+
+
 # -- Markdown answers ---------------------------------------------------------------------
 
 MD_TEXT = (
@@ -763,7 +786,7 @@ async def test_finished_answer_is_parsed_as_markdown_once_and_ctrl_t_shows_the_t
         assert len(answer.spans) > 20  # the tokens and their origins are kept
         await pilot.press("ctrl+t")
         assert not answer.shows_markdown and app.rendered is False
-        assert style_at(answer, 0) == ORIGIN_STYLES[Origin.DRAFT_MODEL]
+        assert style_at(answer, 0) == ORIGIN_STYLES["model"]
         await send(pilot, "again")  # a new answer follows the chosen view
         second = app.query(AssistantMessage).last()
         assert not second.shows_markdown and second.markdown is not None

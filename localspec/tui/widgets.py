@@ -21,9 +21,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import LoadingIndicator, Static, TextArea
 
-from localspec.core.events import Origin
 from localspec.tui.conversation import Turn, answer_note
-from localspec.tui.stats_panel import ORIGIN_STYLES
+from localspec.tui.stats_panel import origin_style
 
 _PERCENT = re.compile(r"\s\d+(?:\.\d+)?%")
 # The UI shares the CPU with llama.cpp's threads: every redraw is time taken from decoding,
@@ -82,7 +81,7 @@ class AssistantMessage(Static):
         super().__init__(classes=f"message assistant {turn_class(turn)}")
         self.border_title = "Assistant"
         self.turn = turn
-        self.spans: list[tuple[str, Origin | None]] = []
+        self.spans: list[tuple[str, str | None]] = []
         self.colour = colour
         self.rendered = rendered  # a finished answer shows as Markdown
         self.markdown: Markdown | None = None  # parsed once, when the answer finishes
@@ -100,7 +99,7 @@ class AssistantMessage(Static):
     def on_mount(self) -> None:
         self.redraw()
 
-    def append(self, text: str, origin: Origin) -> None:
+    def append(self, text: str, origin: str) -> None:
         """Add a token; it shows at the next ``flush`` (the app's frame), because redrawing
         re-renders and re-lays out the whole answer."""
         if not text:
@@ -148,7 +147,7 @@ class AssistantMessage(Static):
     def body(self) -> Text:
         body = Text()
         for text, origin in self.spans:
-            style = ORIGIN_STYLES[origin] if (self.colour and origin is not None) else ""
+            style = origin_style(origin) if (self.colour and origin is not None) else ""
             body.append(text, style=style)
         if not self.spans and not self.turn.done:
             body.append("…", style="dim")
@@ -157,8 +156,8 @@ class AssistantMessage(Static):
         return body
 
 
-def _truncate(spans: list[tuple[str, Origin | None]], text: str) -> list[tuple[str, Origin | None]]:
-    out: list[tuple[str, Origin | None]] = []
+def _truncate(spans: list[tuple[str, str | None]], text: str) -> list[tuple[str, str | None]]:
+    out: list[tuple[str, str | None]] = []
     left = len(text)
     for span, origin in spans:
         if left <= 0:
