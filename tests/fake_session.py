@@ -2,8 +2,8 @@
 
 ``FakeSession`` plays a queue of ``ScriptedAnswer``s, one per ``chat`` call, as the engine's
 event stream: ``PrefillDone``, then per round its ``TokenEmitted`` and ``RoundCompleted``
-(with the fixed seconds of the script, never the clock), then ``Finished`` with
-``GenerationStats.to_dict()``. It checks the cancel event between tokens; ``hold_after``
+(with the fixed seconds of the script, never the clock), then ``Finished`` with the
+answer's ``GenerationStats``. It checks the cancel event between tokens; ``hold_after``
 makes it stop after that many tokens until cancelled or ``release`` is set, so a test can
 press Escape at a known point. It records every prompt it is given in ``calls`` and the
 parameters in ``params``.
@@ -206,7 +206,7 @@ class FakeSession:
         if answer.error is not None and emitted == answer.error_after:
             raise answer.error
         self.cached = prompt + text.split()
-        yield Finished(reason, text, tuple(ids), stats.to_dict())
+        yield Finished(reason, text, tuple(ids), stats)
 
     def _should_stop(self, emitted: int, cancel: threading.Event) -> bool:
         if self.token_delay:

@@ -567,9 +567,9 @@ async def test_real_session_answers_and_counts(tiny_pair) -> None:  # type: igno
         await send(pilot, "the cat")
         await wait_for(pilot, lambda: not app.generating, timeout=60)
         turn = app.conversation.turns[0]
-        assert turn.finish in ("eos", "length") and turn.stats["generated_tokens"] > 0
+        assert turn.finish in ("eos", "length") and turn.stats.generated_tokens > 0
         assert app.query_one(AssistantMessage).text == turn.answer
-        assert app.live.answer.generated_tokens == turn.stats["generated_tokens"]
+        assert app.live.answer.generated_tokens == turn.stats.generated_tokens
         assert not [s for s in seen if s[2] == "error"]
         await send(pilot, "and the dog")
         await wait_for(pilot, lambda: not app.generating, timeout=60)
@@ -595,12 +595,12 @@ async def test_real_session_regenerates_and_resumes_from_the_kv_cache(tiny_pair)
         await wait_for(pilot, lambda: not app.generating, timeout=60)
         prompt = app.session.count_chat_tokens([{"role": "user", "content": "the cat"}])
         # the engine's prefill evaluates all but the last prompt token (its round does that)
-        assert app.conversation.turns[0].stats["prefill_evaluated_tokens"] == prompt - 1
+        assert app.conversation.turns[0].stats.prefill_evaluated == prompt - 1
         gen = app._gen
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: app._gen > gen and not app.generating, timeout=60)
         [turn] = app.conversation.turns
-        assert turn.stats["prefill_evaluated_tokens"] == 0  # all of it was in the cache
+        assert turn.stats.prefill_evaluated == 0  # all of it was in the cache
         path = app.autosave_file
     assert path is not None
     saved = read_conversation(path)
@@ -612,15 +612,11 @@ async def test_real_session_regenerates_and_resumes_from_the_kv_cache(tiny_pair)
         await send(pilot, "and the dog")
         await wait_for(pilot, lambda: not app.generating, timeout=60)
         first = app.conversation.turns[1].stats
-        assert first["prefill_evaluated_tokens"] == first["prompt_tokens"] - 1
+        assert first.prefill_evaluated == first.prompt_tokens - 1
         await send(pilot, "and the bird")
         await wait_for(pilot, lambda: not app.generating, timeout=60)
         second = app.conversation.turns[2].stats
-        assert (
-            0
-            < second["prefill_evaluated_tokens"]
-            < second["prompt_tokens"] - first["prompt_tokens"]
-        )
+        assert 0 < second.prefill_evaluated < second.prompt_tokens - first.prompt_tokens
 
 
 @pytest.mark.asyncio
@@ -648,10 +644,10 @@ async def test_real_default_pair_answers_one_short_turn(real_pair_home) -> None:
         await send(pilot, text, wait=False)  # a real answer takes longer than send waits
         await wait_for(pilot, lambda: not app.generating, timeout=180)
         turn = app.conversation.turns[0]
-        assert turn.finish in ("eos", "length") and turn.stats["generated_tokens"] > 0
+        assert turn.finish in ("eos", "length") and turn.stats.generated_tokens > 0
         assert app.query_one(AssistantMessage).text == turn.answer
-        origins = turn.stats["tokens_by_origin"]
-        assert sum(origins.values()) == turn.stats["generated_tokens"]
+        origins = turn.stats.by_origin
+        assert sum(origins.values()) == turn.stats.generated_tokens
 
 
 EVIL = "[/]evil[bold"

@@ -94,6 +94,13 @@ MIN_RATIO_TOKENS = 64  # shorter runs give noisy tok/s: left out of the ratio me
 MIN_PLAIN_STEPS = 16
 
 Record = dict[str, Any]
+# The fields of the stats' JSON (``GenerationStats.to_dict``) an engine run's record carries
+# (``trace`` only when the run kept one).
+RECORD_STATS = (
+    "prompt_tokens", "generated_tokens", "decode_s", "decode_tokens_per_s", "prefill_s",
+    "drafted", "accepted", "rounds", "acceptance_rate", "mean_accepted_length", "by_drafter",
+    "tokens_by_origin", "trace",
+)  # fmt: skip
 PROMPT_FILE_HINT = 'one JSON object per line, e.g. {"prompt": "...", "category": "mine"}'
 
 
@@ -342,33 +349,23 @@ class BenchRunner:
         stats = finished.stats
         start, end = marks.get("start"), self._compute_seconds()
         compute = None if start is None or end is None else end - start
-        decode_s = stats["decode_s"]
-        drafted = stats["drafted"]
+        shown = stats.to_dict()  # the record is JSON: the stats' figures as serialised
         record: Record = {
             "engine": "localspec",
-            "prompt_tokens": stats["prompt_tokens"],
-            "generated_tokens": stats["generated_tokens"],
             "finish_reason": finished.reason.value,
-            "decode_s": decode_s,
-            "decode_tokens_per_s": stats["decode_tokens_per_s"],
-            "prefill_s": stats["prefill_s"],
-            "drafted": drafted,
-            "accepted": stats["accepted"],
-            "rounds": stats["rounds"],
-            "acceptance_rate": stats["acceptance_rate"] if drafted else None,
-            "mean_accepted_length": stats["mean_accepted_length"],
-            "by_drafter": stats["by_drafter"],
-            "tokens_by_origin": stats["tokens_by_origin"],
+            **{name: shown[name] for name in RECORD_STATS if name in shown},
             "compute_s": None if compute is None else round(compute, 6),
             "outside_share": (
-                None if compute is None or decode_s <= 0 else round(1 - compute / decode_s, 4)
+                None
+                if compute is None or stats.decode_s <= 0
+                else round(1 - compute / stats.decode_s, 4)
             ),
             "plain_steps": len(plain),
             "plain_step_s": round(statistics.fmean(plain), 6) if plain else None,
             "token_ids": list(finished.token_ids),
         }
-        if "trace" in stats:
-            record["trace"] = stats["trace"]
+        if not stats.drafted:
+            record["acceptance_rate"] = None  # nothing drafted: no rate, rather than 0%
         return record
 
     def _native_result(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Any:

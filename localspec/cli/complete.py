@@ -126,23 +126,23 @@ def ctrl_c_cancels() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
-def human_stats(stats: dict[str, Any], reason: str) -> str:
+def human_stats(stats: GenerationStats, reason: str) -> str:
     lines = [
-        f"finish: {reason}; prompt {stats['prompt_tokens']} tokens in {stats['prefill_s']:.2f}s; "
-        f"generated {stats['generated_tokens']} tokens in {stats['decode_s']:.2f}s "
-        f"({stats['decode_tokens_per_s']:.1f} tok/s)",
-        f"drafted {stats['drafted']}, accepted {stats['accepted']} "
-        f"(acceptance {stats['acceptance_rate']:.0%}); {stats['rounds']} target passes, "
-        f"{stats['mean_accepted_length']:.2f} tokens per pass",
+        f"finish: {reason}; prompt {stats.prompt_tokens} tokens in {stats.prefill_s:.2f}s; "
+        f"generated {stats.generated_tokens} tokens in {stats.decode_s:.2f}s "
+        f"({stats.decode_tokens_per_s:.1f} tok/s)",
+        f"drafted {stats.drafted}, accepted {stats.accepted} "
+        f"(acceptance {stats.acceptance_rate:.0%}); {stats.rounds} target passes, "
+        f"{stats.mean_accepted_length:.2f} tokens per pass",
     ]
-    origin = stats.get("tokens_by_origin", {})
-    lines.append("tokens by origin: " + ", ".join(f"{k} {v}" for k, v in origin.items()))
-    for name, d in stats.get("by_drafter", {}).items():
-        pos = " ".join(f"{x:.2f}" for x in d["per_position_acceptance"][:8])
+    origins = sorted(stats.by_origin.items())
+    lines.append("tokens by origin: " + ", ".join(f"{k} {v}" for k, v in origins))
+    for name, d in sorted(stats.by_drafter.items()):
+        pos = " ".join(f"{x:.2f}" for x in d.per_position()[:8])
         lines.append(
-            f"  {name:6} rounds {d['rounds']:4}  drafted {d['drafted']:5}  accepted "
-            f"{d['accepted']:5}  rate {d['acceptance_rate']:.2f}  "
-            f"tau {d['mean_accepted_length']:.2f}" + (f"  per-position {pos}" if pos else "")
+            f"  {name:6} rounds {d.rounds:4}  drafted {d.drafted:5}  accepted "
+            f"{d.accepted:5}  rate {d.acceptance_rate:.2f}  "
+            f"tau {d.mean_accepted_length:.2f}" + (f"  per-position {pos}" if pos else "")
         )
     return "\n".join(lines)
 
@@ -284,10 +284,7 @@ def run_complete(
     finally:
         session.close()
     reason = finished.reason.value if finished else "cancelled"
-    summary = {
-        **(finished.stats if finished else running.to_dict()),
-        **({"placement": placement.to_dict()} if placement else {}),
-    }
+    totals = finished.stats if finished else running
     out = sys.stdout
     if json_out:
         record = {
@@ -295,7 +292,10 @@ def run_complete(
             "token_ids": list(finished.token_ids) if finished else running.token_ids,
             "finish_reason": reason,
             "exact": options.exact,
-            "stats": summary,
+            "stats": {
+                **totals.to_dict(),
+                **({"placement": placement.to_dict()} if placement else {}),
+            },
         }
         out.write(json.dumps(record) + "\n")
     else:
@@ -305,7 +305,7 @@ def run_complete(
             out.write("\n")
         out.flush()
     if stats:
-        typer.echo(human_stats(summary, reason), err=True)
+        typer.echo(human_stats(totals, reason), err=True)
         if placement:
             typer.echo(f"{placement.summary()} ({placement.reason})", err=True)
     return EXIT_CANCELLED if reason == "cancelled" else 0

@@ -41,6 +41,7 @@ from textual.widgets import Footer, Header, Static
 
 from localspec.core.events import EngineWarning, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
+from localspec.core.stats import GenerationStats
 from localspec.models.paths import conversations_dir
 from localspec.session.conversations import (
     SavedConversation,
@@ -433,7 +434,7 @@ class ChatApp(App[int]):
         self.notify(message.hint or message.message, title=message.message, severity="error")
         answer = self._answer
         if answer is not None and answer.text and self.conversation.pending:
-            self._finish_turn(answer.text, "error", self.live.answer.to_dict())
+            self._finish_turn(answer.text, "error", self.live.answer)
             answer.finalize()
         else:
             self._restore_input(self._withdraw_pending())
@@ -459,7 +460,7 @@ class ChatApp(App[int]):
         if self.conversation.pending is not None:
             # The stream ended without Finished: keep what arrived, as for a stop.
             answer = self._answer.text if self._answer else ""
-            self._finish_turn(answer, "cancelled", self.live.answer.to_dict())
+            self._finish_turn(answer, "cancelled", self.live.answer)
             if self._answer:
                 self._answer.finalize()
         self.generating = False
@@ -468,7 +469,7 @@ class ChatApp(App[int]):
         self._refresh_stats()
         self.refresh_bindings()
 
-    def _finish_turn(self, answer: str, reason: str, stats: dict[str, object]) -> None:
+    def _finish_turn(self, answer: str, reason: str, stats: GenerationStats) -> None:
         """Record the answer in the history, then save the conversation so that no finished
         turn is lost whatever happens next."""
         self.conversation.finish(answer, reason, stats)
