@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -81,7 +81,8 @@ STORE_MODE = "auto-store"  # auto with the session's datastores (``--store``); a
 CHAINS_MODE = "auto-chains"  # auto without draft trees: single draft chains only
 AUTO_MODES = ("auto", STORE_MODE, CHAINS_MODE)  # the cost model's modes
 # llama-speculative-simple's speculative types; "best native" is the fastest of them all.
-NATIVE_SPEC_MODES = ("native-draft", "native-ngram", "native-ngram-map-k", "native-ngram-mod")
+NATIVE_DRAFT = "native-draft"  # llama.cpp with the draft model
+NATIVE_SPEC_MODES = (NATIVE_DRAFT, "native-ngram", "native-ngram-map-k", "native-ngram-mod")
 NATIVE_PLAIN = "native-none"  # llama.cpp without speculation: compared with `none`
 NATIVE_BENCH = "native-bench"  # llama-bench's plain decoding at the prompt's depth
 NATIVE_MODES = (*NATIVE_SPEC_MODES, NATIVE_PLAIN, NATIVE_BENCH)
@@ -262,6 +263,19 @@ class BenchConfig(BaseModel):
         return self.temperature == 0.0
 
 
+def drafter_mode(mode: str) -> DrafterMode:
+    """The engine's drafter mode one of the engine's bench modes runs (auto's variants run
+    auto)."""
+    return DrafterMode.AUTO if mode in AUTO_MODES else DrafterMode(mode)
+
+
+def loads_draft_model(mode: str) -> bool:
+    """Whether a bench mode runs the draft model when there is one (so it is loaded)."""
+    if mode in NATIVE_MODES:
+        return mode == NATIVE_DRAFT
+    return drafter_mode(mode).loads_draft_model
+
+
 def parse_modes(text: str) -> tuple[str, ...]:
     """``"none,ngram"`` -> ``("none", "ngram")``; ``none`` is always included, first."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
@@ -297,8 +311,10 @@ class BenchRunner:
         self.native = native
         if any(m in NATIVE_MODES for m in config.modes) and native is None:
             raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
-        if "model" in config.modes and session.draft is None:
-            raise UsageError("mode model needs a draft model", "drop it from --modes")
+        for mode in config.modes:
+            engine = mode not in NATIVE_MODES
+            if engine and drafter_mode(mode).needs_draft_model and session.draft is None:
+                raise UsageError(f"mode {mode} needs a draft model", "drop it from --modes")
         if STORE_MODE in config.modes and not session.store_corpora:
             raise UsageError(
                 f"mode {STORE_MODE} needs a datastore",
@@ -311,7 +327,7 @@ class BenchRunner:
             max_tokens=max_tokens,
             temperature=self.config.temperature,
             seed=seed,
-            drafter=DrafterMode.AUTO if mode in AUTO_MODES else cast(DrafterMode, mode),
+            drafter=drafter_mode(mode),
             trace=self.config.trace,
             trees=mode != CHAINS_MODE,
         )

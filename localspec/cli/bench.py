@@ -278,7 +278,7 @@ def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
                 args.rpc_split,
                 draft_gpu_layers=args.draft_gpu_layers,
             ),  # fmt: skip
-            use_draft=any(m in chosen for m in ("model", *bench.AUTO_MODES, "native-draft")),
+            use_draft=any(bench.loads_draft_model(m) for m in chosen),
             # Only auto-store drafts from a store, and only from those named; no bench run
             # adds its answers to the user's history.
             stores=tuple(args.store or ()),

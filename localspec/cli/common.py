@@ -230,9 +230,20 @@ def parse_generation(
 ) -> tuple[GenerationParams, Any]:
     """Validate the options every generating command shares -> (params, ModelOptions).
     ``sampling`` holds the GenerationParams fields (max_tokens, temperature, ...)."""
-    if drafter not in tuple(DrafterMode):
-        raise UsageError(f"invalid --drafter {drafter!r}", "use auto, model, ngram or none")
-    return build_params(drafter=drafter, **sampling), model_options(drafter, **models)
+    mode = drafter_mode(drafter)
+    return build_params(drafter=mode, **sampling), model_options(mode, **models)
+
+
+def drafter_mode(value: str) -> DrafterMode:
+    """``--drafter``'s value as a mode; a ``UsageError`` that lists the modes otherwise. (A
+    saved chat's settings give the value as text too, so it is checked here, not by typer.)"""
+    try:
+        return DrafterMode(value)
+    except ValueError:
+        *first, last = (mode.value for mode in DrafterMode)
+        raise UsageError(
+            f"invalid --drafter {value!r}", f"use {', '.join(first)} or {last}"
+        ) from None
 
 
 def build_params(**kwargs: Any) -> GenerationParams:
@@ -242,13 +253,13 @@ def build_params(**kwargs: Any) -> GenerationParams:
         raise usage_from(err) from None
 
 
-def model_options(drafter: str, **kwargs: Any):  # -> ModelOptions
+def model_options(drafter: DrafterMode, **kwargs: Any):  # -> ModelOptions
     from localspec.session.session import ModelOptions
 
     try:
         return ModelOptions(
-            use_draft=drafter in (DrafterMode.AUTO, DrafterMode.MODEL),
-            calibrate=drafter == DrafterMode.AUTO,
+            use_draft=drafter.loads_draft_model,
+            calibrate=drafter.uses_cost_model,
             **kwargs,
         )
     except ValidationError as err:

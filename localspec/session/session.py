@@ -37,7 +37,7 @@ from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import Event, Finished, FinishReason
-from localspec.core.params import DrafterMode, GenerationParams
+from localspec.core.params import GenerationParams
 from localspec.errors import (
     EXIT_FAILURE,
     ContextOverflowError,
@@ -264,15 +264,15 @@ class Session:
     def generate(
         self, tokens: list[int], params: GenerationParams, cancel: threading.Event | None = None
     ) -> Iterator[Event]:
-        if params.drafter == "model" and self.draft is None:
+        if params.drafter.needs_draft_model and self.draft is None:
             raise InputError(
-                "--drafter model needs a draft model, and none is loaded",
+                f"--drafter {params.drafter} needs a draft model, and none is loaded",
                 "pass --draft REF, or use --drafter ngram",
             )
         events = self.decoder.generate(tokens, params, cancel)
         if self.history is not None:
             events = self._recording(events, tokens)
-        if self.learning is None or params.drafter != DrafterMode.AUTO:
+        if self.learning is None or not params.drafter.learns:
             return events
         return self._saving_learning(events, params)
 
