@@ -39,7 +39,9 @@ from localspec.core.events import (
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import ContextOverflowError
+from localspec.progress import OnProgress, Progress, ProgressKind
 
+STEP = ProgressKind.STEP
 HOLD_TIMEOUT_S = 10.0  # a held answer gives up waiting, so a broken test cannot hang
 
 
@@ -235,16 +237,17 @@ class FakeSession:
 
 def fake_factory(
     session: FakeSession,
-    progress: Iterable[str] = ("loading target fake-target-1.5b …", "loading draft …"),
+    progress: Iterable[str | Progress] = ("loading target fake-target-1.5b …", "loading draft …"),
     error: Exception | None = None,
     gate: threading.Event | None = None,
 ) -> Callable[..., FakeSession]:
-    """A session factory as ``run_chat`` takes; ``gate`` holds it after the progress lines."""
+    """A session factory as ``run_chat`` takes; ``gate`` holds it after the progress reports
+    (a string is a ``STEP``)."""
 
-    def factory(on_progress: Callable[[str], None], on_lost: Callable[[str], None]) -> FakeSession:
+    def factory(on_progress: OnProgress, on_lost: Callable[[str], None]) -> FakeSession:
         session.on_lost = on_lost
-        for line in progress:
-            on_progress(line)
+        for report in progress:
+            on_progress(report if isinstance(report, Progress) else Progress(STEP, report))
         if gate is not None:
             gate.wait(HOLD_TIMEOUT_S)
         if error is not None:

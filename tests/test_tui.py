@@ -18,6 +18,7 @@ from textual.pilot import Pilot
 from localspec.core.events import FinishReason
 from localspec.core.params import GenerationParams
 from localspec.errors import BackendError, ModelNotFoundError
+from localspec.progress import Progress, ProgressKind
 from localspec.tui.app import ChatApp
 from localspec.tui.conversation import Conversation, Turn, turns_to_drop
 from localspec.tui.screens import HelpScreen, OverflowScreen
@@ -121,13 +122,23 @@ def style_at(answer: AssistantMessage, offset: int) -> str:
 async def test_loading_shows_progress_then_ready() -> None:
     gate = threading.Event()
     session = FakeSession()
-    app = make_app(session, progress=["downloading fake.gguf 35%", "downloading fake.gguf 80%",
-                                      "loading target fake-target …"], gate=gate)  # fmt: skip
+    progress = [
+        Progress(ProgressKind.DOWNLOAD, "downloading fake.gguf"),
+        Progress(ProgressKind.DOWNLOAD, "downloading fake.gguf", 0.35),
+        Progress(ProgressKind.DOWNLOAD, "downloading fake.gguf", 0.8),
+        "loading target fake-target …",
+        Progress(ProgressKind.WARNING, "the models need more memory than is free"),
+    ]
+    app = make_app(session, progress=progress, gate=gate)
     async with app.run_test() as pilot:
         panel = app.query_one(LoadingPanel)
-        await wait_for(pilot, lambda: len(panel.lines) == 2)
-        # the second download line replaced the first one
-        assert panel.lines == ["downloading fake.gguf 80%", "loading target fake-target …"]
+        await wait_for(pilot, lambda: len(panel.lines) == 3)
+        # each report on the download replaced the one before
+        assert panel.lines == [
+            "downloading fake.gguf 80%",
+            "loading target fake-target …",
+            "warning: the models need more memory than is free",
+        ]
         assert app.session is None
         gate.set()
         await ready(pilot)

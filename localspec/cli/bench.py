@@ -38,6 +38,7 @@ from localspec.cli.common import (
     TemperatureOpt,
     ThreadsOpt,
     cli_errors,
+    echo_progress,
     pair_settings,
     usage_from,
 )
@@ -337,7 +338,7 @@ def _bench(args: BenchArgs) -> int:
     if args.chart:
         bench_report.require_matplotlib()
     out_dir = _out_dir(args.out)
-    session = open_session(options, on_progress=_echo)
+    session = open_session(options, on_progress=echo_progress)
     try:
         native = _native_runner(args, session, chosen, native_args)
         runner = bench.BenchRunner(session, config, native)

@@ -1,5 +1,6 @@
-"""What every command shares: option definitions, and the one place where errors become
-``error:`` / ``hint:`` lines on stderr and an exit code (``fail``, ``cli_errors``)."""
+"""What every command shares: option definitions, the one place where errors become
+``error:`` / ``hint:`` lines on stderr and an exit code (``fail``, ``cli_errors``), and how
+progress reports (``localspec.progress``) are printed on stderr (``progress_line``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from localspec.errors import (
     describe,
     validation_problem,
 )
+from localspec.progress import Progress, ProgressKind
 
 
 def echo_error(error: BaseException) -> int:
@@ -32,6 +34,21 @@ def echo_error(error: BaseException) -> int:
     if hint:
         typer.echo(f"hint: {hint}", err=True)
     return code
+
+
+def progress_line(progress: Progress) -> str:
+    """A progress report as a line: ``warning: text`` for a warning, the text and the share
+    done of a download that knows it, the text otherwise."""
+    if progress.kind is ProgressKind.WARNING:
+        return f"warning: {progress.text}"
+    if progress.fraction is not None:
+        return f"{progress.text} {progress.fraction:.0%}"
+    return progress.text
+
+
+def echo_progress(progress: Progress) -> None:
+    """Every progress report, on stderr (the commands that show their loading)."""
+    typer.echo(progress_line(progress), err=True)
 
 
 def fail(error: LocalspecError) -> typer.Exit:

@@ -44,6 +44,7 @@ from localspec.cli.common import (
     TopKOpt,
     TopPOpt,
     cli_errors,
+    echo_progress,
     pair_settings,
     parse_generation,
     read_system,
@@ -53,6 +54,7 @@ from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import EXIT_CANCELLED, InputError, UsageError
+from localspec.progress import Progress, ProgressKind
 
 # A token is a few bytes of text: a prompt of more than this many bytes per token of context
 # cannot fit, so it is refused before it is read whole (or tokenized).
@@ -233,11 +235,11 @@ def complete(
     raise typer.Exit(code)
 
 
-def print_warnings(progress_line: str) -> None:
+def print_warnings(progress: Progress) -> None:
     """Keep stderr quiet during loading except for warnings (e.g. not enough memory) and
-    the one-time measurement of this machine, which is a noticeable wait."""
-    if progress_line.startswith(("warning: ", "measuring ", "the machine looked busy")):
-        typer.echo(progress_line, err=True)
+    the noticeable waits (the one-time measurement of this machine)."""
+    if progress.kind in (ProgressKind.WARNING, ProgressKind.WAIT):
+        echo_progress(progress)
 
 
 def run_complete(

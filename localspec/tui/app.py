@@ -1,8 +1,9 @@
 """The ``localspec chat`` Textual app and its entry point ``run_chat``.
 
 ``run_chat(session_factory, params)`` runs the app and returns an exit code (1 when the
-models could not be loaded). At start the app calls ``session_factory(on_progress)`` in a
-worker thread, showing the progress lines; a load error shows as a message with its hint.
+models could not be loaded). At start the app calls ``session_factory(on_progress, on_lost)``
+in a worker thread, showing its progress reports; a load error shows as a message with its
+hint.
 
 Each answer runs ``Session.chat`` in a worker thread (``worker.run_generation``), which posts
 the engine's events as messages; the UI thread renders them (tokens coloured by origin, the
@@ -264,7 +265,7 @@ class ChatApp(App[int]):
 
     def on_load_progress(self, message: LoadProgress) -> None:
         for panel in self.query(LoadingPanel):
-            panel.add_line(message.line)
+            panel.add(message.progress)
 
     def on_session_ready(self, message: SessionReady) -> None:
         session = self.session = message.session
