@@ -377,14 +377,16 @@ def resolve_pair(
 ) -> tuple[Path, Path | None]:
     from localspec.models.catalog import resolve_model
 
+    # A front end that draws its own screen (no rich bars) gets a fetch's notes and shares.
+    shown = True if options.show_download_progress else (on_progress or False)
     tell(on_progress, "locating the target model (fetched on first use, which can take minutes)")
-    target = resolve_model(options.target, "target", progress=options.show_download_progress)
+    target = resolve_model(options.target, "target", progress=shown)
     draft = None
     if options.use_draft:
         ref = options.draft if options.draft else _paired_draft(options.target)
         if ref is not NO_DRAFT:
             tell(on_progress, "locating the draft model (fetched on first use)")
-            draft = resolve_model(ref, "draft", progress=options.show_download_progress)
+            draft = resolve_model(ref, "draft", progress=shown)
     return target, draft
 
 
