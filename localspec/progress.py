@@ -1,8 +1,8 @@
 """What a long operation tells the person waiting, as values: every layer may report them.
 
 Loading a pair, fetching a model and indexing files report ``Progress(kind, text,
-fraction)`` to a ``OnProgress`` their caller gives (or to nobody); how it shows is
-the front end's business:
+fraction)`` to the ``OnProgress`` callback their caller gives (or to nobody); how it shows
+is the front end's business:
 
 - ``STEP``: a step begins (locating the target, loading the draft). A quiet front end may
   leave it out.
