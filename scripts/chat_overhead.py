@@ -50,7 +50,7 @@ async def _chat_once(prompt: str, max_tokens: int) -> dict:
         while app.generating:
             await asyncio.sleep(0.05)
         await pilot.pause(0.2)
-        return app.conversation.turns[-1].stats
+        return app.conversation.turns[-1].stats.to_dict()
 
 
 def _complete_once(prompt: str, max_tokens: int) -> dict:

@@ -2,8 +2,8 @@
 
 ``FakeSession`` plays a queue of ``ScriptedAnswer``s, one per ``chat`` call, as the engine's
 event stream: ``PrefillDone``, then per round its ``TokenEmitted`` and ``RoundCompleted``
-(with the fixed seconds of the script, never the clock), then ``Finished`` with
-``GenerationStats.to_dict()``. It checks the cancel event between tokens; ``hold_after``
+(with the fixed seconds of the script, never the clock), then ``Finished`` with the
+answer's ``GenerationStats``. It checks the cancel event between tokens; ``hold_after``
 makes it stop after that many tokens until cancelled or ``release`` is set, so a test can
 press Escape at a known point. It records every prompt it is given in ``calls`` and the
 parameters in ``params``.
@@ -27,11 +27,11 @@ from pathlib import Path
 
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.events import (
+    TARGET,
     EngineWarning,
     Event,
     Finished,
     FinishReason,
-    Origin,
     PrefillDone,
     RoundCompleted,
     TokenEmitted,
@@ -39,13 +39,15 @@ from localspec.core.events import (
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import ContextOverflowError
+from localspec.progress import OnProgress, Progress, ProgressKind
 
+STEP = ProgressKind.STEP
 HOLD_TIMEOUT_S = 10.0  # a held answer gives up waiting, so a broken test cannot hang
 
 
 @dataclass
 class ScriptedRound:
-    tokens: list[tuple[str, Origin]]
+    tokens: list[tuple[str, str]]  # (text, origin: a drafter's name or TARGET)
     drafter: str | None  # "model", "ngram" or None for a plain target step
     drafted: int
     seconds: float = 0.05
@@ -53,7 +55,7 @@ class ScriptedRound:
 
     @property
     def accepted(self) -> int:
-        return sum(1 for _, origin in self.tokens if origin is not Origin.TARGET)
+        return sum(1 for _, origin in self.tokens if origin != TARGET)
 
 
 @dataclass
@@ -80,15 +82,15 @@ class ScriptedAnswer:
         all its drafts were rejected); it drafted as many tokens as it accepted unless
         ``drafted[round]`` says more.
         """
-        grouped: dict[int, list[tuple[str, Origin]]] = {}
+        grouped: dict[int, list[tuple[str, str]]] = {}
         for text, origin, round_index in tokens:
-            grouped.setdefault(round_index, []).append((text, Origin(origin)))
+            grouped.setdefault(round_index, []).append((text, origin))
         rounds = []
         for index in sorted(grouped):
             toks = grouped[index]
-            drafter = next((o.value for _, o in toks if o is not Origin.TARGET), None)
+            drafter = next((o for _, o in toks if o != TARGET), None)
             drafter = (drafters or {}).get(index, drafter)
-            accepted = sum(1 for _, o in toks if o is not Origin.TARGET)
+            accepted = sum(1 for _, o in toks if o != TARGET)
             n_drafted = (drafted or {}).get(index, accepted)
             rounds.append(ScriptedRound(toks, drafter, n_drafted if drafter else 0, seconds))
         return cls(rounds, **kwargs)  # type: ignore[arg-type]
@@ -98,7 +100,7 @@ class ScriptedAnswer:
         """One target-only round per word."""
         words = text.split(" ")
         pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
-        return cls([ScriptedRound([(p, Origin.TARGET)], None, 0, seconds) for p in pieces])
+        return cls([ScriptedRound([(p, TARGET)], None, 0, seconds) for p in pieces])
 
 
 def count_tokens(messages: list[dict[str, str]]) -> int:
@@ -206,7 +208,7 @@ class FakeSession:
         if answer.error is not None and emitted == answer.error_after:
             raise answer.error
         self.cached = prompt + text.split()
-        yield Finished(reason, text, tuple(ids), stats.to_dict())
+        yield Finished(reason, text, tuple(ids), stats)
 
     def _should_stop(self, emitted: int, cancel: threading.Event) -> bool:
         if self.token_delay:
@@ -235,16 +237,17 @@ class FakeSession:
 
 def fake_factory(
     session: FakeSession,
-    progress: Iterable[str] = ("loading target fake-target-1.5b …", "loading draft …"),
+    progress: Iterable[str | Progress] = ("loading target fake-target-1.5b …", "loading draft …"),
     error: Exception | None = None,
     gate: threading.Event | None = None,
 ) -> Callable[..., FakeSession]:
-    """A session factory as ``run_chat`` takes; ``gate`` holds it after the progress lines."""
+    """A session factory as ``run_chat`` takes; ``gate`` holds it after the progress reports
+    (a string is a ``STEP``)."""
 
-    def factory(on_progress: Callable[[str], None], on_lost: Callable[[str], None]) -> FakeSession:
+    def factory(on_progress: OnProgress, on_lost: Callable[[str], None]) -> FakeSession:
         session.on_lost = on_lost
-        for line in progress:
-            on_progress(line)
+        for report in progress:
+            on_progress(report if isinstance(report, Progress) else Progress(STEP, report))
         if gate is not None:
             gate.wait(HOLD_TIMEOUT_S)
         if error is not None:

@@ -528,7 +528,7 @@ def test_auto_store_drafts_from_the_sessions_stores_and_auto_beside_it_does_not(
     records = bench.BenchRunner(session, config).run([prompt])
     by_mode = {r["mode"]: r for r in records}
     assert by_mode[bench.STORE_MODE]["tokens_by_origin"]["store"] > 40
-    assert by_mode["auto"]["tokens_by_origin"]["store"] == 0
+    assert "store" not in by_mode["auto"]["tokens_by_origin"]  # lists only the origins seen
     assert by_mode[bench.STORE_MODE]["token_ids"] == by_mode["none"]["token_ids"]
     summary = bench.summarize(records, config.modes, greedy=True)
     assert bench.STORE_MODE in summary["overall"]

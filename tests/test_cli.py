@@ -332,3 +332,26 @@ def test_chat_resume_last_takes_the_file_settings_unless_given(monkeypatch, isol
 
     result, call = chat_cli(monkeypatch, "--no-save")
     assert result.exit_code == 0 and call["autosave"] is False and call["resume"] is None
+
+
+def test_an_unknown_drafter_is_a_usage_error_that_lists_the_modes():
+    from localspec.cli.common import parse_generation
+    from localspec.errors import UsageError
+
+    with pytest.raises(UsageError) as caught:
+        parse_generation("magic", {})
+    error = caught.value
+    assert error.message == "invalid --drafter 'magic'"
+    assert error.hint == "use auto, model, ngram or none" and error.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "mode, use_draft, calibrate",
+    [("auto", True, True), ("model", True, False), ("ngram", False, False), ("none", False, False)],
+)
+def test_the_drafter_decides_what_is_loaded_and_measured(mode, use_draft, calibrate):
+    from localspec.cli.common import parse_generation
+
+    params, options = parse_generation(mode, {})
+    assert params.drafter == mode
+    assert (options.use_draft, options.calibrate) == (use_draft, calibrate)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from localspec.cli import complete as complete_cli
-from localspec.core.events import Origin, TokenEmitted
+from localspec.core.events import TARGET, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.errors import BackendError, InputError
 from localspec.session import session as session_module
@@ -25,8 +25,8 @@ class StubSession:
         self.placement = None  # where the models run: nothing loaded here
 
     def complete(self, prompt, params, **kwargs):
-        yield TokenEmitted(7, "ab", Origin.TARGET, 0)
-        yield TokenEmitted(9, "cd", Origin.TARGET, 1)
+        yield TokenEmitted(7, "ab", TARGET, 0)
+        yield TokenEmitted(9, "cd", TARGET, 1)
         raise self.then
 
     def close(self) -> None:
@@ -133,3 +133,19 @@ def test_system_prompt_errors_are_clear(tiny_pair, extra, needle):
     proc = localspec("complete", *pair_args(tiny_pair), *extra)
     assert proc.returncode == 2
     assert_clean_error(proc, needle)
+
+
+def test_loading_shows_only_warnings_and_waits_each_as_a_line(capsys):
+    from localspec.progress import Progress, ProgressKind
+
+    for kind, text in [
+        (ProgressKind.STEP, "loading target t.gguf"),
+        (ProgressKind.WAIT, "measuring this machine's step costs (once per model pair)"),
+        (ProgressKind.WARNING, "only 2.0 GiB of memory is available"),
+        (ProgressKind.DOWNLOAD, "downloading t"),
+    ]:
+        complete_cli.print_warnings(Progress(kind, text))
+    assert capsys.readouterr().err.splitlines() == [
+        "measuring this machine's step costs (once per model pair)",
+        "warning: only 2.0 GiB of memory is available",
+    ]

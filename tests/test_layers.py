@@ -1,10 +1,11 @@
 """The import contract: each layer imports only from the layers below it.
 
-Layers, lowest first: ``errors``; ``core``; ``backend`` and ``models`` (side by side, neither
-imports the other); ``session``; the front ends ``bench``, ``tui`` and ``serve`` (none imports
-another); ``cli``, which mounts them all. Every import in every module counts, including the
-ones inside functions. The core also stays free of I/O-heavy and UI libraries, checked both
-in its source and in a fresh interpreter.
+Layers, lowest first: ``errors`` and ``progress`` (values every layer may use); ``core``;
+``backend`` and ``models`` (side by side, neither imports the other); ``session``; the front
+ends ``bench``, ``tui`` and ``serve`` (none imports another); ``cli``, which mounts them all.
+Every import in every module counts, including the ones inside functions. The core also
+stays free of I/O-heavy and UI libraries, checked both in its source and in a fresh
+interpreter.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "localspec"
 RANK = {
     "errors": 0,
+    "progress": 0,
     "core": 1,
     "backend": 2,
     "models": 2,
@@ -42,7 +44,8 @@ MODULES = sorted(
 
 
 def layer_of(module: str) -> str | None:
-    """``core.engine`` -> ``core``; top-level modules other than ``errors`` have no layer."""
+    """``core.engine`` -> ``core``; top-level modules other than ``errors`` and
+    ``progress`` have no layer."""
     head = module.split(".")[0]
     return head if head in RANK else None
 

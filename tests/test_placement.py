@@ -13,6 +13,7 @@ import pytest
 from localspec.backend.devices import Device, Hardware
 from localspec.errors import UsageError
 from localspec.models.resources import GPU_COMPUTE_ALLOWANCE, Footprint, footprint, human
+from localspec.progress import Progress, ProgressKind
 from localspec.session import placement as placing
 from localspec.session.placement import ALL, AUTO, parse_layers, place
 
@@ -190,14 +191,14 @@ def test_a_session_on_the_cpu_says_why_and_warns_only_when_a_gpu_is_idle(monkeyp
     options = ModelOptions(target=str(target), draft=str(draft), n_ctx=256, calibrate=False)
     for hardware, expected in ((None, []), (CUDA, ["cannot use it"])):
         _fake_devices(monkeypatch, [], hardware)
-        said: list[str] = []
+        said: list[Progress] = []
         session = open_session(options, on_progress=said.append)
         try:
             assert session.placement.summary() == "target on CPU, draft on CPU"
-            warnings = [line for line in said if line.startswith("warning: ")]
+            warnings = [p.text for p in said if p.kind is ProgressKind.WARNING]
             assert len(warnings) == len(expected)
-            for line, words in zip(warnings, expected, strict=True):
-                assert words in line
+            for text, words in zip(warnings, expected, strict=True):
+                assert words in text
         finally:
             session.close()
 

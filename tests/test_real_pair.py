@@ -98,10 +98,10 @@ def test_speculative_modes_accept_drafts_on_real_text(session):
         session.generate(tokens, GenerationParams(max_tokens=64, drafter="model"))
     )
     s = fin.stats
-    assert s["drafted"] > 0 and s["accepted"] > 0
+    assert s.drafted > 0 and s.accepted > 0
     # An accepted end-of-generation draft ends the answer without being emitted.
-    emitted_from_model = s["tokens_by_origin"]["model"]
-    assert emitted_from_model == s["accepted"] or (
-        fin.reason.value == "eos" and emitted_from_model == s["accepted"] - 1
+    emitted_from_model = s.by_origin["model"]
+    assert emitted_from_model == s.accepted or (
+        fin.reason.value == "eos" and emitted_from_model == s.accepted - 1
     )
-    assert s["mean_accepted_length"] == pytest.approx(1 + s["accepted"] / s["rounds"], abs=1e-3)
+    assert s.mean_accepted_length == pytest.approx(1 + s.accepted / s.rounds, abs=1e-3)

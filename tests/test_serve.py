@@ -16,9 +16,11 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from localspec.core.events import Finished
+from localspec.core.events import TARGET, Finished, PrefillDone, RoundCompleted, TokenEmitted
 from localspec.core.params import GenerationParams
+from localspec.core.stats import GenerationStats
 from localspec.serve.app import ServerState, create_app
+from localspec.serve.openai_shapes import timings, usage
 from localspec.serve.worker import GenerationWorker, Job
 from localspec.session.session import ModelOptions, open_session
 
@@ -116,6 +118,46 @@ def test_chat_non_streamed_matches_the_engine(server):
                 "draft_n_accepted", "tokens_per_target_pass", "by_drafter"):  # fmt: skip
         assert key in timings
     assert timings["draft_n_accepted"] <= timings["draft_n"]
+
+
+def _stats(prompt: int, evaluated: int, rounds: list[tuple[str | None, int, int, int]]):
+    """A generation's stats from hand-built events: (drafter, drafted, accepted, emitted)."""
+    stats = GenerationStats()
+    stats.observe(PrefillDone(prompt, evaluated, 0.2))
+    n = 0
+    for i, (drafter, drafted, accepted, emitted) in enumerate(rounds):
+        for j in range(emitted):
+            stats.observe(TokenEmitted(n, "x", TARGET if j >= accepted else drafter, n))
+            n += 1
+        stats.observe(RoundCompleted(i, drafter, drafted, accepted, emitted, 0.1))
+    return stats
+
+
+def test_usage_and_timings_of_a_request_with_two_prompts():
+    first = _stats(10, 4, [("model", 4, 3, 4), (None, 0, 0, 1)])
+    second = _stats(6, 6, [("ngram", 8, 8, 9)])
+    both = GenerationStats.merged([first, second])
+    assert usage(both) == {"prompt_tokens": 16, "completion_tokens": 14, "total_tokens": 30}
+    assert timings(both) == {
+        "cache_n": 6,
+        "prompt_n": 10,
+        "prompt_ms": 400.0,
+        "prompt_per_second": 25.0,
+        "predicted_n": 14,
+        "predicted_ms": 300.0,
+        "predicted_per_second": 46.667,
+        "draft_n": 12,
+        "draft_n_accepted": 11,
+        "acceptance_rate": 0.9167,
+        "tokens_per_target_pass": 4.6667,
+        "target_passes": 3,
+        "by_drafter": {
+            "model": {"rounds": 1, "drafted": 4, "accepted": 3, "acceptance_rate": 0.75},
+            "ngram": {"rounds": 1, "drafted": 8, "accepted": 8, "acceptance_rate": 1.0},
+            "none": {"rounds": 1, "drafted": 0, "accepted": 0, "acceptance_rate": 0.0},
+        },
+    }
+    assert timings(first)["by_drafter"]["model"]["acceptance_rate"] == 0.75
 
 
 def test_chat_streamed_with_usage_in_the_final_chunk(server):

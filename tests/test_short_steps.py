@@ -187,8 +187,8 @@ def test_rounds_report_their_models_compute_and_the_stats_the_overhead():
     assert all(r.seconds > r.compute_seconds >= 0.001 for r in rounds)
     stats = events[-1].stats
     expected = sum(r.seconds - r.compute_seconds for r in rounds)
-    assert stats["overhead_s"] == pytest.approx(expected, abs=1e-5)
-    assert stats["overhead_per_round_ms"] == pytest.approx(1e3 * expected / len(rounds), abs=1e-3)
+    assert stats.overhead_s == pytest.approx(expected, abs=1e-5)
+    assert stats.overhead_per_round_ms == pytest.approx(1e3 * expected / len(rounds), abs=1e-3)
 
 
 def test_models_that_do_not_time_themselves_report_no_overhead():
@@ -198,8 +198,9 @@ def test_models_that_do_not_time_themselves_report_no_overhead():
         )
     )
     assert all(e.compute_seconds is None for e in events if isinstance(e, RoundCompleted))
-    assert events[-1].stats["overhead_s"] is None
-    assert events[-1].stats["overhead_per_round_ms"] is None
+    stats = events[-1].stats
+    assert stats.timed_rounds == 0 and stats.overhead_per_round_ms is None
+    assert stats.to_dict()["overhead_s"] is None  # not 0.0: unknown
 
 
 def test_overhead_arithmetic():

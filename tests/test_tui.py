@@ -15,13 +15,20 @@ import pytest
 from rich.console import Console
 from textual.pilot import Pilot
 
-from localspec.core.events import FinishReason, Origin
+from localspec.core.events import FinishReason
 from localspec.core.params import GenerationParams
 from localspec.errors import BackendError, ModelNotFoundError
+from localspec.progress import Progress, ProgressKind
 from localspec.tui.app import ChatApp
 from localspec.tui.conversation import Conversation, Turn, turns_to_drop
 from localspec.tui.screens import HelpScreen, OverflowScreen
-from localspec.tui.stats_panel import ORIGIN_STYLES, StatsPanel, sparkline
+from localspec.tui.stats_panel import (
+    ORIGIN_STYLES,
+    StatsPanel,
+    origin_label,
+    origin_style,
+    sparkline,
+)
 from localspec.tui.widgets import AssistantMessage, ChatInput, LoadingPanel, Notice, UserMessage
 from tests.fake_session import FakeSession, ScriptedAnswer, count_tokens, fake_factory
 
@@ -115,13 +122,23 @@ def style_at(answer: AssistantMessage, offset: int) -> str:
 async def test_loading_shows_progress_then_ready() -> None:
     gate = threading.Event()
     session = FakeSession()
-    app = make_app(session, progress=["downloading fake.gguf 35%", "downloading fake.gguf 80%",
-                                      "loading target fake-target …"], gate=gate)  # fmt: skip
+    progress = [
+        Progress(ProgressKind.DOWNLOAD, "downloading fake.gguf"),
+        Progress(ProgressKind.DOWNLOAD, "downloading fake.gguf", 0.35),
+        Progress(ProgressKind.DOWNLOAD, "downloading fake.gguf", 0.8),
+        "loading target fake-target …",
+        Progress(ProgressKind.WARNING, "the models need more memory than is free"),
+    ]
+    app = make_app(session, progress=progress, gate=gate)
     async with app.run_test() as pilot:
         panel = app.query_one(LoadingPanel)
-        await wait_for(pilot, lambda: len(panel.lines) == 2)
-        # the second download line replaced the first one
-        assert panel.lines == ["downloading fake.gguf 80%", "loading target fake-target …"]
+        await wait_for(pilot, lambda: len(panel.lines) == 3)
+        # each report on the download replaced the one before
+        assert panel.lines == [
+            "downloading fake.gguf 80%",
+            "loading target fake-target …",
+            "warning: the models need more memory than is free",
+        ]
         assert app.session is None
         gate.set()
         await ready(pilot)
@@ -160,8 +177,8 @@ async def test_answer_streams_with_origin_styles_and_stats() -> None:
         assert app.query_one(ChatInput).text == ""
         answer = app.query_one(AssistantMessage)
         assert answer.text == SPEC_TEXT
-        assert style_at(answer, 0) == ORIGIN_STYLES[Origin.DRAFT_MODEL]
-        assert style_at(answer, SPEC_TEXT.index(" return")) == ORIGIN_STYLES[Origin.NGRAM]
+        assert style_at(answer, 0) == ORIGIN_STYLES["model"]
+        assert style_at(answer, SPEC_TEXT.index(" return")) == ORIGIN_STYLES["ngram"]
         assert style_at(answer, SPEC_TEXT.index(",")) == ""  # the target's own token
         turn = app.conversation.turns[0]
         assert (turn.answer, turn.finish) == (SPEC_TEXT, "eos")
@@ -561,9 +578,9 @@ async def test_real_session_answers_and_counts(tiny_pair) -> None:  # type: igno
         await send(pilot, "the cat")
         await wait_for(pilot, lambda: not app.generating, timeout=60)
         turn = app.conversation.turns[0]
-        assert turn.finish in ("eos", "length") and turn.stats["generated_tokens"] > 0
+        assert turn.finish in ("eos", "length") and turn.stats.generated_tokens > 0
         assert app.query_one(AssistantMessage).text == turn.answer
-        assert app.live.answer.generated_tokens == turn.stats["generated_tokens"]
+        assert app.live.answer.generated_tokens == turn.stats.generated_tokens
         assert not [s for s in seen if s[2] == "error"]
         await send(pilot, "and the dog")
         await wait_for(pilot, lambda: not app.generating, timeout=60)
@@ -589,12 +606,12 @@ async def test_real_session_regenerates_and_resumes_from_the_kv_cache(tiny_pair)
         await wait_for(pilot, lambda: not app.generating, timeout=60)
         prompt = app.session.count_chat_tokens([{"role": "user", "content": "the cat"}])
         # the engine's prefill evaluates all but the last prompt token (its round does that)
-        assert app.conversation.turns[0].stats["prefill_evaluated_tokens"] == prompt - 1
+        assert app.conversation.turns[0].stats.prefill_evaluated == prompt - 1
         gen = app._gen
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: app._gen > gen and not app.generating, timeout=60)
         [turn] = app.conversation.turns
-        assert turn.stats["prefill_evaluated_tokens"] == 0  # all of it was in the cache
+        assert turn.stats.prefill_evaluated == 0  # all of it was in the cache
         path = app.autosave_file
     assert path is not None
     saved = read_conversation(path)
@@ -606,15 +623,11 @@ async def test_real_session_regenerates_and_resumes_from_the_kv_cache(tiny_pair)
         await send(pilot, "and the dog")
         await wait_for(pilot, lambda: not app.generating, timeout=60)
         first = app.conversation.turns[1].stats
-        assert first["prefill_evaluated_tokens"] == first["prompt_tokens"] - 1
+        assert first.prefill_evaluated == first.prompt_tokens - 1
         await send(pilot, "and the bird")
         await wait_for(pilot, lambda: not app.generating, timeout=60)
         second = app.conversation.turns[2].stats
-        assert (
-            0
-            < second["prefill_evaluated_tokens"]
-            < second["prompt_tokens"] - first["prompt_tokens"]
-        )
+        assert 0 < second.prefill_evaluated < second.prompt_tokens - first.prompt_tokens
 
 
 @pytest.mark.asyncio
@@ -642,10 +655,10 @@ async def test_real_default_pair_answers_one_short_turn(real_pair_home) -> None:
         await send(pilot, text, wait=False)  # a real answer takes longer than send waits
         await wait_for(pilot, lambda: not app.generating, timeout=180)
         turn = app.conversation.turns[0]
-        assert turn.finish in ("eos", "length") and turn.stats["generated_tokens"] > 0
+        assert turn.finish in ("eos", "length") and turn.stats.generated_tokens > 0
         assert app.query_one(AssistantMessage).text == turn.answer
-        origins = turn.stats["tokens_by_origin"]
-        assert sum(origins.values()) == turn.stats["generated_tokens"]
+        origins = turn.stats.by_origin
+        assert sum(origins.values()) == turn.stats.generated_tokens
 
 
 EVIL = "[/]evil[bold"
@@ -706,6 +719,23 @@ async def test_system_prompt_heads_the_conversation_and_survives_a_new_chat(tmp_
         assert session.calls[-1][0]["role"] == "system" and len(session.calls[-1]) == 2
 
 
+@pytest.mark.asyncio
+async def test_a_drafter_the_app_does_not_know_gets_a_colour_and_its_name() -> None:
+    tokens = [("one", "lookahead", 0), (" two", "lookahead", 0), (" three", "target", 0)]
+    session = FakeSession([ScriptedAnswer.from_tokens(tokens)])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "count")
+        style = style_at(app.query_one(AssistantMessage), 0)
+        assert style and style not in ORIGIN_STYLES.values()
+        assert style_at(app.query_one(AssistantMessage), len("one two")) == ""
+        text = squash(panel_text(app))
+        assert "■ lookahead" in text and "lookahead 2/2 100%" in text
+    assert origin_style("lookahead") == style  # the same colour every time
+    assert origin_label("lookahead") == "lookahead"
+
+
 # -- Markdown answers ---------------------------------------------------------------------
 
 MD_TEXT = (
@@ -763,7 +793,7 @@ async def test_finished_answer_is_parsed_as_markdown_once_and_ctrl_t_shows_the_t
         assert len(answer.spans) > 20  # the tokens and their origins are kept
         await pilot.press("ctrl+t")
         assert not answer.shows_markdown and app.rendered is False
-        assert style_at(answer, 0) == ORIGIN_STYLES[Origin.DRAFT_MODEL]
+        assert style_at(answer, 0) == ORIGIN_STYLES["model"]
         await send(pilot, "again")  # a new answer follows the chosen view
         second = app.query(AssistantMessage).last()
         assert not second.shows_markdown and second.markdown is not None

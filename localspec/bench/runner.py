@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -81,7 +81,8 @@ STORE_MODE = "auto-store"  # auto with the session's datastores (``--store``); a
 CHAINS_MODE = "auto-chains"  # auto without draft trees: single draft chains only
 AUTO_MODES = ("auto", STORE_MODE, CHAINS_MODE)  # the cost model's modes
 # llama-speculative-simple's speculative types; "best native" is the fastest of them all.
-NATIVE_SPEC_MODES = ("native-draft", "native-ngram", "native-ngram-map-k", "native-ngram-mod")
+NATIVE_DRAFT = "native-draft"  # llama.cpp with the draft model
+NATIVE_SPEC_MODES = (NATIVE_DRAFT, "native-ngram", "native-ngram-map-k", "native-ngram-mod")
 NATIVE_PLAIN = "native-none"  # llama.cpp without speculation: compared with `none`
 NATIVE_BENCH = "native-bench"  # llama-bench's plain decoding at the prompt's depth
 NATIVE_MODES = (*NATIVE_SPEC_MODES, NATIVE_PLAIN, NATIVE_BENCH)
@@ -94,6 +95,13 @@ MIN_RATIO_TOKENS = 64  # shorter runs give noisy tok/s: left out of the ratio me
 MIN_PLAIN_STEPS = 16
 
 Record = dict[str, Any]
+# The fields of the stats' JSON (``GenerationStats.to_dict``) an engine run's record carries
+# (``trace`` only when the run kept one).
+RECORD_STATS = (
+    "prompt_tokens", "generated_tokens", "decode_s", "decode_tokens_per_s", "prefill_s",
+    "drafted", "accepted", "rounds", "acceptance_rate", "mean_accepted_length", "by_drafter",
+    "tokens_by_origin", "trace",
+)  # fmt: skip
 PROMPT_FILE_HINT = 'one JSON object per line, e.g. {"prompt": "...", "category": "mine"}'
 
 
@@ -255,6 +263,19 @@ class BenchConfig(BaseModel):
         return self.temperature == 0.0
 
 
+def drafter_mode(mode: str) -> DrafterMode:
+    """The engine's drafter mode one of the engine's bench modes runs (auto's variants run
+    auto)."""
+    return DrafterMode.AUTO if mode in AUTO_MODES else DrafterMode(mode)
+
+
+def loads_draft_model(mode: str) -> bool:
+    """Whether a bench mode runs the draft model when there is one (so it is loaded)."""
+    if mode in NATIVE_MODES:
+        return mode == NATIVE_DRAFT
+    return drafter_mode(mode).loads_draft_model
+
+
 def parse_modes(text: str) -> tuple[str, ...]:
     """``"none,ngram"`` -> ``("none", "ngram")``; ``none`` is always included, first."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
@@ -290,8 +311,10 @@ class BenchRunner:
         self.native = native
         if any(m in NATIVE_MODES for m in config.modes) and native is None:
             raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
-        if "model" in config.modes and session.draft is None:
-            raise UsageError("mode model needs a draft model", "drop it from --modes")
+        for mode in config.modes:
+            engine = mode not in NATIVE_MODES
+            if engine and drafter_mode(mode).needs_draft_model and session.draft is None:
+                raise UsageError(f"mode {mode} needs a draft model", "drop it from --modes")
         if STORE_MODE in config.modes and not session.store_corpora:
             raise UsageError(
                 f"mode {STORE_MODE} needs a datastore",
@@ -304,7 +327,7 @@ class BenchRunner:
             max_tokens=max_tokens,
             temperature=self.config.temperature,
             seed=seed,
-            drafter=DrafterMode.AUTO if mode in AUTO_MODES else cast(DrafterMode, mode),
+            drafter=drafter_mode(mode),
             trace=self.config.trace,
             trees=mode != CHAINS_MODE,
         )
@@ -342,33 +365,23 @@ class BenchRunner:
         stats = finished.stats
         start, end = marks.get("start"), self._compute_seconds()
         compute = None if start is None or end is None else end - start
-        decode_s = stats["decode_s"]
-        drafted = stats["drafted"]
+        shown = stats.to_dict()  # the record is JSON: the stats' figures as serialised
         record: Record = {
             "engine": "localspec",
-            "prompt_tokens": stats["prompt_tokens"],
-            "generated_tokens": stats["generated_tokens"],
             "finish_reason": finished.reason.value,
-            "decode_s": decode_s,
-            "decode_tokens_per_s": stats["decode_tokens_per_s"],
-            "prefill_s": stats["prefill_s"],
-            "drafted": drafted,
-            "accepted": stats["accepted"],
-            "rounds": stats["rounds"],
-            "acceptance_rate": stats["acceptance_rate"] if drafted else None,
-            "mean_accepted_length": stats["mean_accepted_length"],
-            "by_drafter": stats["by_drafter"],
-            "tokens_by_origin": stats["tokens_by_origin"],
+            **{name: shown[name] for name in RECORD_STATS if name in shown},
             "compute_s": None if compute is None else round(compute, 6),
             "outside_share": (
-                None if compute is None or decode_s <= 0 else round(1 - compute / decode_s, 4)
+                None
+                if compute is None or stats.decode_s <= 0
+                else round(1 - compute / stats.decode_s, 4)
             ),
             "plain_steps": len(plain),
             "plain_step_s": round(statistics.fmean(plain), 6) if plain else None,
             "token_ids": list(finished.token_ids),
         }
-        if "trace" in stats:
-            record["trace"] = stats["trace"]
+        if not stats.drafted:
+            record["acceptance_rate"] = None  # nothing drafted: no rate, rather than 0%
         return record
 
     def _native_result(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Any:

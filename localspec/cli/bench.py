@@ -38,6 +38,7 @@ from localspec.cli.common import (
     TemperatureOpt,
     ThreadsOpt,
     cli_errors,
+    echo_progress,
     pair_settings,
     usage_from,
 )
@@ -278,7 +279,7 @@ def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
                 args.rpc_split,
                 draft_gpu_layers=args.draft_gpu_layers,
             ),  # fmt: skip
-            use_draft=any(m in chosen for m in ("model", *bench.AUTO_MODES, "native-draft")),
+            use_draft=any(bench.loads_draft_model(m) for m in chosen),
             # Only auto-store drafts from a store, and only from those named; no bench run
             # adds its answers to the user's history.
             stores=tuple(args.store or ()),
@@ -337,7 +338,7 @@ def _bench(args: BenchArgs) -> int:
     if args.chart:
         bench_report.require_matplotlib()
     out_dir = _out_dir(args.out)
-    session = open_session(options, on_progress=_echo)
+    session = open_session(options, on_progress=echo_progress)
     try:
         native = _native_runner(args, session, chosen, native_args)
         runner = bench.BenchRunner(session, config, native)

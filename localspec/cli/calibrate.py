@@ -23,6 +23,7 @@ from localspec.cli.common import (
     TargetOpt,
     ThreadsOpt,
     cli_errors,
+    echo_progress,
     pair_settings,
     usage_from,
 )
@@ -62,7 +63,15 @@ def calibrate_command(
         try:
             options = ModelOptions(
                 **pair_settings(
-                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split,
+                    target,
+                    draft,
+                    threads,
+                    ctx,
+                    gpu_layers,
+                    exact,
+                    rpc,
+                    rpc_timeout,
+                    rpc_split,
                     draft_gpu_layers=draft_gpu_layers,
                 ),
                 recalibrate=True,
@@ -76,7 +85,7 @@ def calibrate_command(
             typer.echo(
                 f"forgot {costs_gone} measurement(s) and {learned_gone} learned state(s)", err=True
             )
-        session = open_session(options, on_progress=lambda line: typer.echo(line, err=True))
+        session = open_session(options, on_progress=echo_progress)
         costs = session.costs
         # The other kernels' figures, if measured before: exact mode can only be chosen
         # before a process evaluates anything, so one run cannot measure both.

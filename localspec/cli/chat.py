@@ -117,7 +117,15 @@ def chat(
             drafter,
             {
                 **pair_settings(
-                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split,
+                    target,
+                    draft,
+                    threads,
+                    ctx,
+                    gpu_layers,
+                    exact,
+                    rpc,
+                    rpc_timeout,
+                    rpc_split,
                     draft_gpu_layers=draft_gpu_layers,
                 ),
                 **store_settings(store, no_store, no_history),

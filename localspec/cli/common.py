@@ -1,5 +1,6 @@
-"""What every command shares: option definitions, and the one place where errors become
-``error:`` / ``hint:`` lines on stderr and an exit code (``fail``, ``cli_errors``)."""
+"""What every command shares: option definitions, the one place where errors become
+``error:`` / ``hint:`` lines on stderr and an exit code (``fail``, ``cli_errors``), and how
+progress reports (``localspec.progress``) are printed on stderr (``progress_line``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from localspec.errors import (
     describe,
     validation_problem,
 )
+from localspec.progress import Progress, ProgressKind
 
 
 def echo_error(error: BaseException) -> int:
@@ -32,6 +34,21 @@ def echo_error(error: BaseException) -> int:
     if hint:
         typer.echo(f"hint: {hint}", err=True)
     return code
+
+
+def progress_line(progress: Progress) -> str:
+    """A progress report as a line: ``warning: text`` for a warning, the text and the share
+    done of a download that knows it, the text otherwise."""
+    if progress.kind is ProgressKind.WARNING:
+        return f"warning: {progress.text}"
+    if progress.fraction is not None:
+        return f"{progress.text} {progress.fraction:.0%}"
+    return progress.text
+
+
+def echo_progress(progress: Progress) -> None:
+    """Every progress report, on stderr (the commands that show their loading)."""
+    typer.echo(progress_line(progress), err=True)
 
 
 def fail(error: LocalspecError) -> typer.Exit:
@@ -230,9 +247,20 @@ def parse_generation(
 ) -> tuple[GenerationParams, Any]:
     """Validate the options every generating command shares -> (params, ModelOptions).
     ``sampling`` holds the GenerationParams fields (max_tokens, temperature, ...)."""
-    if drafter not in tuple(DrafterMode):
-        raise UsageError(f"invalid --drafter {drafter!r}", "use auto, model, ngram or none")
-    return build_params(drafter=drafter, **sampling), model_options(drafter, **models)
+    mode = drafter_mode(drafter)
+    return build_params(drafter=mode, **sampling), model_options(mode, **models)
+
+
+def drafter_mode(value: str) -> DrafterMode:
+    """``--drafter``'s value as a mode; a ``UsageError`` that lists the modes otherwise. (A
+    saved chat's settings give the value as text too, so it is checked here, not by typer.)"""
+    try:
+        return DrafterMode(value)
+    except ValueError:
+        *first, last = (mode.value for mode in DrafterMode)
+        raise UsageError(
+            f"invalid --drafter {value!r}", f"use {', '.join(first)} or {last}"
+        ) from None
 
 
 def build_params(**kwargs: Any) -> GenerationParams:
@@ -242,13 +270,13 @@ def build_params(**kwargs: Any) -> GenerationParams:
         raise usage_from(err) from None
 
 
-def model_options(drafter: str, **kwargs: Any):  # -> ModelOptions
+def model_options(drafter: DrafterMode, **kwargs: Any):  # -> ModelOptions
     from localspec.session.session import ModelOptions
 
     try:
         return ModelOptions(
-            use_draft=drafter in (DrafterMode.AUTO, DrafterMode.MODEL),
-            calibrate=drafter == DrafterMode.AUTO,
+            use_draft=drafter.loads_draft_model,
+            calibrate=drafter.uses_cost_model,
             **kwargs,
         )
     except ValidationError as err:

@@ -44,6 +44,7 @@ from localspec.cli.common import (
     TopKOpt,
     TopPOpt,
     cli_errors,
+    echo_progress,
     pair_settings,
     parse_generation,
     read_system,
@@ -53,6 +54,7 @@ from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import EXIT_CANCELLED, InputError, UsageError
+from localspec.progress import Progress, ProgressKind
 
 # A token is a few bytes of text: a prompt of more than this many bytes per token of context
 # cannot fit, so it is refused before it is read whole (or tokenized).
@@ -126,23 +128,23 @@ def ctrl_c_cancels() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
-def human_stats(stats: dict[str, Any], reason: str) -> str:
+def human_stats(stats: GenerationStats, reason: str) -> str:
     lines = [
-        f"finish: {reason}; prompt {stats['prompt_tokens']} tokens in {stats['prefill_s']:.2f}s; "
-        f"generated {stats['generated_tokens']} tokens in {stats['decode_s']:.2f}s "
-        f"({stats['decode_tokens_per_s']:.1f} tok/s)",
-        f"drafted {stats['drafted']}, accepted {stats['accepted']} "
-        f"(acceptance {stats['acceptance_rate']:.0%}); {stats['rounds']} target passes, "
-        f"{stats['mean_accepted_length']:.2f} tokens per pass",
+        f"finish: {reason}; prompt {stats.prompt_tokens} tokens in {stats.prefill_s:.2f}s; "
+        f"generated {stats.generated_tokens} tokens in {stats.decode_s:.2f}s "
+        f"({stats.decode_tokens_per_s:.1f} tok/s)",
+        f"drafted {stats.drafted}, accepted {stats.accepted} "
+        f"(acceptance {stats.acceptance_rate:.0%}); {stats.rounds} target passes, "
+        f"{stats.mean_accepted_length:.2f} tokens per pass",
     ]
-    origin = stats.get("tokens_by_origin", {})
-    lines.append("tokens by origin: " + ", ".join(f"{k} {v}" for k, v in origin.items()))
-    for name, d in stats.get("by_drafter", {}).items():
-        pos = " ".join(f"{x:.2f}" for x in d["per_position_acceptance"][:8])
+    origins = sorted(stats.by_origin.items())
+    lines.append("tokens by origin: " + ", ".join(f"{k} {v}" for k, v in origins))
+    for name, d in sorted(stats.by_drafter.items()):
+        pos = " ".join(f"{x:.2f}" for x in d.per_position()[:8])
         lines.append(
-            f"  {name:6} rounds {d['rounds']:4}  drafted {d['drafted']:5}  accepted "
-            f"{d['accepted']:5}  rate {d['acceptance_rate']:.2f}  "
-            f"tau {d['mean_accepted_length']:.2f}" + (f"  per-position {pos}" if pos else "")
+            f"  {name:6} rounds {d.rounds:4}  drafted {d.drafted:5}  accepted "
+            f"{d.accepted:5}  rate {d.acceptance_rate:.2f}  "
+            f"tau {d.mean_accepted_length:.2f}" + (f"  per-position {pos}" if pos else "")
         )
     return "\n".join(lines)
 
@@ -193,7 +195,15 @@ def complete(
             drafter,
             {
                 **pair_settings(
-                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split,
+                    target,
+                    draft,
+                    threads,
+                    ctx,
+                    gpu_layers,
+                    exact,
+                    rpc,
+                    rpc_timeout,
+                    rpc_split,
                     draft_gpu_layers=draft_gpu_layers,
                 ),
                 **store_settings(store, no_store, no_history),
@@ -225,11 +235,11 @@ def complete(
     raise typer.Exit(code)
 
 
-def print_warnings(progress_line: str) -> None:
+def print_warnings(progress: Progress) -> None:
     """Keep stderr quiet during loading except for warnings (e.g. not enough memory) and
-    the one-time measurement of this machine, which is a noticeable wait."""
-    if progress_line.startswith(("warning: ", "measuring ", "the machine looked busy")):
-        typer.echo(progress_line, err=True)
+    the noticeable waits (the one-time measurement of this machine)."""
+    if progress.kind in (ProgressKind.WARNING, ProgressKind.WAIT):
+        echo_progress(progress)
 
 
 def run_complete(
@@ -276,10 +286,7 @@ def run_complete(
     finally:
         session.close()
     reason = finished.reason.value if finished else "cancelled"
-    summary = {
-        **(finished.stats if finished else running.to_dict()),
-        **({"placement": placement.to_dict()} if placement else {}),
-    }
+    totals = finished.stats if finished else running
     out = sys.stdout
     if json_out:
         record = {
@@ -287,7 +294,10 @@ def run_complete(
             "token_ids": list(finished.token_ids) if finished else running.token_ids,
             "finish_reason": reason,
             "exact": options.exact,
-            "stats": summary,
+            "stats": {
+                **totals.to_dict(),
+                **({"placement": placement.to_dict()} if placement else {}),
+            },
         }
         out.write(json.dumps(record) + "\n")
     else:
@@ -297,7 +307,7 @@ def run_complete(
             out.write("\n")
         out.flush()
     if stats:
-        typer.echo(human_stats(summary, reason), err=True)
+        typer.echo(human_stats(totals, reason), err=True)
         if placement:
             typer.echo(f"{placement.summary()} ({placement.reason})", err=True)
     return EXIT_CANCELLED if reason == "cancelled" else 0

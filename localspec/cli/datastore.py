@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from localspec.cli.common import TargetOpt, cli_errors
+from localspec.cli.common import TargetOpt, cli_errors, echo_progress
 from localspec.errors import DatastoreError, LocalspecError, UsageError
 from localspec.models.resources import human
 from localspec.session.library import (
@@ -39,10 +39,6 @@ datastore_app = typer.Typer(
     help="Index your files (and keep your answers) for auto to draft from; all on this machine.",
     no_args_is_help=True,
 )
-
-
-def _progress(line: str) -> None:
-    typer.echo(line, err=True)
 
 
 @datastore_app.command()
@@ -75,7 +71,7 @@ def add(
                 return tokenizer.tokenize(text, add_special=False, parse_special=False)
 
             result = add_files(
-                Library(), store, fingerprint, str(model_path), found, tokenize, _progress
+                Library(), store, fingerprint, str(model_path), found, tokenize, echo_progress
             )
         finally:
             tokenizer.close()

@@ -41,6 +41,7 @@ from localspec.cli.common import (
     TopPOpt,
     cli_errors,
     echo_error,
+    echo_progress,
     is_loopback,
     pair_settings,
     parse_generation,
@@ -100,7 +101,15 @@ def serve(
             drafter,
             {
                 **pair_settings(
-                    target, draft, threads, ctx, gpu_layers, exact, rpc, rpc_timeout, rpc_split,
+                    target,
+                    draft,
+                    threads,
+                    ctx,
+                    gpu_layers,
+                    exact,
+                    rpc,
+                    rpc_timeout,
+                    rpc_split,
                     draft_gpu_layers=draft_gpu_layers,
                 ),
                 **store_settings(store, no_store, no_history),
@@ -142,7 +151,7 @@ def load_into(state, options, queue_size: int) -> None:  # noqa: ANN001
     from localspec.session.session import open_session
 
     try:
-        session = open_session(options, on_progress=lambda line: typer.echo(line, err=True))
+        session = open_session(options, on_progress=echo_progress)
     except Exception as err:  # typed errors and bugs alike: said in one line, as the CLI does
         state.load_error = str(err)
         os._exit(echo_error(err))  # the server cannot do anything without its models

@@ -244,10 +244,11 @@ def resolve_model(
     ref: str | None,
     role: Role,
     *,
-    progress: bool = True,
+    progress: fetch.ShowProgress = True,
     offline: bool | None = None,
 ) -> Path:
-    """Return a local GGUF path for ``ref`` (see the module docstring), pulling if needed."""
+    """Return a local GGUF path for ``ref`` (see the module docstring), pulling if needed;
+    ``progress`` says how a pull shows what it does (``fetch.ShowProgress``)."""
     ref = (ref or "").strip() or default_name(role)
     if _looks_like_path(ref):
         return check_gguf(Path(ref).expanduser())

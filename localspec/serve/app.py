@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec.core.events import Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
+from localspec.core.stats import GenerationStats
 from localspec.errors import ContextOverflowError, LocalspecError, UnsupportedByModelError
 from localspec.serve.openai_shapes import (
     ApiError,
@@ -40,7 +41,6 @@ from localspec.serve.openai_shapes import (
     completion_prompts,
     finish_reason,
     generation_params,
-    merged_stats,
     timings,
     usage,
 )
@@ -278,7 +278,7 @@ async def _answer(
             choices.append(
                 {"index": index, "text": done.text, "finish_reason": reason, "logprobs": None}
             )
-    stats = merged_stats([done.stats for done in finished])
+    stats = GenerationStats.merged([done.stats for done in finished])
     return {
         **head,
         "object": "chat.completion" if chat else "text_completion",
@@ -328,7 +328,7 @@ async def _stream(
                     yield _sse(chunk(index, item.tail, None))
                 last = chunk(index, None, finish_reason(item.reason.value))
                 if len(finished) == n_prompts:
-                    stats = merged_stats([done.stats for done in finished])
+                    stats = GenerationStats.merged([done.stats for done in finished])
                     if include_usage:
                         last["usage"] = None
                         yield _sse(last)

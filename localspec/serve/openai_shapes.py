@@ -6,8 +6,9 @@ body into ``GenerationParams``, refusing with a 400 that names the field any opt
 would change the result and that localspec cannot honour (``n`` > 1, ``tools``, ...).
 ``completion_prompts`` reads ``/v1/completions``' ``prompt`` in every form OpenAI accepts (a
 string, a list of strings, a list of token ids, a list of such lists), at most
-``MAX_PROMPTS`` of them. ``merged_stats`` sums the stats of several generations, so one
-``usage`` and one ``timings`` describe a request that had several prompts.
+``MAX_PROMPTS`` of them. ``usage`` and ``timings`` read a ``GenerationStats``: a request that
+had several prompts passes their sum (``GenerationStats.merged``), so one ``usage`` and one
+``timings`` describe it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from localspec.core.params import GenerationParams
+from localspec.core.stats import GenerationStats
 
 MAX_PROMPTS = 16  # prompts in one /v1/completions request; each is generated in turn
 
@@ -99,8 +101,8 @@ def generation_params(body: dict[str, Any], defaults: GenerationParams) -> Gener
         raise ApiError(400, f"invalid {name}: {first['msg']}", param=name) from None
 
 
-def usage(stats: dict[str, Any]) -> dict[str, int]:
-    prompt, completion = stats.get("prompt_tokens", 0), stats.get("generated_tokens", 0)
+def usage(stats: GenerationStats) -> dict[str, int]:
+    prompt, completion = stats.prompt_tokens, stats.generated_tokens
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -108,33 +110,33 @@ def usage(stats: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def timings(stats: dict[str, Any]) -> dict[str, Any]:
+def timings(stats: GenerationStats) -> dict[str, Any]:
     """llama.cpp-server's names where they exist, then localspec's own."""
-    prompt_ms = stats.get("prefill_s", 0.0) * 1000
-    predicted_ms = stats.get("decode_s", 0.0) * 1000
-    evaluated = stats.get("prefill_evaluated_tokens", 0)
-    predicted = stats.get("generated_tokens", 0)
+    prompt_ms = stats.prefill_s * 1000
+    predicted_ms = stats.decode_s * 1000
+    evaluated = stats.prefill_evaluated
+    predicted = stats.generated_tokens
     return {
-        "cache_n": stats.get("prompt_tokens", 0) - evaluated,
+        "cache_n": stats.prompt_tokens - evaluated,
         "prompt_n": evaluated,
         "prompt_ms": round(prompt_ms, 3),
         "prompt_per_second": round(evaluated / prompt_ms * 1000, 3) if prompt_ms else 0.0,
         "predicted_n": predicted,
         "predicted_ms": round(predicted_ms, 3),
         "predicted_per_second": round(predicted / predicted_ms * 1000, 3) if predicted_ms else 0.0,
-        "draft_n": stats.get("drafted", 0),
-        "draft_n_accepted": stats.get("accepted", 0),
-        "acceptance_rate": stats.get("acceptance_rate", 0.0),
-        "tokens_per_target_pass": stats.get("mean_accepted_length", 0.0),
-        "target_passes": stats.get("rounds", 0),
+        "draft_n": stats.drafted,
+        "draft_n_accepted": stats.accepted,
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "tokens_per_target_pass": round(stats.mean_accepted_length, 4),
+        "target_passes": stats.rounds,
         "by_drafter": {
             name: {
-                "rounds": d["rounds"],
-                "drafted": d["drafted"],
-                "accepted": d["accepted"],
-                "acceptance_rate": d["acceptance_rate"],
+                "rounds": d.rounds,
+                "drafted": d.drafted,
+                "accepted": d.accepted,
+                "acceptance_rate": round(d.acceptance_rate, 4),
             }
-            for name, d in stats.get("by_drafter", {}).items()
+            for name, d in sorted(stats.by_drafter.items())
         },
     }
 
@@ -216,28 +218,3 @@ def completion_prompts(
                     param="prompt",
                 )
     return prompts
-
-
-def merged_stats(all_stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """The fields ``usage`` and ``timings`` read, summed over several generations (rates
-    recomputed from the sums)."""
-    if len(all_stats) == 1:
-        return all_stats[0]
-    names = ("prompt_tokens", "prefill_evaluated_tokens", "generated_tokens", "drafted",
-             "accepted", "rounds", "prefill_s", "decode_s")  # fmt: skip
-    total: dict[str, Any] = {name: sum(s.get(name, 0) for s in all_stats) for name in names}
-    drafted, accepted, rounds = total["drafted"], total["accepted"], total["rounds"]
-    total["acceptance_rate"] = round(accepted / drafted, 4) if drafted else 0.0
-    total["mean_accepted_length"] = round(1 + accepted / rounds, 4) if rounds else 0.0
-    by: dict[str, dict[str, Any]] = {}
-    for s in all_stats:
-        for name, d in s.get("by_drafter", {}).items():
-            sums = by.setdefault(name, {"rounds": 0, "drafted": 0, "accepted": 0})
-            for key in sums:
-                sums[key] += d[key]
-    for sums in by.values():
-        sums["acceptance_rate"] = (
-            round(sums["accepted"] / sums["drafted"], 4) if sums["drafted"] else 0.0
-        )
-    total["by_drafter"] = by
-    return total

@@ -33,6 +33,7 @@ import numpy as np
 
 from localspec.core.drafting.store import EXAMINED
 from localspec.errors import DatastoreError, InputError, UsageError
+from localspec.progress import OnProgress, tell
 from localspec.session.datastore import SEPARATOR, TokenIndex
 from localspec.session.library import (
     DOCUMENTS_FILE,
@@ -47,7 +48,6 @@ from localspec.session.sources import Scan
 
 PROGRESS_EVERY_S = 2.0
 
-Progress = Callable[[str], None]
 Tokenize = Callable[[str], list[int]]
 Existing = tuple[dict[str, Any], list[str], TokenIndex]  # manifest, source paths, index
 
@@ -70,10 +70,10 @@ def add_files(
     model_file: str,
     scan: Scan,
     tokenize: Tokenize,
-    on_progress: Progress | None = None,
+    on_progress: OnProgress | None = None,
 ) -> AddResult:
-    """Index the scanned files into store ``name`` (created, or added to); see the module
-    docstring."""
+    """Index the scanned files into store ``name`` (created, or added to), telling
+    ``on_progress`` how far it got; see the module docstring."""
     check_name(name)
     old = _existing(library, name, fingerprint)
     new = _tokenize_all(scan, tokenize, on_progress)
@@ -97,8 +97,7 @@ def add_files(
         "created": before.get("created", now),
         "updated": now,
     }
-    if on_progress is not None:
-        on_progress(f"building the index of {manifest['tokens']:,} tokens")
+    tell(on_progress, f"building the index of {manifest['tokens']:,} tokens")
     _write(library.root, name, manifest, paths, documents)
     return AddResult(
         name, len(new), replaced, removed, len(paths), manifest["tokens"], scan.skipped
@@ -141,7 +140,7 @@ def _existing(library: Library, name: str, fingerprint: str) -> Existing | None:
 
 
 def _tokenize_all(
-    scan: Scan, tokenize: Tokenize, on_progress: Progress | None
+    scan: Scan, tokenize: Tokenize, on_progress: OnProgress | None
 ) -> dict[str, np.ndarray]:
     new: dict[str, np.ndarray] = {}
     tokens, last = 0, time.monotonic()
@@ -152,7 +151,7 @@ def _tokenize_all(
             tokens += ids.size
         if on_progress is not None and time.monotonic() - last >= PROGRESS_EVERY_S:
             last = time.monotonic()
-            on_progress(f"tokenized {len(new):,} files ({tokens:,} tokens)")
+            tell(on_progress, f"tokenized {len(new):,} files ({tokens:,} tokens)")
     return new
 
 

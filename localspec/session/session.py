@@ -36,7 +36,7 @@ from localspec.backend.rpc import DEFAULT_TIMEOUT, RpcLink, attach, parse_endpoi
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import Event, Finished, FinishReason
-from localspec.core.params import DrafterMode, GenerationParams
+from localspec.core.params import GenerationParams
 from localspec.errors import (
     EXIT_FAILURE,
     ContextOverflowError,
@@ -46,6 +46,7 @@ from localspec.errors import (
     UsageError,
 )
 from localspec.models.resources import footprint
+from localspec.progress import OnProgress, ProgressKind, tell
 from localspec.session.calibrate import (
     DRAFT_SIZES,
     CostCache,
@@ -60,7 +61,6 @@ from localspec.session.learning import LearningStore
 from localspec.session.library import Library, vocabulary_fingerprint
 from localspec.session.placement import ALL, ModelPlace, Placement, place
 
-Progress = Callable[[str], None]
 HISTORY_MIN_TOKENS = 16  # shorter answers are not worth keeping
 HISTORY_PROMPT_TOKENS = 64  # of the prompt, kept before each answer in the history
 
@@ -101,7 +101,6 @@ class ModelOptions(BaseModel):
     stores: tuple[str, ...] | None = None
     history: bool = True  # add each finished answer to the history store (if it is on)
     show_download_progress: bool = True
-
 
 
 LostHandler = Callable[[str], None]
@@ -264,15 +263,15 @@ class Session:
     def generate(
         self, tokens: list[int], params: GenerationParams, cancel: threading.Event | None = None
     ) -> Iterator[Event]:
-        if params.drafter == "model" and self.draft is None:
+        if params.drafter.needs_draft_model and self.draft is None:
             raise InputError(
-                "--drafter model needs a draft model, and none is loaded",
+                f"--drafter {params.drafter} needs a draft model, and none is loaded",
                 "pass --draft REF, or use --drafter ngram",
             )
         events = self.decoder.generate(tokens, params, cancel)
         if self.history is not None:
             events = self._recording(events, tokens)
-        if self.learning is None or params.drafter != DrafterMode.AUTO:
+        if self.learning is None or not params.drafter.learns:
             return events
         return self._saving_learning(events, params)
 
@@ -372,24 +371,21 @@ class Session:
             self.rpc.close()
 
 
-def _report(on_progress: Progress | None, message: str) -> None:
-    if on_progress is not None:
-        on_progress(message)
-
-
 def resolve_pair(
-    options: ModelOptions, on_progress: Progress | None = None
+    options: ModelOptions, on_progress: OnProgress | None = None
 ) -> tuple[Path, Path | None]:
     from localspec.models.catalog import resolve_model
 
-    _report(on_progress, "locating the target model (fetched on first use, which can take minutes)")
-    target = resolve_model(options.target, "target", progress=options.show_download_progress)
+    # A front end that draws its own screen (no rich bars) gets a fetch's notes and shares.
+    shown = True if options.show_download_progress else (on_progress or False)
+    tell(on_progress, "locating the target model (fetched on first use, which can take minutes)")
+    target = resolve_model(options.target, "target", progress=shown)
     draft = None
     if options.use_draft:
         ref = options.draft if options.draft else _paired_draft(options.target)
         if ref is not NO_DRAFT:
-            _report(on_progress, "locating the draft model (fetched on first use)")
-            draft = resolve_model(ref, "draft", progress=options.show_download_progress)
+            tell(on_progress, "locating the draft model (fetched on first use)")
+            draft = resolve_model(ref, "draft", progress=shown)
     return target, draft
 
 
@@ -409,27 +405,28 @@ def _paired_draft(target: str | None) -> str | None:
 
 def open_session(
     options: ModelOptions,
-    on_progress: Progress | None = None,
+    on_progress: OnProgress | None = None,
     on_lost: LostHandler = exit_on_lost,
 ) -> Session:
-    """Load the pair. With ``options.rpc``, the target's layers go to those workers;
-    ``on_lost`` is called (from another thread) if they fail mid-evaluation, which then
-    never returns: see backend/rpc.py."""
+    """Load the pair, telling ``on_progress`` each step, wait and warning (``Progress``
+    values, see localspec/progress.py). With ``options.rpc``, the target's layers go to
+    those workers; ``on_lost`` is called (from another thread) if they fail mid-evaluation,
+    which then never returns: see backend/rpc.py."""
     if options.calibrate and options.stores:
         Library().check_exist(options.stores)  # a misspelt --store fails before any load
     target_path, draft_path = resolve_pair(options, on_progress)
     rpc = None
     if options.rpc:
         endpoints = parse_endpoints(list(options.rpc))
-        _report(on_progress, f"connecting to RPC workers {', '.join(map(str, endpoints))}")
+        tell(on_progress, f"connecting to RPC workers {', '.join(map(str, endpoints))}")
         rpc = attach(endpoints, options.rpc_timeout, on_lost)
     placement = plan_placement(options, target_path, draft_path)
     for notice in placement.notices:
-        _report(on_progress, f"warning: {notice}")
+        tell(on_progress, notice, ProgressKind.WARNING)
     if not rpc and not placement.target.on_gpu:
         memory_warning = _memory_warning(target_path, draft_path, options.n_ctx)
         if memory_warning:  # said before loading, which may be what runs out of memory
-            _report(on_progress, f"warning: {memory_warning}")
+            tell(on_progress, memory_warning, ProgressKind.WARNING)
     load = LoadOptions(
         n_ctx=options.n_ctx,
         n_threads=options.threads,
@@ -451,7 +448,7 @@ def open_session(
     where = f" onto {len(options.rpc)} RPC worker(s)" if rpc else ""
     if not rpc and placement.target.on_gpu:
         where = f" onto {placement.target.summary()}"
-    _report(on_progress, f"loading target {target_path.name}{where}")
+    tell(on_progress, f"loading target {target_path.name}{where}")
     # Only the target needs batch-invariant kernels: what the draft proposes never changes
     # what the target accepts, so the draft keeps the fast ones.
     target = LlamaModel(target_path, replace(target_load, exact=options.exact))
@@ -463,9 +460,9 @@ def open_session(
             draft_place = placement.draft
             assert draft_place is not None
             where = f" onto {draft_place.summary()}" if draft_place.on_gpu else ""
-            _report(on_progress, f"loading draft {draft_path.name}{where}")
+            tell(on_progress, f"loading draft {draft_path.name}{where}")
             draft = LlamaModel(draft_path, replace(load, n_gpu_layers=draft_place.n_gpu_layers))
-            _report(on_progress, "checking that the draft's vocabulary fits the target's")
+            tell(on_progress, "checking that the draft's vocabulary fits the target's")
             report = check_vocabularies(target, draft)
             if not report.compatible:
                 raise IncompatibleModelsError(
@@ -493,7 +490,7 @@ def open_session(
     return session
 
 
-def _open_stores(session: Session, options: ModelOptions, on_progress: Progress | None) -> None:
+def _open_stores(session: Session, options: ModelOptions, on_progress: OnProgress | None) -> None:
     """Attach the datastores auto may draft from, and the history answers are added to. The
     tokenizer's fingerprint is computed only when a store or the history needs it."""
     library = Library()
@@ -509,7 +506,7 @@ def _open_stores(session: Session, options: ModelOptions, on_progress: Progress 
     if drafting:
         opened = library.open(fingerprint, options.stores)
         for warning in opened.warnings:
-            _report(on_progress, f"warning: {warning}")
+            tell(on_progress, warning, ProgressKind.WARNING)
         if opened.stores:
             session.attach_stores(opened.stores)
 
@@ -520,9 +517,7 @@ def learning_store() -> LearningStore:
     return LearningStore(cache_root() / "learning")
 
 
-def plan_placement(
-    options: ModelOptions, target_path: Path, draft_path: Path | None
-) -> Placement:
+def plan_placement(options: ModelOptions, target_path: Path, draft_path: Path | None) -> Placement:
     """Where each model of the pair will run, from the devices this build sees now (see
     session/placement.py). With RPC workers the target goes to them (all its layers unless
     told otherwise) and the draft stays on this machine's CPU: its steps are many and
@@ -544,7 +539,7 @@ def plan_placement(
 
 
 def _restore_learning(
-    session: Session, target_path: Path, draft_path: Path | None, on_progress: Progress | None
+    session: Session, target_path: Path, draft_path: Path | None, on_progress: OnProgress | None
 ) -> None:
     """Start the auto controller from what earlier sessions learned for this pair, where
     it runs now: the same laptop with and without its GPU keeps two."""
@@ -554,13 +549,13 @@ def _restore_learning(
     session.learning = (store, key)
     learned, problem = store.load(key)
     if problem:
-        _report(on_progress, f"warning: {problem}")
+        tell(on_progress, problem, ProgressKind.WARNING)
     if learned is None:
         return
     try:
         session.decoder.check_learned(learned)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        _report(on_progress, f"warning: ignoring malformed learned state ({err})")
+        tell(on_progress, f"ignoring malformed learned state ({err})", ProgressKind.WARNING)
         return
     session.decoder.restored = learned
 
@@ -618,7 +613,7 @@ def _costs(
     draft: LlamaModel | None,
     target_path: Path,
     draft_path: Path | None,
-    on_progress: Progress | None,
+    on_progress: OnProgress | None,
 ) -> tuple[CostProfile | None, Path | None]:
     if not options.calibrate:
         return None, None
@@ -626,18 +621,26 @@ def _costs(
     cache = _cost_cache()
     costs = None if options.recalibrate else cache.load(key)
     if costs is None:
-        _report(on_progress, "measuring this machine's step costs (once per model pair)")
+        tell(
+            on_progress,
+            "measuring this machine's step costs (once per model pair)",
+            ProgressKind.WAIT,
+        )
         # A few hundred tokens of context, as in a typical answer: attention cost grows
         # with it, so a near-empty context would flatter every step.
         room = max(8, min(320, target.n_ctx - 80))  # leave room for the k+1 verified tokens
         context = target.tokenize(CALIBRATION_TEXT * 8, add_special=False)[:room]
         costs = measure_costs(target, draft, context)
         if looks_disturbed(costs):
-            _report(on_progress, "the machine looked busy while measuring; measuring again")
+            tell(
+                on_progress,
+                "the machine looked busy while measuring; measuring again",
+                ProgressKind.WAIT,
+            )
             costs = fastest_of(costs, measure_costs(target, draft, context))
         # Saved even if still disturbed: live timings correct it, and measuring again in
         # every process would cost far more than a rough start.
         problem = cache.save(key, costs)
         if problem:
-            _report(on_progress, f"warning: {problem}")
+            tell(on_progress, problem, ProgressKind.WARNING)
     return costs, cache.path(key)

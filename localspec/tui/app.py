@@ -1,8 +1,9 @@
 """The ``localspec chat`` Textual app and its entry point ``run_chat``.
 
 ``run_chat(session_factory, params)`` runs the app and returns an exit code (1 when the
-models could not be loaded). At start the app calls ``session_factory(on_progress)`` in a
-worker thread, showing the progress lines; a load error shows as a message with its hint.
+models could not be loaded). At start the app calls ``session_factory(on_progress, on_lost)``
+in a worker thread, showing its progress reports; a load error shows as a message with its
+hint.
 
 Each answer runs ``Session.chat`` in a worker thread (``worker.run_generation``), which posts
 the engine's events as messages; the UI thread renders them (tokens coloured by origin, the
@@ -41,6 +42,7 @@ from textual.widgets import Footer, Header, Static
 
 from localspec.core.events import EngineWarning, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
+from localspec.core.stats import GenerationStats
 from localspec.models.paths import conversations_dir
 from localspec.session.conversations import (
     SavedConversation,
@@ -263,7 +265,7 @@ class ChatApp(App[int]):
 
     def on_load_progress(self, message: LoadProgress) -> None:
         for panel in self.query(LoadingPanel):
-            panel.add_line(message.line)
+            panel.add(message.progress)
 
     def on_session_ready(self, message: SessionReady) -> None:
         session = self.session = message.session
@@ -433,7 +435,7 @@ class ChatApp(App[int]):
         self.notify(message.hint or message.message, title=message.message, severity="error")
         answer = self._answer
         if answer is not None and answer.text and self.conversation.pending:
-            self._finish_turn(answer.text, "error", self.live.answer.to_dict())
+            self._finish_turn(answer.text, "error", self.live.answer)
             answer.finalize()
         else:
             self._restore_input(self._withdraw_pending())
@@ -459,7 +461,7 @@ class ChatApp(App[int]):
         if self.conversation.pending is not None:
             # The stream ended without Finished: keep what arrived, as for a stop.
             answer = self._answer.text if self._answer else ""
-            self._finish_turn(answer, "cancelled", self.live.answer.to_dict())
+            self._finish_turn(answer, "cancelled", self.live.answer)
             if self._answer:
                 self._answer.finalize()
         self.generating = False
@@ -468,7 +470,7 @@ class ChatApp(App[int]):
         self._refresh_stats()
         self.refresh_bindings()
 
-    def _finish_turn(self, answer: str, reason: str, stats: dict[str, object]) -> None:
+    def _finish_turn(self, answer: str, reason: str, stats: GenerationStats) -> None:
         """Record the answer in the history, then save the conversation so that no finished
         turn is lost whatever happens next."""
         self.conversation.finish(answer, reason, stats)

@@ -6,9 +6,9 @@ the context, then the new user message. A turn leaves the model's context (but s
 transcript) when its answer is empty (stopped before the first token) or when it was dropped
 to make room. ``turns_to_drop`` finds how many of the oldest turns must go for a prompt to
 fit; ``save_transcript`` writes the Markdown transcript and the JSON conversation to new,
-timestamped files; ``last_code_block`` finds what Ctrl+Y copies. ``to_saved`` and
+timestamped files; ``last_code_block`` finds what Ctrl+O copies. ``to_saved`` and
 ``from_saved`` convert to and from the JSON file format (``session.conversations``), which
-holds finished turns only.
+holds finished turns only, without their stats (a resumed turn starts with none).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from markdown_it import MarkdownIt
 
 from localspec.core.params import GenerationParams
+from localspec.core.stats import GenerationStats
 from localspec.session.conversations import (
     ChatSettings,
     SavedConversation,
@@ -40,7 +40,7 @@ class Turn:
     user: str
     answer: str = ""
     finish: str | None = None  # a FinishReason value, "error", or None while generating
-    stats: dict[str, Any] = field(default_factory=dict)  # GenerationStats.to_dict()
+    stats: GenerationStats = field(default_factory=GenerationStats)  # the answer's
     dropped: bool = False  # left out of the context to make room
     id: int = field(default_factory=lambda: next(_turn_ids))
 
@@ -115,13 +115,13 @@ class Conversation:
         self.turns.append(turn)
         return turn
 
-    def finish(self, answer: str, reason: str, stats: dict[str, Any] | None = None) -> Turn:
+    def finish(self, answer: str, reason: str, stats: GenerationStats | None = None) -> Turn:
         turn = self.pending
         if turn is None:
             raise RuntimeError("no answer is being generated")
         turn.answer = answer
         turn.finish = reason
-        turn.stats = dict(stats or {})
+        turn.stats = stats if stats is not None else GenerationStats()
         return turn
 
     def discard_pending(self) -> Turn | None:
@@ -215,12 +215,12 @@ def answer_note(turn: Turn) -> str:
     if turn.dropped:
         parts.append("dropped from the context")
     stats = turn.stats
-    if stats.get("generated_tokens"):
-        parts.append(f"{stats['generated_tokens']} tokens")
-        parts.append(f"{stats.get('decode_tokens_per_s', 0.0):.1f} tok/s")
-        if stats.get("drafted"):
-            parts.append(f"acceptance {stats.get('acceptance_rate', 0.0):.0%}")
-            parts.append(f"{stats.get('mean_accepted_length', 0.0):.2f} tokens/pass")
+    if stats.generated_tokens:
+        parts.append(f"{stats.generated_tokens} tokens")
+        parts.append(f"{stats.decode_tokens_per_s:.1f} tok/s")
+        if stats.drafted:
+            parts.append(f"acceptance {stats.acceptance_rate:.0%}")
+            parts.append(f"{stats.mean_accepted_length:.2f} tokens/pass")
     return " · ".join(parts)
 
 

@@ -5,6 +5,10 @@ conversation), keeps the acceptance of recent drafting rounds for the sparkline,
 round (its drafter and draft length) and the context budget. It does no arithmetic of its
 own beyond that: rates come from ``GenerationStats``. ``StatsPanel`` renders a ``LiveStats``
 snapshot; ``speedup`` is decode tokens/s over the session's measured plain decoding speed.
+
+Tokens are coloured by their origin, a drafter's name or ``TARGET``: ``origin_style`` and
+``origin_label`` know the drafters shipped today, and give any other drafter a style of its
+own and its name as label, so a new drafter shows without an edit here.
 """
 
 from __future__ import annotations
@@ -17,24 +21,39 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from localspec.core.events import Origin, PrefillDone, RoundCompleted, TokenEmitted
+from localspec.core.events import TARGET, PrefillDone, RoundCompleted, TokenEmitted
 from localspec.core.stats import PLAIN, GenerationStats
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 SPARK_ROUNDS = 32  # drafting rounds shown in the sparkline
 
-ORIGIN_STYLES: dict[Origin, str] = {
-    Origin.DRAFT_MODEL: "bold #6fcf73",
-    Origin.NGRAM: "bold #5fb3f0",
-    Origin.STORE: "bold #e0a84f",
-    Origin.TARGET: "",
+ORIGIN_STYLES: dict[str, str] = {
+    "model": "bold #6fcf73",
+    "ngram": "bold #5fb3f0",
+    "store": "bold #e0a84f",
+    TARGET: "",
 }
-ORIGIN_LABELS: dict[Origin, str] = {
-    Origin.DRAFT_MODEL: "draft model",
-    Origin.NGRAM: "n-gram",
-    Origin.STORE: "datastore",
-    Origin.TARGET: "target",
+ORIGIN_LABELS: dict[str, str] = {
+    "model": "draft model",
+    "ngram": "n-gram",
+    "store": "datastore",
+    TARGET: "target",
 }
+# Drafters not in the table: bold, in colours none of the shipped drafters use, chosen from
+# the name so that a drafter keeps its colour from one answer (and one run) to the next.
+OTHER_STYLES = ("bold #c792ea", "bold #f07178", "bold #89ddff", "bold #ffcb6b")
+
+
+def origin_style(origin: str) -> str:
+    """The style of a token of this origin (a drafter's name, or ``TARGET``)."""
+    known = ORIGIN_STYLES.get(origin)
+    if known is not None:
+        return known
+    return OTHER_STYLES[sum(origin.encode()) % len(OTHER_STYLES)]
+
+
+def origin_label(origin: str) -> str:
+    return ORIGIN_LABELS.get(origin, origin)
 
 
 class LiveStats:
@@ -102,12 +121,13 @@ def _drafter_cell(stats: GenerationStats, key: str) -> str:
     return f"{d.accepted}/{d.drafted} {d.acceptance_rate:.0%}" if d.drafted else "0/0"
 
 
-def legend(colour: bool) -> Text:
+def legend(colour: bool, seen: Iterable[str] = ()) -> Text:
+    """The origins' colours: the shipped drafters', then any other drafter in ``seen``."""
     text = Text()
-    for origin, label in ORIGIN_LABELS.items():
-        style = ORIGIN_STYLES[origin] if colour else ""
+    for origin in [*ORIGIN_LABELS, *(o for o in seen if o not in ORIGIN_LABELS)]:
+        style = origin_style(origin) if colour else ""
         text.append("■ " if colour else "□ ", style=style or "dim")
-        text.append(label, style=style)
+        text.append(origin_label(origin), style=style)
         text.append("  ")
     if not colour:
         text.append("(off)", style="dim")
@@ -202,6 +222,8 @@ class StatsPanel(Static):
         where: str = "",
     ) -> None:
         self.group = Group(
-            legend(colour), Text(""), render_stats(live, plain_tokens_per_s, n_ctx, where)
+            legend(colour, live.chat.by_origin),
+            Text(""),
+            render_stats(live, plain_tokens_per_s, n_ctx, where),
         )
         self.update(self.group)

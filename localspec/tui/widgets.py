@@ -1,4 +1,5 @@
-"""Widgets of the chat screen: the input box, the transcript and its messages.
+"""Widgets of the chat screen: the input box, the transcript and its messages, the loading
+panel.
 
 ``ChatInput`` sends on Enter and inserts a newline on Shift+Enter or Ctrl+J; Up in the empty
 box posts ``Recall`` (the app puts the last message back for editing).
@@ -7,11 +8,11 @@ without the origin colours at any time; ``finalize`` makes the spans agree with 
 engine reports in ``Finished`` (a stop string is not part of the answer) and parses the
 answer as Markdown, once. A finished answer shows that Markdown when ``rendered`` is on, and
 its origin-coloured tokens otherwise; while it streams it always shows the tokens.
+``LoadingPanel`` shows the loading's progress reports (``localspec.progress``): a download
+reported again with a new fraction replaces its line, by the report's kind and text.
 """
 
 from __future__ import annotations
-
-import re
 
 from rich.console import Group, RenderableType
 from rich.markdown import Markdown
@@ -21,11 +22,10 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import LoadingIndicator, Static, TextArea
 
-from localspec.core.events import Origin
+from localspec.progress import Progress, ProgressKind
 from localspec.tui.conversation import Turn, answer_note
-from localspec.tui.stats_panel import ORIGIN_STYLES
+from localspec.tui.stats_panel import origin_style
 
-_PERCENT = re.compile(r"\s\d+(?:\.\d+)?%")
 # The UI shares the CPU with llama.cpp's threads: every redraw is time taken from decoding,
 # so the answer is redrawn a few times a second rather than at the terminal's frame rate.
 NEWLINE_KEYS = frozenset({"shift+enter", "ctrl+j", "newline"})
@@ -82,7 +82,7 @@ class AssistantMessage(Static):
         super().__init__(classes=f"message assistant {turn_class(turn)}")
         self.border_title = "Assistant"
         self.turn = turn
-        self.spans: list[tuple[str, Origin | None]] = []
+        self.spans: list[tuple[str, str | None]] = []
         self.colour = colour
         self.rendered = rendered  # a finished answer shows as Markdown
         self.markdown: Markdown | None = None  # parsed once, when the answer finishes
@@ -100,7 +100,7 @@ class AssistantMessage(Static):
     def on_mount(self) -> None:
         self.redraw()
 
-    def append(self, text: str, origin: Origin) -> None:
+    def append(self, text: str, origin: str) -> None:
         """Add a token; it shows at the next ``flush`` (the app's frame), because redrawing
         re-renders and re-lays out the whole answer."""
         if not text:
@@ -148,7 +148,7 @@ class AssistantMessage(Static):
     def body(self) -> Text:
         body = Text()
         for text, origin in self.spans:
-            style = ORIGIN_STYLES[origin] if (self.colour and origin is not None) else ""
+            style = origin_style(origin) if (self.colour and origin is not None) else ""
             body.append(text, style=style)
         if not self.spans and not self.turn.done:
             body.append("…", style="dim")
@@ -157,8 +157,8 @@ class AssistantMessage(Static):
         return body
 
 
-def _truncate(spans: list[tuple[str, Origin | None]], text: str) -> list[tuple[str, Origin | None]]:
-    out: list[tuple[str, Origin | None]] = []
+def _truncate(spans: list[tuple[str, str | None]], text: str) -> list[tuple[str, str | None]]:
+    out: list[tuple[str, str | None]] = []
     left = len(text)
     for span, origin in spans:
         if left <= 0:
@@ -178,33 +178,44 @@ class Notice(Static):
 
 
 class LoadingPanel(Vertical):
-    """Shown while the models load: a spinner and the latest progress lines."""
+    """Shown while the models load: a spinner and the latest progress reports, one a line;
+    a report on the same thing as the last one (a download's new fraction) replaces it."""
 
     MAX_LINES = 6
 
     def __init__(self) -> None:
         super().__init__(id="loading")
-        self.lines: list[str] = []
+        self.reports: list[Progress] = []
 
     def compose(self):  # type: ignore[no-untyped-def]
         yield Static("Loading the models…", id="loading-title")
         yield LoadingIndicator()
         yield Static("", id="loading-lines")
 
-    def add_line(self, line: str) -> None:
-        # Download progress repeats the same line with a new percentage: replace, not append.
-        key = _progress_key(line)
-        if key and self.lines and key == _progress_key(self.lines[-1]):
-            self.lines[-1] = line
+    @property
+    def lines(self) -> list[str]:
+        return [progress_text(p) for p in self.reports]
+
+    def add(self, progress: Progress) -> None:
+        if self.reports and self.reports[-1].same_line(progress):
+            self.reports[-1] = progress
         else:
-            self.lines.append(line)
-        del self.lines[: -self.MAX_LINES]
-        self.query_one("#loading-lines", Static).update(Text("\n".join(self.lines)))
+            self.reports.append(progress)
+        del self.reports[: -self.MAX_LINES]
+        shown = Text("\n").join(
+            Text(progress_text(p), style="yellow" if p.kind is ProgressKind.WARNING else "")
+            for p in self.reports
+        )
+        self.query_one("#loading-lines", Static).update(shown)
 
 
-def _progress_key(line: str) -> str | None:
-    match = _PERCENT.search(line)
-    return line[: match.start()] if match else None
+def progress_text(progress: Progress) -> str:
+    """A report as the panel writes it: a warning says so, a download its share done."""
+    if progress.kind is ProgressKind.WARNING:
+        return f"warning: {progress.text}"
+    if progress.fraction is not None:
+        return f"{progress.text} {progress.fraction:.0%}"
+    return progress.text
 
 
 class Transcript(VerticalScroll):

@@ -1,6 +1,7 @@
 """What runs in the TUI's worker threads, and the messages they post to the UI.
 
-``load_session`` calls the session factory and posts ``LoadProgress`` lines, then
+``load_session`` calls the session factory and posts its ``Progress`` reports as
+``LoadProgress``, then
 ``SessionReady`` or ``LoadFailed``; ``WorkersLost`` whenever the target's RPC workers fail
 (the evaluation waiting on them then never returns). ``run_generation`` checks that the
 prompt fits (dropping the oldest turns when allowed), streams the Session's events as
@@ -26,6 +27,7 @@ from textual.message import Message
 from localspec.core.events import Event, Finished, RoundCompleted
 from localspec.core.params import GenerationParams
 from localspec.errors import ContextOverflowError, describe
+from localspec.progress import OnProgress, Progress
 from localspec.tui.conversation import Turn, build_messages, turns_to_drop
 
 # Room an answer needs at least: a prompt that leaves less is reported as an overflow.
@@ -55,15 +57,16 @@ class ChatSession(Protocol):
     def close(self) -> None: ...
 
 
-# (progress lines, what to call if the target's RPC workers are lost) -> the session
-SessionFactory = Callable[[Callable[[str], None], Callable[[str], None]], ChatSession]
+# (what to tell the progress of loading, what to call if the target's RPC workers are
+# lost) -> the session
+SessionFactory = Callable[[OnProgress, Callable[[str], None]], ChatSession]
 Post = Callable[[Message], Any]
 
 
 class LoadProgress(Message):
-    def __init__(self, line: str) -> None:
+    def __init__(self, progress: Progress) -> None:
         super().__init__()
-        self.line = line
+        self.progress = progress
 
 
 class SessionReady(Message):
@@ -132,7 +135,7 @@ def describe_error(error: BaseException) -> tuple[str, str]:
 
 def load_session(factory: SessionFactory, post: Post, closing: threading.Event) -> None:
     try:
-        session = factory(lambda line: post(LoadProgress(line)), lambda m: post(WorkersLost(m)))
+        session = factory(lambda p: post(LoadProgress(p)), lambda m: post(WorkersLost(m)))
         plain = session.plain_tokens_per_s()
     except Exception as error:  # noqa: BLE001 - every failure becomes a message in the app
         post(LoadFailed(*describe_error(error)))
