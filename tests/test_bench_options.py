@@ -17,7 +17,8 @@ from localspec.bench import report as bench_report
 from localspec.bench import runner as bench
 from localspec.cli import bench as bench_cli
 from localspec.cli.bench import bench_command
-from localspec.core.controller import Controller
+from localspec.core.engine import SpecDecoder
+from localspec.core.params import GenerationParams
 from localspec.errors import InputError, UsageError
 from tests.test_bench import (
     NATIVE_SAMPLE,
@@ -104,7 +105,7 @@ class StartingStates(FakeBenchSession):
 
     def generate(self, tokens, params, cancel=None):
         if params.drafter in ("auto", "model"):
-            learned = self.decoder.controller_for(params).learned()
+            learned = self.decoder.learned(params)
             self.started.append((params.drafter.value, learned))
         return super().generate(tokens, params, cancel)
 
@@ -116,19 +117,24 @@ def starting_states(cold: bool) -> tuple[StartingStates, list[bench.Record]]:
     return session, records
 
 
+def fresh_state(session: StartingStates, mode: str) -> dict:
+    """What the drafters of ``mode`` know in a decoder that has run nothing."""
+    decoder = SpecDecoder(session.decoder.target, session.decoder.draft, session.costs)
+    return decoder.learned(GenerationParams(drafter=mode))
+
+
 def test_cold_runs_forget_before_every_run_and_start_from_nothing():
     session, records = starting_states(cold=True)
     assert session.forgotten == 3 + len(records)  # the warm-up runs too
-    fresh = Controller(session.costs).learned()
     assert len(session.started) == 2 * (1 + 3)
-    assert all(state == fresh for _, state in session.started)
+    assert all(state == fresh_state(session, mode) for mode, state in session.started)
 
 
 def test_warm_runs_carry_what_was_learned_to_the_next_prompt():
     session, _ = starting_states(cold=False)
     assert session.forgotten == 0
-    fresh = Controller(session.costs).learned()
     for mode in ("model", "auto"):
+        fresh = fresh_state(session, mode)
         states = [state for m, state in session.started if m == mode]
         assert states[0] == fresh  # the warm-up began with nothing
         assert all(state != fresh for state in states[1:])

@@ -10,6 +10,7 @@ from localspec.core.costs import CostProfile
 from localspec.core.drafting.copying import COPY_ODDS, CopyOffer
 from localspec.core.engine import run_to_completion
 from localspec.core.params import GenerationParams
+from localspec.progress import Progress, ProgressKind
 from localspec.session.calibrate import CostCache, fastest_of
 from localspec.session.learning import FORMAT, LearningStore
 
@@ -158,11 +159,11 @@ def test_a_damaged_learning_file_is_ignored_with_a_warning(tiny_options, isolate
     (path,) = (isolated_home / "learning").glob("*.json")
     for damage in ("{not json", json.dumps({"format": 1, "pair": path.stem, "learned": {"x": 1}})):
         path.write_text(damage)
-        lines: list[str] = []
+        lines: list[Progress] = []
         session = open_session(tiny_options, on_progress=lines.append)
         try:
             assert session.decoder.restored is None
-            assert any(line.startswith("warning: ") for line in lines), lines
+            assert any(report.kind is ProgressKind.WARNING for report in lines), lines
             fin = run_to_completion(session.complete("the cat", GenerationParams(max_tokens=4)))
             assert fin.stats.generated_tokens > 0
         finally:

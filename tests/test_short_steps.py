@@ -255,12 +255,12 @@ def test_greedy_verification_keeps_the_first_of_tied_maxima():
 def test_a_round_without_offers_is_the_plain_step_the_controller_would_plan():
     """Rounds where no drafter offers anything skip the controller's planning: it could
     only have planned this plain step, as its own answer to no offers shows."""
-    from localspec.core.controller import Controller
-    from localspec.core.engine import DEFAULT_COSTS, PLAIN_STEP
+    from localspec.core.controller import PLAIN_STEP, Controller
+    from localspec.core.engine import DEFAULT_COSTS
 
     for fixed in (False, True):
         planned = Controller(DEFAULT_COSTS, fixed=fixed).plan([])
         assert (planned.drafter, planned.k, planned.reason, planned.branches) == (
             PLAIN_STEP.drafter, PLAIN_STEP.k, PLAIN_STEP.reason, PLAIN_STEP.branches,
         )  # fmt: skip
-        assert (planned.p_min, planned.match) == (PLAIN_STEP.p_min, PLAIN_STEP.match)
+        assert planned.match == PLAIN_STEP.match
