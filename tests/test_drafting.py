@@ -23,8 +23,8 @@ from localspec.core.drafting.copying import (
 from localspec.core.drafting.model import FIXED_P_MIN, ModelDrafter
 from localspec.core.drafting.registry import AUTO, REGISTRY, Registration, build_drafters
 from localspec.core.drafting.store import StoreDrafter
-from localspec.core.engine import Planner, restore_drafters
 from localspec.core.params import GenerationParams
+from localspec.core.planner import Planner, restore_drafters
 from tests.fakes import FakeModel
 
 CPU = CostProfile(

@@ -12,8 +12,9 @@ from localspec.core.drafting.base import Outcome
 from localspec.core.drafting.copying import COPY_DEPTH, COPY_ODDS, CopyOffer
 from localspec.core.drafting.ngram import NgramDrafter
 from localspec.core.drafting.store import STORE_COPY_ODDS, StoreDrafter
-from localspec.core.engine import SpecDecoder, restore_drafters, run_to_completion
+from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.params import GenerationParams
+from localspec.core.planner import restore_drafters
 from localspec.session.datastore import TokenIndex
 from tests.fakes import FakeModel, plain_greedy
 

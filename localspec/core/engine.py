@@ -67,6 +67,7 @@ from localspec.core.events import (
     TokenEmitted,
 )
 from localspec.core.params import DrafterMode, GenerationParams
+from localspec.core.planner import RESTORE_KEEP, Planner, restore_drafters
 from localspec.core.sampling import warp
 from localspec.core.stats import GenerationStats
 from localspec.core.text import TextAssembler
@@ -80,33 +81,6 @@ DEFAULT_COSTS = CostProfile(
     verify_s={1: 2.3, 3: 2.9, 4: 3.2, 15: 5.8, 31: 11.0, 47: 14.0, 63: 17.0},
     draft_step_s=0.5,
 )
-RESTORE_KEEP = 0.5  # what a new process keeps of the evidence an earlier one saved
-
-
-@dataclass
-class Planner:
-    """A mode's controller and the drafters it weighs, kept across generations."""
-
-    controller: Controller
-    drafters: dict[str, Drafter]
-
-    def learned(self) -> dict[str, Any]:
-        """What the drafters learned, as plain data: one entry per drafter."""
-        return {"drafters": {name: d.learned() for name, d in self.drafters.items()}}
-
-
-def restore_drafters(drafters: dict[str, Drafter], data: Any, keep: float) -> None:
-    """Each drafter from its entry of ``Planner.learned()`` data; one without an entry
-    (a drafter the saving process did not have) starts afresh. Raises ``ValueError``,
-    ``KeyError`` or ``TypeError`` on malformed data."""
-    entries = data["drafters"]
-    if not isinstance(entries, dict):
-        raise ValueError("the drafters' entries must be a mapping")
-    for name, drafter in drafters.items():
-        if name in entries:
-            drafter.restore(entries[name], keep)
-
-
 @dataclass
 class _Run:
     """The state of one generation that rounds extend."""
