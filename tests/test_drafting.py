@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from localspec.core.acceptance import AcceptanceEstimate
@@ -279,3 +280,52 @@ def test_a_new_drafter_is_a_module_and_a_registry_line(monkeypatch):
     assert fin.stats.by_drafter["echo"].accepted > 0
     assert fin.stats.by_origin.get("echo", 0) == fin.stats.by_drafter["echo"].accepted
     assert "echo" in decoder.learned(GenerationParams())["drafters"]
+
+
+# Verify batches that cost little more than a step, as on a GPU; the draft model's steps are
+# a tenth of the target's, its catching up a fiftieth a token.
+GPU = CostProfile(
+    plain_s=1.0,
+    verify_s={k: 1.0 + 0.02 * k for k in range(1, 17)},
+    draft_step_s=0.1,
+    draft_prefill_s=0.02,
+)
+
+
+def test_the_draft_model_reads_the_prompt_only_where_drafting_could_pay():
+    prompt = list(range(1, 300))
+    for costs, reads in ((GPU, True), (CPU, False)):
+        draft = FakeModel(n_vocab=400)
+        drafter = ModelDrafter(draft, lambda t: False, costs=LiveCosts(costs))
+        assert drafter.could_pay() is reads
+        drafter.begin(prompt, GenerationParams())
+        assert draft.cached == (prompt[:-1] if reads else [])
+        first = drafter.offer(prompt, 4).draft_seconds(4)
+        if reads:  # the first draft takes its own steps, not a catch-up on the prompt
+            assert first == pytest.approx(4 * costs.draft_step_s)
+        else:
+            assert first > 298 * costs.draft_step_s / 4
+
+
+def test_auto_drafts_with_the_draft_model_from_the_first_rounds_where_it_pays(monkeypatch):
+    """A prompt of a few hundred tokens and nothing to copy: the draft model, having read
+    the prompt with the target, drafts from the start; caught up in one round instead, it
+    would never have paid for it."""
+    from localspec.core.engine import SpecDecoder, run_to_completion
+    from tests.fakes import plain_greedy
+
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 24, 300)]
+    target = FakeModel(seed=1, window=2)
+    draft = FakeModel(seed=1, window=2, noise=0.3)
+    decoder = SpecDecoder(target, draft, GPU)
+    params = GenerationParams(max_tokens=40, trace=True)
+    fin = run_to_completion(decoder.generate(prompt, params))
+    assert list(fin.token_ids) == plain_greedy(target, prompt, 40)
+    assert fin.stats.trace[0]["drafter"] == "model"  # from the first round
+    assert fin.stats.by_drafter["model"].accepted > 0
+    assert draft.calls[0] == (0, len(prompt) - 1, 0)  # the prompt, read once, no logits
+    # Left to catch up on the prompt in its first draft, it is never chosen.
+    monkeypatch.setattr(ModelDrafter, "could_pay", lambda self: False)
+    unread = SpecDecoder(FakeModel(seed=1, window=2), FakeModel(seed=1, window=2), GPU)
+    fin = run_to_completion(unread.generate(prompt, params))
+    assert "model" not in fin.stats.by_drafter

@@ -340,3 +340,25 @@ def test_take_makes_the_branch_the_target_took_the_draft_observe_follows():
     # Eight drafted tokens accepted in a row from the copy the target took: a copy under
     # way; without ``take`` the drafter would think its other branch parted at once.
     assert streaks == {True: True, False: False}
+
+
+def test_a_fixed_policy_drafts_from_long_matches_only():
+    """``--drafter ngram`` has no cost model to weigh a short match: it is offered drafts
+    from matches of FIXED_MIN_MATCH tokens, while auto's drafter offers every match."""
+    from localspec.core.costs import LiveCosts
+    from localspec.core.drafting.base import Resources
+    from localspec.core.drafting.ngram import FIXED_MIN_MATCH, build
+    from localspec.core.engine import DEFAULT_COSTS
+    from tests.fakes import FakeModel
+
+    body = list(range(100, 140))
+    resources = Resources(LiveCosts(DEFAULT_COSTS), FakeModel())
+    for mode, shortest in (("ngram", FIXED_MIN_MATCH), ("auto", 2)):
+        params = GenerationParams(drafter=mode)
+        drafter = build(params, resources)
+        for n in (2, FIXED_MIN_MATCH - 1, FIXED_MIN_MATCH):
+            toks = [1, 2, 3, *body, 7, 7, *body[:n]]
+            drafter.begin(toks, params)
+            offer = drafter.copy_offer(toks, 64)
+            assert (offer is not None) == (n >= shortest), (mode, n)
+        assert drafter.limit == (params.draft_max if mode == "ngram" else params.ngram_draft_max)

@@ -14,6 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+# The acceptance a drafter that has not shown its own is hoped to reach: a draft that could
+# not pay even at this is never worth trying (a probe, or readying the draft model).
+OPTIMISTIC_ALPHA = 0.9
 # What a new prompt keeps of the evidence learned before it: it may be another kind of text
 # (code vs prose), whose acceptance differs a lot, so its own rounds soon outweigh the rest.
 PROMPT_KEEP = 0.1

@@ -35,6 +35,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from localspec.core.acceptance import OPTIMISTIC_ALPHA
 from localspec.core.costs import CostProfile, LiveCosts
 from localspec.core.drafting.base import Offer
 from localspec.core.tree import MAX_BRANCHES, TREE_MAX_NODES
@@ -43,7 +44,6 @@ from localspec.core.tree import MAX_BRANCHES, TREE_MAX_NODES
 # and measured costs are noisy, and the best of many noisy candidates is biased upward, so a
 # draft expected to win by less loses about as often as it wins (measured on prose).
 SPECULATE_MARGIN = 1.1
-OPTIMISTIC_ALPHA = 0.9  # acceptance a probe hopes for; no probe if even that would not pay
 # The answer's running balance against plain decoding (what its drafting rounds saved or
 # lost, at the cost model's prices) sets how sure a draft must be: in deficit, the margin grows
 # by the deficit over LOSS_BUDGET of the plain time of the answer so far (at least

@@ -81,6 +81,8 @@ DEFAULT_COSTS = CostProfile(
     verify_s={1: 2.3, 3: 2.9, 4: 3.2, 15: 5.8, 31: 11.0, 47: 14.0, 63: 17.0},
     draft_step_s=0.5,
 )
+
+
 @dataclass
 class _Run:
     """The state of one generation that rounds extend."""
@@ -224,12 +226,11 @@ class SpecDecoder:
         self.target.forward(prompt[:-1], 0)
         prefilled = self.target.changes
         evaluated = self.target.evaluated_tokens - before
-        yield emit(PrefillDone(len(prompt), evaluated, self.clock() - t0))
-
         planner = self.planner_for(params)
         planner.controller.new_generation()
         for drafter in planner.drafters.values():
-            drafter.begin(prompt, params)
+            drafter.begin(prompt, params)  # the draft model may read the prompt: prefill time
+        yield emit(PrefillDone(len(prompt), evaluated, self.clock() - t0))
         run = _Run(
             prompt, params, np.random.default_rng(params.seed), planner.controller,
             planner.drafters, TextAssembler(params.stop), emit, target_changes=prefilled,

@@ -12,6 +12,13 @@ per draft position (``AcceptanceEstimate``), and the seconds drafting takes from
 timings (``DraftCosts``): the first pass (one step, or the catch-up batch when it lags) and
 a step per further token. Its acceptance is learned only from its own drafts, so its offers
 may be probed after a long idle stretch (``Offer.probe``).
+
+Reading the prompt. A draft model that has not read the prompt must catch up on all of it
+in its first draft, a cost no single round repays, so it would never be chosen, and never
+read the prompt. Where a draft could pay on this machine at all (``could_pay``: verify
+batches that cost little more than a step, as on a GPU), ``begin`` has it read the prompt
+with the target, as llama.cpp's speculative examples do; where none could (a small CPU),
+the prompt's time is not spent on it.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from localspec.core.acceptance import AcceptanceEstimate, TextCount
+from localspec.core.acceptance import OPTIMISTIC_ALPHA, AcceptanceEstimate, TextCount
 from localspec.core.cached_model import CachedModel, common_prefix_length
 from localspec.core.costs import Ema, LiveCosts
 from localspec.core.drafting.base import Branching, Draft, Offer, Outcome, Resources
@@ -104,10 +111,25 @@ class ModelDrafter:
         self._timed: tuple[int, float, int, float] | None = None  # the last draft's passes
 
     def begin(self, prompt: Sequence[int], params: GenerationParams | None = None) -> None:
-        # The model's cache keeps whatever prefix the new prompt shares.
         keep = self._texts.begin()
         if keep is not None:
             self.estimate.shrink(keep)
+        if self.could_pay():
+            # All but the last token, as the target holds: the first round then drafts
+            # with one step. The cache keeps whatever prefix it shares with the prompt.
+            self.model.forward(prompt[:-1], 0)
+
+    def could_pay(self) -> bool:
+        """Whether a draft of some length could beat a plain step here if its tokens were
+        accepted at ``OPTIMISTIC_ALPHA`` each, not counting catching up on the text."""
+        costs, step = self.costs, self.timing.step_s
+        plain_rate = 1.0 / costs.plain_s
+        hoped = 1.0
+        for k in range(1, self.limit + 1):
+            hoped += OPTIMISTIC_ALPHA**k
+            if hoped / (costs.verify(k) + k * step) > plain_rate:
+                return True
+        return False
 
     def lag(self, committed: Sequence[int]) -> int:
         """Tokens the draft model would have to evaluate before drafting."""
