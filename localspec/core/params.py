@@ -61,6 +61,15 @@ class GenerationParams(BaseModel):
     ngram_min: int = Field(2, ge=1, le=8, description="shortest suffix match that may draft")
     ngram_max: int = Field(32, ge=1, le=64, description="longest suffix match measured")
     stop: tuple[str, ...] = ()
+    # OpenAI's predicted outputs: what the answer will mostly be (an edited file's old
+    # version), as token ids; drafted from by ``auto`` (``core.drafting.prediction``).
+    prediction: tuple[int, ...] = ()
+    p_min: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="the draft model's confidence cut-off (None: what pays on this machine)",
+    )
     trace: bool = Field(False, description="record every round's choice in the final stats")
     trees: bool = Field(
         True,

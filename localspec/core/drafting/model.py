@@ -165,7 +165,7 @@ class ModelDrafter:
         params: GenerationParams,
         rng: np.random.Generator,
     ) -> Draft:
-        p_min = self.p_min()
+        p_min = self.p_min() if params.p_min is None else params.p_min
         context = list(committed)
         # With a lag, the first pass evaluates everything the model lacks in one batch and
         # yields the first draft token: timed as catch-up, apart from the one-token steps.

@@ -171,10 +171,15 @@ class NgramDrafter(CopyingDrafter):
         self._branches: list[_Drafted] = []  # the last ``alternatives``, for ``take``
         self._extend(tokens)
 
+    def _unread(self, committed: Sequence[int]) -> Sequence[int]:
+        """What ``committed`` adds to the text this drafter reads (here, the text is the
+        committed tokens themselves)."""
+        return committed[len(self._tokens) :]
+
     def _extend(self, tokens: Sequence[int]) -> None:
-        """Index newly committed tokens; ``tokens`` is the whole list, an extension."""
+        """Index ``tokens``, appended to the text."""
         old = len(self._tokens)
-        self._tokens.extend(tokens[old:])
+        self._tokens.extend(tokens)
         toks = self._tokens
         # A key ending at e (exclusive) is indexed once toks[e] exists: it has a continuation.
         for e in range(max(old, 1), len(toks)):
@@ -191,11 +196,17 @@ class NgramDrafter(CopyingDrafter):
             self._match_at = len(self._tokens)
         return self._match
 
+    def _longest(self) -> int:
+        """The longest suffix worth measuring: ``n_max`` (a subclass whose text begins with
+        what is not the answer's context stops there)."""
+        return self.n_max
+
     def _find(self) -> NgramMatch | None:
         toks = self._tokens
         n = len(toks)
+        longest = self._longest()
         for k in self._keys:
-            if n <= k:
+            if n <= k or k > longest:
                 continue
             starts = self._index[k].get(tuple(toks[n - k :]))
             if not starts:
@@ -204,7 +215,7 @@ class NgramDrafter(CopyingDrafter):
             for p in starts[-MAX_CANDIDATES:]:
                 length = k
                 while (
-                    length < self.n_max
+                    length < longest
                     and length < p
                     and toks[p - 1 - length] == toks[n - 1 - length]
                 ):
@@ -351,7 +362,7 @@ class NgramDrafter(CopyingDrafter):
 
     def advance(self, committed: Sequence[int], outcome: Outcome) -> None:
         old = len(self._tokens)
-        self._extend(committed)
+        self._extend(self._unread(committed))
         first = old  # the first answer token the cursor has not followed yet
         drafted, accepted = (outcome.drafted, outcome.accepted) if outcome.chosen else (0, 0)
         if drafted > 0 and self._draft is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localspec.core.drafting import model, ngram, store
+from localspec.core.drafting import model, ngram, prediction, store
 from localspec.core.drafting.base import Drafter, Resources
 from localspec.core.params import DrafterMode, GenerationParams
 
@@ -28,6 +28,7 @@ class Registration:
 
 REGISTRY = (
     Registration(ngram.NAME, ngram.build, (AUTO, NGRAM)),
+    Registration(prediction.NAME, prediction.build, (AUTO,)),
     Registration(store.NAME, store.build, (AUTO,)),
     Registration(model.NAME, model.build, (AUTO, MODEL)),
 )

@@ -1,0 +1,84 @@
+"""Predicted outputs: drafts from what the caller says the answer will mostly be.
+
+OpenAI's predicted outputs give, with a request, a text the answer is expected to copy for
+the most part (the old version of a file an edit rewrites). ``PredictionDrafter`` reads it
+as the n-gram drafter reads an earlier occurrence (``core.drafting.ngram``), knowing where
+the answer stands in it: its text is the prediction followed by the answer so far, and its
+copy starts at the prediction's first token, so it offers a draft from the answer's first
+token without waiting for a match. As the answer goes on it follows the prediction through
+the edits the answer makes (a replaced or inserted span resyncs, a rename learned once is
+applied again) and, past a longer cut, finds its place again by the longest match of the
+answer's end in the prediction.
+
+Its offers are priced as every copy is (``copying.CopyPricing``), with odds of long copies
+of its own that start higher than prompt lookup's: a caller who gives a prediction says
+the answer copies it. How far to trust it is still learned from its drafts and from the
+drafts rounds passed over, so a prediction the answer does not follow costs at most a few
+failed drafts, and on a machine where a failed draft costs many plain steps the first ones
+wait until the answer has followed the prediction for a few tokens. Without a prediction
+it offers nothing. Its q is one-hot, so greedy output is the target's own and sampling
+stays exact, as with every drafter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from localspec.core.drafting.base import Resources
+from localspec.core.drafting.copying import CopyOffer, CopyPricing
+from localspec.core.drafting.ngram import Cursor, NgramDrafter
+from localspec.core.params import GenerationParams
+
+NAME = "prediction"
+# Its text's odds of long copies against the match buckets' chances before any evidence:
+# twice prompt lookup's (``copying.COPY_ODDS``), since the caller vouches for it.
+PREDICTION_COPY_ODDS = 1.0
+
+
+class PredictionDrafter(NgramDrafter):
+    """Copies from ``GenerationParams.prediction``; see the module docstring."""
+
+    name = NAME
+
+    def __init__(
+        self,
+        ends: Callable[[int], bool] | None = None,
+        vocab: int | None = None,
+        *,
+        limit: int = 64,
+    ) -> None:
+        """``vocab``: the target's vocabulary size; a prediction is read up to its first
+        id outside it (a caller's mistake the target could not evaluate)."""
+        super().__init__(ends=ends, limit=limit, pricing=CopyPricing(PREDICTION_COPY_ODDS))
+        self.vocab = vocab
+        self.prediction: tuple[int, ...] = ()
+        self._prompt = 0  # committed tokens before the answer
+
+    def begin(self, tokens: Sequence[int], params: GenerationParams | None = None) -> None:
+        """A new answer after the prompt ``tokens``, predicted by ``params.prediction``."""
+        prediction = params.prediction if params is not None else ()
+        bad = [i for i, t in enumerate(prediction) if t < 0 or (self.vocab and t >= self.vocab)]
+        self.prediction = tuple(prediction[: bad[0]] if bad else prediction)
+        self._prompt = len(tokens)
+        super().begin(self.prediction, params)
+        if self.prediction:
+            self._cursor = Cursor(0)  # the answer starts where the prediction starts
+
+    def _unread(self, committed: Sequence[int]) -> Sequence[int]:
+        # The text read is the prediction, then the answer (what follows the prompt).
+        answered = len(self._tokens) - len(self.prediction)
+        return committed[self._prompt + answered :]
+
+    def _longest(self) -> int:
+        # The answer's end is matched in the prediction, never the prediction's own end:
+        # the answer follows the prompt, not the prediction.
+        return min(self.n_max, len(self._tokens) - len(self.prediction))
+
+    def copy_offer(self, committed: Sequence[int], limit: int) -> CopyOffer | None:
+        return super().copy_offer(committed, limit) if self.prediction else None
+
+
+def build(params: GenerationParams, resources: Resources) -> PredictionDrafter:
+    return PredictionDrafter(
+        resources.target.is_eog, resources.target.n_vocab, limit=params.ngram_draft_max
+    )

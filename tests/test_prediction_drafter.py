@@ -1,0 +1,141 @@
+"""The prediction drafter: drafts from the first token, finds its place again after edits,
+and leaves the output the target's own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.core.costs import CostProfile
+from localspec.core.drafting.base import NOT_CHOSEN, Outcome
+from localspec.core.drafting.prediction import PredictionDrafter
+from localspec.core.engine import SpecDecoder, run_to_completion
+from localspec.core.params import GenerationParams
+from tests.fakes import FakeModel, plain_greedy
+
+RNG = np.random.default_rng(0)
+PROMPT = [90, 91, 92]
+PREDICTION = list(range(100, 140))
+
+
+def start(prediction=PREDICTION, vocab=None) -> tuple[PredictionDrafter, list[int]]:
+    drafter = PredictionDrafter(vocab=vocab)
+    drafter.begin(PROMPT, GenerationParams(prediction=tuple(prediction)))
+    return drafter, list(PROMPT)
+
+
+def propose(d: PredictionDrafter, committed: list[int], k: int) -> list[int]:
+    return d.propose(committed, k, GenerationParams(), RNG).tokens
+
+
+def answer(d: PredictionDrafter, committed: list[int], tokens: list[int]) -> None:
+    """Plain steps: the answer writes ``tokens`` one by one."""
+    for token in tokens:
+        committed.append(token)
+        d.observe(committed, NOT_CHOSEN)
+
+
+def drafted(d: PredictionDrafter, committed: list[int], k: int, written: list[int]) -> list[int]:
+    """A round drafting ``k`` tokens, after which the answer is ``written``."""
+    draft = propose(d, committed, k)
+    accepted = next((i for i, (a, b) in enumerate(zip(draft, written)) if a != b), len(draft))
+    committed += written[: accepted + 1]
+    d.observe(committed, Outcome(True, len(draft), accepted))
+    return draft
+
+
+def test_it_drafts_from_the_first_token_without_a_match():
+    d, committed = start()
+    offer = d.copy_offer(committed, 64)
+    assert offer is not None and offer.available == len(PREDICTION)
+    assert propose(d, committed, 5) == PREDICTION[:5]
+    assert d.offer(committed, 64).drafter == "prediction"
+
+
+def test_the_predictions_own_end_is_never_taken_for_the_answers_context():
+    # The prediction's last tokens occur earlier in it too: the answer still starts at its
+    # first token, not after that earlier occurrence.
+    prediction = [5, 6, 7, 8, 9, 1, 2, 3, 4, 10, 11, 1, 2, 3, 4]
+    d, committed = start(prediction)
+    assert propose(d, committed, 4) == prediction[:4]
+
+
+def test_after_a_replaced_token_it_resyncs_and_goes_on():
+    d, committed = start()
+    written = [*PREDICTION[:4], 77, *PREDICTION[5:]]  # one token replaced
+    assert drafted(d, committed, 6, written) == PREDICTION[:6]
+    answer(d, committed, [written[5]])  # back on the prediction, after the replaced token
+    assert d.copy_offer(committed, 64).resync
+    assert propose(d, committed, 3) == PREDICTION[6:9]
+
+
+def test_after_inserted_text_it_resyncs_and_goes_on():
+    d, committed = start()
+    written = [*PREDICTION[:4], 77, 78, *PREDICTION[4:]]  # two tokens inserted
+    drafted(d, committed, 6, written)
+    answer(d, committed, written[len(committed) - len(PROMPT) : 7])
+    assert propose(d, committed, 3) == PREDICTION[5:8]
+
+
+def test_after_a_long_cut_it_finds_its_place_by_the_answers_end():
+    d, committed = start()
+    written = [*PREDICTION[:4], *PREDICTION[20:]]  # 16 tokens deleted
+    drafted(d, committed, 6, written)
+    answer(d, committed, written[len(committed) - len(PROMPT) : 7])
+    assert propose(d, committed, 3) == PREDICTION[23:26]
+
+
+def test_a_prediction_shorter_than_the_answer_drafts_what_it_has():
+    short = PREDICTION[:5]
+    d, committed = start(short)
+    assert d.copy_offer(committed, 64).available == 5
+    drafted(d, committed, 5, [*short, 60, 61])
+    assert propose(d, committed, 8) == []  # nothing left to copy, nothing repeated
+
+
+def test_an_empty_prediction_offers_nothing_and_a_bad_id_ends_it():
+    d, committed = start([])
+    assert d.copy_offer(committed, 64) is None and d.offer(committed, 64) is None
+    d, committed = start([*PREDICTION[:3], 10_000, *PREDICTION[3:]], vocab=1000)
+    assert d.prediction == tuple(PREDICTION[:3])
+
+
+COSTS = CostProfile(plain_s=1.0, verify_s={k: 1.0 + 0.05 * k for k in range(1, 65)})
+
+
+@pytest.mark.parametrize("follows", [True, False])
+def test_greedy_output_is_the_targets_own_with_any_prediction(follows):
+    target = FakeModel(seed=4, window=3)
+    prompt = [3, 1, 4, 1, 5]
+    plain = plain_greedy(target, prompt, 80)
+    prediction = plain if follows else [int(t) for t in RNG.integers(0, 24, 80)]
+    params = GenerationParams(max_tokens=80, prediction=tuple(prediction))
+    fin = run_to_completion(SpecDecoder(target, None, COSTS).generate(prompt, params))
+    assert list(fin.token_ids) == plain
+    if follows:
+        assert fin.stats.by_origin["prediction"] > 60
+        assert fin.stats.by_drafter["prediction"].rounds < 10
+
+
+def test_sampled_output_with_a_prediction_keeps_the_targets_distribution():
+    """The first sampled token over many seeds, with a prediction of the most likely one."""
+    target = FakeModel(n_vocab=6, seed=12, sharpness=0.7)
+    prompt = [1, 2, 3]
+    logits = target.logits_after(prompt).astype(np.float64)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    decoder = SpecDecoder(target, None, COSTS)
+    counts = np.zeros(6)
+    n, drafts = 3000, 0
+    prediction = (int(np.argmax(p)), 2, 2)
+    for seed in range(n):
+        params = GenerationParams(
+            max_tokens=2, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed,
+            prediction=prediction,
+        )  # fmt: skip
+        decoder.forget_learning()  # each run as a fresh process: the first round drafts
+        fin = run_to_completion(decoder.generate(prompt, params))
+        counts[fin.token_ids[0]] += 1
+        drafts += fin.stats.by_drafter.get("prediction") is not None
+    assert drafts == n  # every first token was drafted from the prediction, then verified
+    assert 0.5 * float(np.abs(counts / n - p).sum()) < 0.04
