@@ -149,3 +149,30 @@ def test_loading_shows_only_warnings_and_waits_each_as_a_line(capsys):
         "measuring this machine's step costs (once per model pair)",
         "warning: only 2.0 GiB of memory is available",
     ]
+
+
+def test_a_prediction_is_drafted_from_and_changes_nothing_in_the_answer(tiny_pair, tmp_path):
+    args = ("complete", *pair_args(tiny_pair), "--max-tokens", "60", "--json", "--raw")
+    prompt = b"the cat sat on the mat and the dog sat on the log"
+    plain = json.loads(localspec(*args, stdin=prompt).stdout)
+    (tmp_path / "old.txt").write_text(plain["text"], encoding="utf-8")
+    proc = localspec(*args, "--prediction", str(tmp_path / "old.txt"), stdin=prompt)
+    assert proc.returncode == 0, proc.stderr.decode()
+    predicted = json.loads(proc.stdout)
+    assert predicted["token_ids"] == plain["token_ids"]
+    assert predicted["stats"]["tokens_by_origin"].get("prediction", 0) > 0
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [(None, "prediction file not found"), ("  \n", "prediction file"), (b"\xff\xfe", "UTF-8")],
+)
+def test_prediction_file_errors_are_clear(tiny_pair, tmp_path, content, needle):
+    path = tmp_path / "prediction.txt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    proc = localspec("complete", *pair_args(tiny_pair), "--prediction", str(path), stdin=b"hi")
+    assert proc.returncode == 2
+    assert_clean_error(proc, needle)

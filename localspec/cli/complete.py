@@ -84,31 +84,46 @@ def read_prompt(file: str | None, limit: int = MIN_INPUT_LIMIT) -> str:
         data = sys.stdin.buffer.read(limit + 1)
         source = "stdin"
     else:
-        path = Path(file)
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(limit + 1)
-        except FileNotFoundError:
-            raise InputError(f"input file not found: {path}", "check the path") from None
-        except IsADirectoryError:
-            raise InputError(f"input is a directory: {path}", "pass a text file") from None
-        except OSError as err:
-            raise InputError(
-                f"cannot read {path}: {err.strerror}", "check its permissions"
-            ) from None
-        source = str(path)
+        data, source = _read_file(Path(file), limit, "input"), str(file)
+    text = _decoded(data, source, limit)
+    if not text.strip():
+        raise InputError(f"the input from {source} is empty", "give a prompt on stdin or as a FILE")
+    return text
+
+
+def read_prediction(file: str, limit: int = MIN_INPUT_LIMIT) -> str:
+    """``--prediction``'s text: what the answer will mostly be (at most ``limit`` bytes)."""
+    text = _decoded(_read_file(Path(file), limit, "prediction"), file, limit)
+    if not text.strip():
+        raise InputError(
+            f"the prediction file {file} is empty", "give the text the answer will mostly copy"
+        )
+    return text
+
+
+def _read_file(path: Path, limit: int, what: str) -> bytes:
+    """At most ``limit`` + 1 bytes of ``path`` (the ``what`` file, for messages)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit + 1)
+    except FileNotFoundError:
+        raise InputError(f"{what} file not found: {path}", "check the path") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} is a directory: {path}", "pass a text file") from None
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror}", "check its permissions") from None
+
+
+def _decoded(data: bytes, source: str, limit: int) -> str:
     if len(data) > limit:
         raise _too_large(source, limit)
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise InputError(
             f"{source} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
             "convert it first, e.g. iconv -f latin1 -t utf-8",
         ) from None
-    if not text.strip():
-        raise InputError(f"the input from {source} is empty", "give a prompt on stdin or as a FILE")
-    return text
 
 
 @contextmanager
@@ -170,6 +185,14 @@ def complete(
         typer.Option(help="let control tokens in the text (e.g. <|im_start|>) act as such"),
     ] = False,
     system: SystemOpt = None,
+    prediction: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="what the answer will mostly be (the file an edit rewrites): auto drafts "
+            "from it from the first token (OpenAI's predicted outputs)",
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
     stats: Annotated[bool, typer.Option(help="print a summary to stderr at the end")] = False,
     trace: Annotated[
@@ -222,6 +245,7 @@ def complete(
         if system_prompt and raw:
             raise UsageError("a system prompt needs the chat template", "drop --raw or --system")
         prompt = read_prompt(file, input_limit(ctx))
+        predicted = read_prediction(prediction, input_limit(ctx)) if prediction else None
         code = run_complete(
             prompt,
             params,
@@ -231,6 +255,7 @@ def complete(
             json_out=json_out,
             stats=stats,
             system=system_prompt,
+            prediction=predicted,
         )
     raise typer.Exit(code)
 
@@ -252,7 +277,9 @@ def run_complete(
     json_out: bool,
     stats: bool,
     system: str | None = None,
+    prediction: str | None = None,
 ) -> int:
+    """``prediction``: the text the answer will mostly be, drafted from (``--prediction``)."""
     from localspec.session.session import exit_on_lost, open_session
 
     running = _Running()
@@ -274,6 +301,9 @@ def run_complete(
     session = open_session(options, on_progress=print_warnings, on_lost=lost)
     placement = session.placement
     try:
+        if prediction is not None:
+            predicted = tuple(session.plain_tokens(prediction))
+            params = params.model_copy(update={"prediction": predicted})
         finished = _stream(
             lambda cancel: session.complete(
                 prompt, params, raw=raw, parse_special=parse_special, cancel=cancel, system=system

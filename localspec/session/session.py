@@ -212,6 +212,11 @@ class Session:
             return []
         return self.target.tokenize(text, add_special=False, parse_special=True)
 
+    def plain_tokens(self, text: str) -> list[int]:
+        """``text`` as the target reads it inside an answer: no BOS, control tokens' text
+        kept as plain text (a prediction, say)."""
+        return self.target.tokenize(text, add_special=False, parse_special=False)
+
     def text_tokens(
         self, text: str, *, raw: bool, parse_special: bool = False, system: str | None = None
     ) -> list[int]:

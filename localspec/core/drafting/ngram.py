@@ -215,9 +215,7 @@ class NgramDrafter(CopyingDrafter):
             for p in starts[-MAX_CANDIDATES:]:
                 length = k
                 while (
-                    length < longest
-                    and length < p
-                    and toks[p - 1 - length] == toks[n - 1 - length]
+                    length < longest and length < p and toks[p - 1 - length] == toks[n - 1 - length]
                 ):
                     length += 1
                 if length > best:
