@@ -153,6 +153,10 @@ class FakeSession:
     def plain_tokens_per_s(self) -> float | None:
         return self.plain
 
+    def plain_tokens(self, text: str) -> list[int]:
+        """A text's tokens: one per character here."""
+        return [ord(c) for c in text]
+
     def close(self) -> None:
         self.closed = True
 

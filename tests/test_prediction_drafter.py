@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from localspec.core.cached_model import common_prefix_length
 from localspec.core.costs import CostProfile
 from localspec.core.drafting.base import NOT_CHOSEN, Outcome
 from localspec.core.drafting.prediction import PredictionDrafter
@@ -38,7 +39,7 @@ def answer(d: PredictionDrafter, committed: list[int], tokens: list[int]) -> Non
 def drafted(d: PredictionDrafter, committed: list[int], k: int, written: list[int]) -> list[int]:
     """A round drafting ``k`` tokens, after which the answer is ``written``."""
     draft = propose(d, committed, k)
-    accepted = next((i for i, (a, b) in enumerate(zip(draft, written)) if a != b), len(draft))
+    accepted = common_prefix_length(draft, written[: len(draft)])
     committed += written[: accepted + 1]
     d.observe(committed, Outcome(True, len(draft), accepted))
     return draft

@@ -1164,3 +1164,32 @@ async def test_autosave_failure_warns_once_and_the_chat_goes_on(isolated_home: P
         assert len(failures) == 1 and failures[0][2] == "warning"
         assert "conversations" in failures[0][0]
         assert [t.answer for t in app.conversation.turns] == ["OK.", "OK."]
+
+
+@pytest.mark.asyncio
+async def test_edit_sends_the_file_with_the_instruction_and_predicts_it(tmp_path: Path) -> None:
+    source = tmp_path / "my app.py"
+    source.write_text("def load(path):\n    return open(path).read()\n")
+    session = FakeSession([ScriptedAnswer.plain("Done.")])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, f'/edit "{source}" rename load to read\nand keep the rest')
+        message = session.calls[0][-1]["content"]
+        assert message.startswith("rename load to read\nand keep the rest")
+        assert source.read_text().rstrip() in message
+        assert session.params[0].prediction == tuple(ord(c) for c in source.read_text())
+
+
+@pytest.mark.asyncio
+async def test_edit_of_a_missing_file_sends_nothing_and_says_why(tmp_path: Path) -> None:
+    session = FakeSession([ScriptedAnswer.plain("Done.")])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        seen = record_notifications(app)
+        await send(pilot, f"/edit {tmp_path / 'nope.py'} fix it", wait=False)
+        await pilot.pause()
+        assert session.calls == []
+        assert any("file not found" in title for _, title, _ in seen), seen
+        assert app.query_one(ChatInput).text.startswith("/edit")  # kept, to correct

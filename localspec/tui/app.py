@@ -20,6 +20,8 @@ current directory. A conversation given to ``resume`` is shown and continued: it
 turn evaluates the earlier prefix, later turns only their new tokens (the session's KV
 cache). Ctrl+R answers the last message again (a new seed when sampling), Ctrl+O copies the
 last code block of the last answer, Up in the empty box recalls the last message.
+``/edit PATH [instruction]`` sends the file with the instruction and drafts the answer from
+the file (``tui.edit``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from textual.widgets import Footer, Header, Static
 from localspec.core.events import EngineWarning, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
+from localspec.errors import InputError
 from localspec.models.paths import conversations_dir
 from localspec.session.conversations import (
     SavedConversation,
@@ -56,6 +59,7 @@ from localspec.tui.conversation import (
     last_code_block,
     save_transcript,
 )
+from localspec.tui.edit import edit_message, is_edit, parse_edit, read_edited
 from localspec.tui.saving import chat_settings, model_mismatch, same_file
 from localspec.tui.screens import HelpScreen, OverflowScreen
 from localspec.tui.stats_panel import LiveStats, StatsPanel, summary_line
@@ -336,8 +340,27 @@ class ChatApp(App[int]):
         if self.generating:
             self.notify("An answer is being written: Escape stops it.", severity="warning")
             return
+        if is_edit(text):
+            self._send_edit(text)
+            return
         self.query_one(ChatInput).clear()
         self.send(text)
+
+    def _send_edit(self, text: str) -> None:
+        """``/edit PATH [instruction]``: the file in the message, and as the prediction."""
+        assert self.session is not None
+        try:
+            request = parse_edit(text)
+            content = read_edited(request.path)
+        except InputError as err:
+            self.notify(err.hint or "", title=err.message, severity="error")
+            return
+        prediction = tuple(self.session.plain_tokens(content))
+        self.query_one(ChatInput).clear()
+        self.send(
+            edit_message(request, content),
+            params=self.params.model_copy(update={"prediction": prediction}),
+        )
 
     @on(ChatInput.Recall)
     def _recall(self) -> None:

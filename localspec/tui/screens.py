@@ -32,6 +32,10 @@ HELP = """\
 | F1 | this help |
 | Ctrl+Q | quit |
 
+**Edits.** `/edit PATH what to change` sends the file with your instruction and asks for the
+whole new file; the answer is drafted from the file itself (a prediction), so the parts it
+keeps come several tokens per pass.
+
 **Saved conversations.** After each answer the conversation is saved in the
 `conversations` folder of the localspec home (not with `--no-save`);
 `localspec chat --recent` lists them and `--resume last` (or FILE) continues one.

@@ -1,0 +1,73 @@
+"""``/edit PATH [instruction]``: ask for an edit of a file, the file as the prediction.
+
+Typed in the chat's message box, ``/edit src/app.py rename load to read`` sends a message
+with the instruction and the file's text in a code block, and gives the file's text as the
+answer's prediction (OpenAI's predicted outputs): an answer that rewrites the file is then
+drafted from it from its first token. ``parse_edit`` reads the command (a path with spaces
+is quoted), ``read_edited`` the file (UTF-8, bounded), ``edit_message`` the message sent.
+Errors are ``InputError`` with a hint, shown by the app as a notification.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec.errors import InputError
+
+COMMAND = "/edit"
+MAX_BYTES = 256 * 1024  # a file larger than this is not an edit a local chat answers whole
+
+
+@dataclass(frozen=True)
+class EditRequest:
+    path: Path
+    instruction: str
+
+
+def is_edit(text: str) -> bool:
+    return text == COMMAND or text.startswith(COMMAND + " ")
+
+
+def parse_edit(text: str) -> EditRequest:
+    """``/edit PATH [instruction...]``; the instruction may go on over more lines."""
+    first, _, more = text.partition("\n")
+    try:
+        words = shlex.split(first[len(COMMAND) :])
+    except ValueError as err:
+        raise InputError(
+            f"cannot read the /edit command: {err}", 'quote the path: /edit "my file.py" ...'
+        ) from None
+    if not words:
+        raise InputError("/edit needs a file", "type /edit PATH and what to change")
+    instruction = " ".join(words[1:])
+    instruction = "\n".join(part for part in (instruction, more.strip()) if part)
+    return EditRequest(Path(words[0]).expanduser(), instruction or "Edit this file.")
+
+
+def read_edited(path: Path, limit: int = MAX_BYTES) -> str:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except FileNotFoundError:
+        raise InputError(f"file not found: {path}", "check the path") from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory", "give a text file") from None
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror}", "check its permissions") from None
+    if len(data) > limit:
+        raise InputError(f"{path} is larger than {limit // 1024} KiB", "edit a smaller file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not UTF-8 text", "convert it first") from None
+
+
+def edit_message(request: EditRequest, text: str) -> str:
+    """The message sent: the instruction, then the whole file, asked back whole."""
+    fence = "````" if "```" in text else "```"
+    return (
+        f"{request.instruction}\n\nReply with the whole new file in one code block.\n\n"
+        f"{request.path.name}:\n{fence}\n{text.rstrip()}\n{fence}"
+    )
