@@ -20,7 +20,8 @@ from localspec.cli import bench as bench_cli
 from localspec.cli.bench import bench_command
 from localspec.cli.calibrate import calibrate_command, format_costs
 from localspec.core.costs import CostProfile
-from localspec.core.engine import SpecDecoder
+from localspec.core.engine import SpecDecoder, run_to_completion
+from localspec.core.params import GenerationParams
 from localspec.errors import BackendError, UsageError
 from tests.fakes import FakeModel
 
@@ -106,6 +107,9 @@ class FakeBenchSession:
         self.decoder.forget_learning()
 
     def text_tokens(self, text, *, raw):
+        return [ord(c) % 24 for c in text]
+
+    def plain_tokens(self, text):
         return [ord(c) % 24 for c in text]
 
     def generate(self, tokens, params, cancel=None):
@@ -551,3 +555,36 @@ def test_auto_chains_is_auto_without_draft_trees_beside_it():
     assert all(entry["branches"] == 1 for entry in by_mode[bench.CHAINS_MODE]["trace"])
     assert by_mode[bench.CHAINS_MODE]["token_ids"] == by_mode["none"]["token_ids"]
     assert bench.CHAINS_MODE in bench.summarize(records, config.modes, greedy=True)["overall"]
+
+
+def test_the_apply_set_is_whole_files_of_this_pythons_standard_library():
+    prompts = bench.load_prompts(["apply"])
+    assert len(prompts) >= 4
+    for prompt in prompts:
+        assert prompt.answer_like_prediction and prompt.prediction
+        assert 80 <= prompt.prediction.count("\n") <= 300
+        assert prompt.prediction.rstrip() in prompt.prompt  # the file, whole, in the prompt
+    assert "apply" not in [p.category for p in bench.load_prompts()]  # asked for by name
+
+
+def test_auto_prediction_drafts_from_each_prompts_prediction_or_first_code_block():
+    session = FakeBenchSession()
+    answer = run_to_completion(
+        session.decoder.generate([1, 2, 3], GenerationParams(max_tokens=40, drafter="none"))
+    ).token_ids
+    text = "".join(chr(24 * 5 + t) for t in answer)  # plain_tokens maps it back to answer
+    quoting = f"rewrite this:\n```\n{text}\n```\n"
+    prompts = [
+        bench.BenchPrompt("apply", "given", "xyz", "test", prediction=text,
+                          answer_like_prediction=True),
+        bench.BenchPrompt("code_rewrite", "quoted", quoting, "test"),
+    ]  # fmt: skip
+    assert prompts[1].predicted() == text + "\n"
+    config = bench.BenchConfig(modes=("none", "auto-prediction"), max_tokens=8, warmup=False)
+    records = bench.BenchRunner(session, config).run(prompts)
+    by = {(r["prompt_id"], r["mode"]): r for r in records}
+    # An answer like its prediction may run as long as the prediction, whatever max_tokens.
+    assert by[("given", "none")]["generated_tokens"] > 8
+    assert by[("quoted", "none")]["generated_tokens"] == 8
+    assert "prediction" not in by[("given", "none")]["by_drafter"]
+    assert by[("given", "auto-prediction")]["tokens_by_origin"]["prediction"] > 0

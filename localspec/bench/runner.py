@@ -59,6 +59,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from localspec.bench.apply import apply_prompt, first_code_block, parse_line
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.engine import run_to_completion
 from localspec.core.events import PrefillDone, RoundCompleted
@@ -76,10 +77,15 @@ CATEGORIES = (
 # Prompts whose answers may reuse a corpus: run only when asked for by name, beside a store
 # of that corpus (``repo_code``: this project's own source, ``localspec datastore add``).
 STORE_CATEGORIES = ("repo_code",)
+# Edits of whole files with the file as the prediction (``bench.apply``): answers of a
+# thousand tokens and more, so run only when asked for by name.
+PREDICTION_CATEGORIES = ("apply",)
 ENGINE_MODES = ("none", "ngram", "model", "auto")
 STORE_MODE = "auto-store"  # auto with the session's datastores (``--store``); auto has none
 CHAINS_MODE = "auto-chains"  # auto without draft trees: single draft chains only
-AUTO_MODES = ("auto", STORE_MODE, CHAINS_MODE)  # the cost model's modes
+# auto with each prompt's prediction: the one it gives, else its first code block
+PREDICTION_MODE = "auto-prediction"
+AUTO_MODES = ("auto", STORE_MODE, CHAINS_MODE, PREDICTION_MODE)  # the cost model's modes
 # llama-speculative-simple's speculative types; "best native" is the fastest of them all.
 NATIVE_DRAFT = "native-draft"  # llama.cpp with the draft model
 NATIVE_SPEC_MODES = (NATIVE_DRAFT, "native-ngram", "native-ngram-map-k", "native-ngram-mod")
@@ -93,6 +99,7 @@ CEILING_CONTEXT = 256  # sample context the ceiling batches are verified after
 MIN_RATIO_TOKENS = 64  # shorter runs give noisy tok/s: left out of the ratio means
 # A run's own clock: the mean time of its plain steps, once it took this many (see ``_steady``).
 MIN_PLAIN_STEPS = 16
+ANSWER_SLACK = 64  # tokens past its prediction's length an answer that rewrites it may write
 
 Record = dict[str, Any]
 # The fields of the stats' JSON (``GenerationStats.to_dict``) an engine run's record carries
@@ -111,6 +118,15 @@ class BenchPrompt:
     id: str
     prompt: str
     source: str
+    prediction: str | None = None  # what the answer will mostly be (mode auto-prediction)
+    # The answer is the prediction rewritten: it may run as long as the prediction and
+    # ``ANSWER_SLACK`` tokens more, whatever --max-tokens says.
+    answer_like_prediction: bool = False
+
+    def predicted(self) -> str | None:
+        """The prediction mode ``auto-prediction`` gives: the prompt's own, else the text
+        of its first code block (the function a rewrite prompt quotes)."""
+        return self.prediction if self.prediction is not None else first_code_block(self.prompt)
 
 
 def _prompt_file(category: str, directory: Path | None) -> Any:
@@ -131,7 +147,7 @@ def load_prompts(
 ) -> list[BenchPrompt]:
     """The prompts of ``categories`` (all by default), at most ``limit`` per category."""
     chosen = list(categories) if categories else list(CATEGORIES)
-    known = CATEGORIES + STORE_CATEGORIES
+    known = CATEGORIES + STORE_CATEGORIES + PREDICTION_CATEGORIES
     unknown = [c for c in chosen if c not in known]
     if unknown:
         raise UsageError(
@@ -151,6 +167,12 @@ def load_prompts(
         rows = []
         for n, line in enumerate(lines, 1):
             if not line.strip():
+                continue
+            if category in PREDICTION_CATEGORIES:
+                made = apply_prompt(parse_line(line, f"{path}, line {n}"), f"{path}, line {n}")
+                if made is not None:
+                    prompt_id, text, prediction, source = made
+                    rows.append(BenchPrompt(category, prompt_id, text, source, prediction, True))
                 continue
             try:
                 row = json.loads(line)
@@ -279,7 +301,7 @@ def loads_draft_model(mode: str) -> bool:
 def parse_modes(text: str) -> tuple[str, ...]:
     """``"none,ngram"`` -> ``("none", "ngram")``; ``none`` is always included, first."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    valid = (*ENGINE_MODES, STORE_MODE, CHAINS_MODE, *NATIVE_MODES)
+    valid = (*ENGINE_MODES, STORE_MODE, CHAINS_MODE, PREDICTION_MODE, *NATIVE_MODES)
     bad = [m for m in modes if m not in valid]
     if bad or not modes:
         raise UsageError(
@@ -321,7 +343,9 @@ class BenchRunner:
                 "pass --store NAME (see localspec datastore list), or drop it from --modes",
             )
 
-    def _params(self, mode: str, max_tokens: int, index: int) -> GenerationParams:
+    def _params(
+        self, mode: str, max_tokens: int, index: int, prediction: Sequence[int] = ()
+    ) -> GenerationParams:
         seed = None if self.config.seed is None else self.config.seed + index
         return GenerationParams(
             max_tokens=max_tokens,
@@ -330,6 +354,7 @@ class BenchRunner:
             drafter=drafter_mode(mode),
             trace=self.config.trace,
             trees=mode != CHAINS_MODE,
+            prediction=tuple(prediction) if mode == PREDICTION_MODE else (),
         )
 
     def _models(self) -> list[Any]:
@@ -344,7 +369,14 @@ class BenchRunner:
             total += seconds
         return total
 
-    def run_engine(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Record:
+    def run_engine(
+        self,
+        tokens: list[int],
+        mode: str,
+        max_tokens: int,
+        index: int,
+        prediction: Sequence[int] = (),
+    ) -> Record:
         for model in self._models():
             model.reset()  # a fresh context: nothing carried over from the previous run
         if self.config.cold:
@@ -359,9 +391,8 @@ class BenchRunner:
             elif isinstance(event, RoundCompleted) and event.drafted == 0:
                 plain.append(event.verify_seconds)
 
-        finished = run_to_completion(
-            self.session.generate(tokens, self._params(mode, max_tokens, index)), on_event
-        )
+        params = self._params(mode, max_tokens, index, prediction)
+        finished = run_to_completion(self.session.generate(tokens, params), on_event)
         stats = finished.stats
         start, end = marks.get("start"), self._compute_seconds()
         compute = None if start is None or end is None else end - start
@@ -404,10 +435,23 @@ class BenchRunner:
             record["overshoot"] = result.generated_tokens - max_tokens
         return record
 
-    def run_one(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Record:
+    def run_one(
+        self,
+        tokens: list[int],
+        mode: str,
+        max_tokens: int,
+        index: int,
+        prediction: Sequence[int] = (),
+    ) -> Record:
         if mode in NATIVE_MODES:
             return self.run_native(tokens, mode, max_tokens, index)
-        return self.run_engine(tokens, mode, max_tokens, index)
+        return self.run_engine(tokens, mode, max_tokens, index, prediction)
+
+    def _prediction(self, prompt: BenchPrompt) -> list[int]:
+        """The tokens of the prediction mode ``auto-prediction`` gives ``prompt`` (which
+        also bounds an answer that rewrites it)."""
+        text = prompt.predicted()
+        return self.session.plain_tokens(text) if text else []
 
     def warm_up(self, tokens: list[int]) -> None:
         """One short run per mode: first calls allocate buffers and pick kernels."""
@@ -421,6 +465,11 @@ class BenchRunner:
     ) -> list[Record]:
         """Run every prompt in every mode; ``on_record(record, done, total)`` after each."""
         tokenized = [self.session.text_tokens(p.prompt, raw=self.config.raw) for p in prompts]
+        predictions = [self._prediction(p) for p in prompts]
+        lengths = [
+            len(predicted) + ANSWER_SLACK if p.answer_like_prediction else self.config.max_tokens
+            for p, predicted in zip(prompts, predictions, strict=True)
+        ]
         if self.config.warmup and prompts:
             self.warm_up(tokenized[0])
         # Each repeat is a whole interleaved pass, its modes rotated once more, so slow
@@ -440,7 +489,7 @@ class BenchRunner:
                 "run": seq,
                 "repeat": rep,
                 "time": round(time.time(), 3),
-                **self.run_one(tokenized[i], mode, self.config.max_tokens, i),
+                **self.run_one(tokenized[i], mode, lengths[i], i, predictions[i]),
             }
             records.append(record)
             if on_record is not None:

@@ -91,7 +91,11 @@ def _progress_line(record: dict[str, Any], done: int, total: int, baseline: dict
 
 def bench_command(
     categories: Annotated[
-        str | None, typer.Option(help="comma-separated categories (default: all)")
+        str | None,
+        typer.Option(
+            help="comma-separated categories (default: all but repo_code and apply, which "
+            "are run when named: apply edits whole files, with the file as the prediction)"
+        ),
     ] = None,
     limit: Annotated[int | None, typer.Option(help="prompts per category at most")] = None,
     prompts: Annotated[
@@ -105,7 +109,8 @@ def bench_command(
         str,
         typer.Option(
             help="comma-separated: none, ngram, model, auto, auto-store, auto-chains (auto "
-            "without draft trees), native-draft, native-ngram (ngram-simple), "
+            "without draft trees), auto-prediction (auto with the prompt's prediction, else "
+            "its first code block), native-draft, native-ngram (ngram-simple), "
             "native-ngram-map-k, native-ngram-mod, native-none (llama.cpp's plain decoding), "
             "native-bench (llama-bench at the prompt's depth)"
         ),
