@@ -422,3 +422,15 @@ def test_bench_command_warm_with_a_prompt_file_and_traces(tiny_pair, tmp_path):
     assert summary["meta"]["cold"] is False and summary["meta"]["prompt_file"] == str(prompts)
     assert set(summary["categories"]) == {"mine", "count"}
     assert "(2 short left out)" in result.stdout  # 6 tokens a run: no ratio is steady
+
+
+def test_a_prompt_file_may_give_each_prompt_a_prediction(tmp_path):
+    path = tmp_path / "edits.jsonl"
+    path.write_text(
+        '{"prompt": "fix it", "prediction": "def f():\\n    pass\\n"}\n{"prompt": "plain"}\n'
+    )
+    given, plain = bench.load_prompt_file(path)
+    assert given.predicted() == "def f():\n    pass\n" and plain.predicted() is None
+    path.write_text('{"prompt": "fix it", "prediction": 3}\n')
+    with pytest.raises(InputError, match='"prediction" must be a string'):
+        bench.load_prompt_file(path)

@@ -1,9 +1,10 @@
 """Benchmark: plain and speculative decoding over prompt sets, run by category.
 
 ``load_prompts`` reads the shipped sets (``prompts/<category>.jsonl``, one
-``{"id", "prompt", "source"}`` per line); ``load_prompt_file`` reads a user's own JSONL file
-(``prompt`` required; ``id``, ``category``, ``source`` default to ``line-N``, the file's stem
-and its path). ``BenchRunner.run`` drives a loaded ``Session``:
+``{"id", "prompt", "source"}`` per line; the ``apply`` set is built by ``bench.apply``);
+``load_prompt_file`` reads a user's own JSONL file (``prompt`` required; ``id``,
+``category``, ``source`` default to ``line-N``, the file's stem and its path; an optional
+``prediction`` is what mode ``auto-prediction`` drafts from). ``BenchRunner.run`` drives a loaded ``Session``:
 
 - ``auto-store`` is ``auto`` with the session's datastores and ``auto-chains`` is ``auto``
   without draft trees (single chains only), so each runs beside ``auto``;
@@ -202,11 +203,15 @@ def _file_prompt(path: Path, n: int, line: str) -> BenchPrompt:
         raise InputError(
             f'{path}, line {n}: "category" must be a non-empty string', PROMPT_FILE_HINT
         )
+    prediction = row.get("prediction")
+    if prediction is not None and not isinstance(prediction, str):
+        raise InputError(f'{path}, line {n}: "prediction" must be a string', PROMPT_FILE_HINT)
     return BenchPrompt(
         category=category,
         id=str(row.get("id", f"line-{n}")),
         prompt=prompt,
         source=str(row.get("source", path)),
+        prediction=prediction,
     )
 
 

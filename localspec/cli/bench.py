@@ -102,7 +102,8 @@ def bench_command(
         Path | None,
         typer.Option(
             help="your own prompts instead of the shipped sets: JSONL, one object a line with "
-            '"prompt" (and optional "id", "category", "source")'
+            '"prompt" (and optional "id", "category", "source", and "prediction" for mode '
+            "auto-prediction)"
         ),
     ] = None,
     modes: Annotated[
