@@ -4,7 +4,8 @@
 ``{"id", "prompt", "source"}`` per line; the ``apply`` set is built by ``bench.apply``);
 ``load_prompt_file`` reads a user's own JSONL file (``prompt`` required; ``id``,
 ``category``, ``source`` default to ``line-N``, the file's stem and its path; an optional
-``prediction`` is what mode ``auto-prediction`` drafts from). ``BenchRunner.run`` drives a loaded ``Session``:
+``prediction`` is what mode ``auto-prediction`` drafts from). ``BenchRunner.run`` drives a
+loaded ``Session``:
 
 - ``auto-store`` is ``auto`` with the session's datastores and ``auto-chains`` is ``auto``
   without draft trees (single chains only), so each runs beside ``auto``;
