@@ -2,8 +2,8 @@
 
 OpenAI's predicted outputs give, with a request, a text the answer is expected to copy for
 the most part (the old version of a file an edit rewrites). ``PredictionDrafter`` reads it
-as the n-gram drafter reads an earlier occurrence (``core.drafting.ngram``), knowing where
-the answer stands in it: its text is the prediction followed by the answer so far, and its
+as prompt lookup reads an earlier occurrence (``core.drafting.follow``), knowing where the
+answer stands in it: its text is the prediction followed by the answer so far, and its
 copy starts at the prediction's first token, so it offers a draft from the answer's first
 token without waiting for a match. As the answer goes on it follows the prediction through
 the edits the answer makes (a replaced or inserted span resyncs, a rename learned once is
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from localspec.core.drafting.base import Resources
 from localspec.core.drafting.copying import CopyOffer, CopyPricing
-from localspec.core.drafting.ngram import Cursor, NgramDrafter
+from localspec.core.drafting.follow import CopyFollower, Cursor
 from localspec.core.params import GenerationParams
 
 NAME = "prediction"
@@ -35,7 +35,7 @@ NAME = "prediction"
 PREDICTION_COPY_ODDS = 1.0
 
 
-class PredictionDrafter(NgramDrafter):
+class PredictionDrafter(CopyFollower):
     """Copies from ``GenerationParams.prediction``; see the module docstring."""
 
     name = NAME
