@@ -45,7 +45,10 @@ class Stopped(Exception):
 
 def run(state: ServerState, host: str, port: int) -> bool:
     """Serve until told to stop; whether the models could be freed (see ``shutdown``)."""
-    config = uvicorn.Config(create_app(state), host=host, port=port, log_level="warning")
+    # No lifespan: the app has no startup or shutdown handlers, and a lifespan task still
+    # waiting when uvicorn raises the Ctrl-C again is logged as a cancelled traceback.
+    config = uvicorn.Config(create_app(state), host=host, port=port, log_level="warning",
+                            lifespan="off")  # fmt: skip
     # What stopped the server is raised again by uvicorn once it has: it was the plan.
     with _sigterm_raises(), contextlib.suppress(KeyboardInterrupt, Stopped):
         StoppingServer(config, state).run()
