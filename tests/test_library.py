@@ -12,6 +12,7 @@ import pytest
 from localspec.errors import DatastoreError, InputError, UsageError
 from localspec.session import fingerprint as fp_module
 from localspec.session import history as history_module
+from localspec.session.answers import KeptAnswers
 from localspec.session.history import History, read_records
 from localspec.session.indexing import add_files, default_name
 from localspec.session.library import Library, vocabulary_fingerprint
@@ -35,6 +36,11 @@ def project(tmp_path: Path, files: dict[str, str]) -> Path:
 
 def add(library: Library, paths: list, name: str = "proj", fingerprint: str = FP, **kw):
     return add_files(library, name, fingerprint, "model.gguf", scan(paths, 1 << 20), tokenize, **kw)
+
+
+def stores_in(library: Library) -> list[str]:
+    """What the library's directory holds but the add lock files (kept, as locks are)."""
+    return sorted(p.name for p in library.root.iterdir() if not p.name.endswith(".lock"))
 
 
 def test_add_open_lookup_and_remove(tmp_path):
@@ -131,7 +137,7 @@ def test_interrupted_add_leaves_the_store_as_it_was(tmp_path):
         add_files(library, "proj", FP, "m", scan([root], 1 << 20), interrupted)
     after = sorted((p.name, p.read_bytes()) for p in (library.root / "proj").iterdir())
     assert after == before
-    assert [p.name for p in library.root.iterdir()] == ["proj"]  # no temporary directory left
+    assert stores_in(library) == ["proj"]  # no temporary directory left
 
 
 def test_interrupted_swap_puts_the_old_store_back(tmp_path, monkeypatch):
@@ -155,7 +161,7 @@ def test_interrupted_swap_puts_the_old_store_back(tmp_path, monkeypatch):
         add(library, [root])
     monkeypatch.undo()
     assert [bytes(d.tolist()) for d in library.index("proj").iter_documents()] == [b"first"]
-    assert [p.name for p in library.root.iterdir()] == ["proj"]
+    assert stores_in(library) == ["proj"]
 
 
 def damage(library: Library, name: str) -> None:
@@ -197,14 +203,17 @@ def test_record_then_open_indexes_the_answers(tmp_path):
     assert library.record(FP, [1, 2, 3, 4, 5]) == ""
     assert library.record(FP, [7, 2, 3, 4, 9]) == ""
     assert library.record(OTHER, [2, 3, 4, 8]) == ""  # another tokenizer's history
-    opened = library.open(FP)
-    assert [name for name, _ in opened.stores] == ["history"]
-    index = opened.stores[0][1]
+    assert library.record(FP, [2, 3, 4, 6], client="0123abcd") == ""  # a server client's
+    assert library.open(FP).stores == []  # the history is drafted from through KeptAnswers
+    corpora, warnings = KeptAnswers(library, FP).corpora()
+    assert [name for name, _ in corpora] == ["history"] and warnings == []
+    index = corpora[0][1]
     assert (index.documents, len(index)) == (2, 10)
     match = index.longest_match([2, 3, 4], 8, 2)
     assert sorted(index.continuations(match, 1)) == [((5,), 1), ((9,), 1)]
     assert library.has_stores()
-    assert sorted(key for key, _ in library.histories()) == [FP, OTHER]
+    found = sorted((key, client) for key, client, _ in library.histories())
+    assert found == [(FP, ""), (FP, "0123abcd"), (OTHER, "")]
 
 
 def test_answers_after_the_index_are_indexed_in_memory_until_the_tail_is_long(tmp_path):
@@ -275,8 +284,9 @@ def test_history_opt_outs(tmp_path, monkeypatch):
     assert library.history_enabled()
     assert library.set_history(False) == ""
     assert not Library().history_enabled()
-    assert Library().open(FP).stores == []  # off: not drafted from either
-    assert [n for n, _ in Library().open(FP, ("history",)).stores] == ["history"]  # unless named
+    assert KeptAnswers(Library(), FP).corpora() == ([], [])  # off: not drafted from either
+    named = KeptAnswers(Library(), FP, named=True).corpora()[0]  # unless named
+    assert [n for n, _ in named] == ["history"]
     library.set_history(True)
     assert library.history_enabled()
     monkeypatch.setenv("LOCALSPEC_HISTORY", "0")
@@ -290,7 +300,7 @@ def test_history_opt_outs(tmp_path, monkeypatch):
 class FakeSession:
     def __init__(self, target) -> None:
         self.target = target
-        self.history = None
+        self.answers: list = []
         self.attached: list = []
 
     def attach_stores(self, corpora) -> None:
@@ -325,10 +335,12 @@ def test_the_session_records_answers_unless_turned_off(
     Library().set_history(setting)
     session = FakeSession(vocab_model)
     _open_stores(session, ModelOptions(**options), None)
-    assert (session.history is not None) == records
-    if records:
-        library, key = session.history
-        assert key == vocabulary_fingerprint(vocab_model)
+    key = vocabulary_fingerprint(vocab_model)
+    for answers in session.answers:
+        assert answers.fingerprint == key
+        assert answers.record([5, 6, 7]) == []
+    kept = History(Library().history_dir(key)).summary()
+    assert kept == ((1, 3) if records else (0, 0))
 
 
 def test_the_session_drafts_from_the_stores_of_its_tokenizer(vocab_model, tmp_path):
@@ -342,10 +354,12 @@ def test_the_session_drafts_from_the_stores_of_its_tokenizer(vocab_model, tmp_pa
     session = FakeSession(vocab_model)
     warnings: list[str] = []
     _open_stores(session, ModelOptions(), warnings.append)
-    assert [name for name, _ in session.attached] == ["proj", "history"] and warnings == []
+    assert [name for name, _ in session.attached] == ["proj"] and warnings == []
+    (answers,) = session.answers
+    assert [name for name, _ in answers.corpora()[0]] == ["history"]
     session = FakeSession(vocab_model)
     _open_stores(session, ModelOptions(stores=()), warnings.append)  # --no-store
-    assert session.attached == []
+    assert session.attached == [] and all(not a.draft for a in session.answers)
     with pytest.raises(UsageError, match="another tokenizer"):
         _open_stores(FakeSession(vocab_model), ModelOptions(stores=("other",)), None)
     with pytest.raises(UsageError, match="no datastore named"):

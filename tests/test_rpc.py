@@ -93,8 +93,8 @@ def test_relay_forwards_and_a_closing_worker_is_a_loss_not_an_eof() -> None:
     lost: list[str] = []
     relay = rpc._Relay(Endpoint("127.0.0.1", worker.getsockname()[1]), lost.append)
     client = socket.create_connection(("127.0.0.1", relay.local.port), timeout=5)
+    client.sendall(b"ping")  # the worker is reached once llama.cpp has spoken
     upstream, _ = worker.accept()
-    client.sendall(b"ping")
     assert upstream.recv(16) == b"ping"
     upstream.sendall(b"pong")
     assert client.recv(16) == b"pong"
@@ -116,7 +116,9 @@ def test_relay_is_quiet_when_llama_cpp_closes_first() -> None:
     lost: list[str] = []
     relay = rpc._Relay(Endpoint("127.0.0.1", worker.getsockname()[1]), lost.append)
     client = socket.create_connection(("127.0.0.1", relay.local.port), timeout=5)
+    client.sendall(b"hello")
     upstream, _ = worker.accept()
+    assert upstream.recv(16) == b"hello"
     client.close()  # the model was freed
     upstream.settimeout(5)
     assert upstream.recv(16) == b""  # the relay closed the worker's side too
@@ -124,6 +126,52 @@ def test_relay_is_quiet_when_llama_cpp_closes_first() -> None:
     assert lost == []
     upstream.close()
     worker.close()
+
+
+STRAY = """
+import socket, sys
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+sock.sendall(b"\\x0e" + bytes(40))  # a hello, as llama.cpp would start
+print(repr(sock.recv(16)))  # b"" once the relay closed it
+"""
+
+
+def test_the_relay_closes_connections_of_other_programs_without_a_loss() -> None:
+    worker = socket.create_server(("127.0.0.1", 0))
+    worker.settimeout(0.5)
+    lost: list[str] = []
+    relay = rpc._Relay(Endpoint("127.0.0.1", worker.getsockname()[1]), lost.append)
+    stray = subprocess.run([sys.executable, "-c", STRAY, str(relay.local.port)],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert stray.returncode == 0 and stray.stdout.strip() == "b''", stray
+    with pytest.raises(TimeoutError):
+        worker.accept()  # nothing of the stray connection reached the worker
+    assert lost == [] and relay._held == []
+    # This process's own connections are still relayed.
+    client = socket.create_connection(("127.0.0.1", relay.local.port), timeout=5)
+    client.sendall(b"ping")
+    upstream, _ = worker.accept()
+    assert upstream.recv(16) == b"ping"
+    client.close()
+    upstream.close()
+    worker.close()
+
+
+def test_a_connection_that_carried_nothing_is_no_loss() -> None:
+    lost: list[str] = []
+    relay = rpc._Relay(Endpoint("127.0.0.1", free_port()), lost.append)  # no worker there
+    for _ in range(3):
+        socket.create_connection(("127.0.0.1", relay.local.port), timeout=5).close()
+    time.sleep(0.3)
+    assert lost == []
+    client = socket.create_connection(("127.0.0.1", relay.local.port), timeout=5)
+    client.sendall(b"\x0e")  # llama.cpp's first bytes: now an unreachable worker is a loss
+    for _ in range(200):
+        if lost:
+            break
+        time.sleep(0.01)
+    assert len(lost) == 1 and "cannot reach RPC worker" in lost[0]
+    client.close()
 
 
 class _Busy:

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from localspec.core.events import TARGET, Finished, PrefillDone, RoundCompleted, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
+from localspec.serve.access import Access
 from localspec.serve.app import ServerState, create_app
 from localspec.serve.openai_shapes import timings, usage
 from localspec.serve.worker import GenerationWorker, Job
@@ -138,11 +139,12 @@ def test_usage_and_timings_of_a_request_with_two_prompts():
     second = _stats(6, 6, [("ngram", 8, 8, 9)])
     both = GenerationStats.merged([first, second])
     assert usage(both) == {"prompt_tokens": 16, "completion_tokens": 14, "total_tokens": 30}
-    assert timings(both) == {
-        "cache_n": 6,
-        "prompt_n": 10,
+    # Each prompt's last token is evaluated by its first round, never taken from the cache.
+    assert timings(both, n_prompts=2) == {
+        "cache_n": 4,
+        "prompt_n": 12,
         "prompt_ms": 400.0,
-        "prompt_per_second": 25.0,
+        "prompt_per_second": 30.0,
         "predicted_n": 14,
         "predicted_ms": 300.0,
         "predicted_per_second": 46.667,
@@ -289,7 +291,8 @@ def test_a_prompt_that_fails_ends_the_request_with_a_500(server, monkeypatch):
     monkeypatch.setattr(session, "generate", second_fails)
     r = httpx.post(server["url"] + "/v1/completions",
                    json={"prompt": ["the cat", "a dog", "to the"], "max_tokens": 4})  # fmt: skip
-    assert r.status_code == 500 and "second prompt broke" in r.json()["error"]["message"]
+    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+    assert "second prompt broke" not in r.text  # logged on the server, never sent
     assert len(calls) == 2  # the third never ran
 
 
@@ -377,12 +380,13 @@ def test_bad_json_and_context_overflow(server):
     with pytest.raises(openai.BadRequestError) as err:
         client(server).completions.create(model="x", prompt="the cat " * 200)
     assert err.value.body["code"] == "context_length_exceeded"
-    r = httpx.post(server["url"] + "/v1/chat/completions", content=b"x" * (2 << 20))
+    r = httpx.post(server["url"] + "/v1/chat/completions", content=b"x" * (2 << 20),
+                   headers={"content-type": "application/json"})  # fmt: skip
     assert r.status_code == 413
 
 
 def test_api_key_required_except_on_health(server, monkeypatch):
-    monkeypatch.setattr(server["state"], "api_key", "s3cret")
+    monkeypatch.setattr(server["state"], "access", Access(keys=("s3cret",)))
     with pytest.raises(openai.AuthenticationError):
         client(server, key="wrong").models.list()
     r = httpx.post(server["url"] + "/v1/chat/completions", json={"messages": ask("hi")})
@@ -480,18 +484,25 @@ PREFLIGHT = {"Access-Control-Request-Method": "POST",
              "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
 
 
+TESTSERVER = ("testserver",)  # the Host TestClient sends
+
+
 def test_no_cors_headers_without_cors_origin():
-    http = TestClient(create_app(ServerState(defaults=GenerationParams())))
+    state = ServerState(defaults=GenerationParams(), access=Access(allowed_hosts=TESTSERVER))
+    http = TestClient(create_app(state))
     origin = {"Origin": "http://127.0.0.1:3000"}
     r = http.options("/v1/chat/completions", headers={**origin, **PREFLIGHT})
     assert "access-control-allow-origin" not in r.headers
-    assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert r.status_code == 403 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert "access-control-allow-origin" not in http.get("/health", headers=origin).headers
+    r = http.options("/v1/chat/completions", headers=PREFLIGHT)  # no page: no CORS either
+    assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
 
 
 def test_cors_preflight_is_allowed_for_the_named_origin_only():
     allowed = "http://localhost:3000"
-    state = ServerState(defaults=GenerationParams(), cors_origins=[allowed], api_key="k")
+    access = Access(allowed_hosts=TESTSERVER, cors_origins=(allowed,), keys=("k",))
+    state = ServerState(defaults=GenerationParams(), access=access)
     http = TestClient(create_app(state))
     # A preflight carries no key: the browser sends it before the request that does.
     r = http.options("/v1/chat/completions", headers={"Origin": allowed, **PREFLIGHT})
@@ -502,7 +513,7 @@ def test_cors_preflight_is_allowed_for_the_named_origin_only():
         "access-control-allow-origin"] == allowed  # fmt: skip
     other = {"Origin": "http://evil.example"}
     r = http.options("/v1/chat/completions", headers={**other, **PREFLIGHT})
-    assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
     assert "access-control-allow-origin" not in http.get("/health", headers=other).headers
 
 
@@ -517,7 +528,8 @@ def test_loading_answers_503_until_the_pair_is_loaded(server, monkeypatch):
         return server["session"]
 
     monkeypatch.setattr(session_module, "open_session", slow_open)
-    state = ServerState(defaults=GenerationParams(max_tokens=4, drafter="model"))
+    state = ServerState(defaults=GenerationParams(max_tokens=4, drafter="model"),
+                        access=Access(allowed_hosts=TESTSERVER))  # fmt: skip
     loader = threading.Thread(target=load_into, args=(state, server["options"], 4), daemon=True)
     loader.start()
     with TestClient(create_app(state)) as http:

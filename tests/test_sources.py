@@ -129,11 +129,12 @@ def test_files_are_read_once_and_paths_are_absolute(tmp_path, monkeypatch):
 def test_symlinked_directories_and_special_files_are_not_followed(tmp_path):
     write(tmp_path, {"real/a.py": "a", "tree/b.py": "b"})
     (tmp_path / "tree" / "loop").symlink_to(tmp_path / "tree")
-    (tmp_path / "tree" / "link.py").symlink_to(tmp_path / "real" / "a.py")
+    (tmp_path / "tree" / "link.py").symlink_to(tmp_path / "tree" / "b.py")
+    (tmp_path / "tree" / "out.py").symlink_to(tmp_path / "real" / "a.py")  # out of the tree
     os.mkfifo(tmp_path / "tree" / "pipe")
     result = scan([tmp_path / "tree"], 1 << 20)
     assert found(result) == ["b.py", "link.py"]
-    assert result.skipped == {sources.SKIP_SPECIAL: 1}
+    assert result.skipped == {sources.SKIP_SPECIAL: 1, sources.SKIP_OUTSIDE: 1}
 
 
 def test_a_missing_path_is_an_input_error_before_anything_is_read(tmp_path):

@@ -200,3 +200,48 @@ def test_taking_another_branch_starts_a_copy_of_its_own():
     # 5 + 4 in a row along the continuation most occurrences share make a copy under way;
     # the other branch's 4 are a copy of their own, not yet one.
     assert streaks == {0: True, 1: False}
+
+
+class Broken:
+    """A corpus whose file went bad under it: every lookup raises."""
+
+    def longest_match(self, context, n_max=32, n_min=2):
+        raise OSError(5, "Input/output error")
+
+    def continuations(self, match, k, limit=64):
+        raise AssertionError("never reached")
+
+
+class Stray:
+    """A corpus that drafts ids the target does not have (a crafted store)."""
+
+    def __init__(self, good: TokenIndex) -> None:
+        self.good = good
+
+    def longest_match(self, context, n_max=32, n_min=2):
+        return self.good.longest_match(context, n_max, n_min)
+
+    def continuations(self, match, k, limit=64):
+        return [((10**6, 10**6 + 1), 1)]
+
+
+@pytest.mark.parametrize("bad", ["broken", "stray"])
+def test_a_failing_store_is_left_out_of_the_answer_with_a_warning(bad):
+    from localspec.core.events import EngineWarning
+
+    target = FakeModel(seed=4, window=2)
+    prompt = [3, 1, 4]
+    answer = plain_greedy(target, prompt, 120)
+    history = TokenIndex.build([prompt + answer])
+    failing = Broken() if bad == "broken" else Stray(history)
+    decoder = SpecDecoder(target, None, COSTS)
+    decoder.corpora = [("bad", failing), ("history", history)]
+    events = list(decoder.generate(prompt, GenerationParams(max_tokens=120)))
+    warnings = [e.message for e in events if isinstance(e, EngineWarning)]
+    assert len(warnings) == 1 and "datastore 'bad' was left out of this answer" in warnings[0]
+    fin = events[-1]
+    assert list(fin.token_ids) == answer  # the generation went on, from the good store
+    assert fin.stats.by_origin["store"] > 60
+    # The next answer tries the store again (it is read anew as every answer begins).
+    again = list(decoder.generate(prompt, GenerationParams(max_tokens=8)))
+    assert sum(isinstance(e, EngineWarning) for e in again) == 1

@@ -128,13 +128,12 @@ def test_a_target_that_cannot_verify_trees_gets_chains():
 
 
 def test_no_trees_reaches_the_generation_params_of_complete_chat_and_serve(monkeypatch, tmp_path):
-    import uvicorn
     from typer.testing import CliRunner
 
     from localspec.cli import complete as complete_cli
     from localspec.cli import serve as serve_cli
     from localspec.cli.app import app
-    from localspec.serve import app as serve_app
+    from localspec.serve import server as serve_server
     from tests.test_cli import chat_cli
 
     seen: dict[str, bool] = {}
@@ -143,13 +142,13 @@ def test_no_trees_reaches_the_generation_params_of_complete_chat_and_serve(monke
         seen["complete"] = params.trees
         return 0
 
-    def create_app(state):
+    def run_server(state, host, port):  # nothing listens
         seen["serve"] = state.defaults.trees
+        return True
 
     monkeypatch.setattr(complete_cli, "run_complete", run_complete)
-    monkeypatch.setattr(serve_app, "create_app", create_app)
+    monkeypatch.setattr(serve_server, "run", run_server)
     monkeypatch.setattr(serve_cli, "load_into", lambda *args: None)  # no models are loaded
-    monkeypatch.setattr(uvicorn, "run", lambda *args, **kw: None)
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("hello", encoding="utf-8")
     for flag in ([], ["--no-trees"]):

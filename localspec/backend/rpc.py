@@ -15,12 +15,20 @@ evaluation of a watched model has run longer than the timeout, the loss is repor
 ``on_lost`` and llama.cpp's side of the relay stays open: the blocked evaluation never
 returns, but the process lives, so a front end can end the answer with an error and keep
 what it has. After a loss the target must be neither used nor freed.
+
+The relay's port is on 127.0.0.1, where any local program could connect. On Linux it
+accepts only connections from this very process (``SO_PEERCRED`` answers for Unix sockets
+only, so the peer's socket is looked up in ``/proc/net/tcp`` among this process's file
+descriptors); others are closed unanswered. A worker is reached only once a connection has
+carried llama.cpp's first bytes, and only such a connection can report a loss: a stray
+connection that closes, or a worker that cannot be reached before anyone spoke, is no loss.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import socket
 import struct
 import threading
@@ -158,10 +166,21 @@ class _Relay:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            self._held.append(client)
+            if peer_is_this_process(client) is False:
+                _close(client)  # another program on this machine: not llama.cpp's
+                continue
             threading.Thread(target=self._pair, args=(client,), daemon=True).start()
 
     def _pair(self, client: socket.socket) -> None:
+        buf = bytearray(_CHUNK)
+        try:
+            first = client.recv_into(buf)
+        except OSError:
+            first = 0
+        if first == 0:  # closed before saying anything: nothing of llama.cpp's was lost
+            _close(client)
+            return
+        self._held.append(client)  # from here llama.cpp's side is never closed by us
         try:
             worker = socket.create_connection(
                 (self.worker.host, self.worker.port), timeout=CONNECT_TIMEOUT
@@ -174,10 +193,18 @@ class _Relay:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         worker.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         ended = threading.Event()  # set when llama.cpp closed its side: not a loss
-        threading.Thread(target=self._to_worker, args=(client, worker, ended), daemon=True).start()
+        args = (client, worker, ended, bytes(buf[:first]))
+        threading.Thread(target=self._to_worker, args=args, daemon=True).start()
         self._to_client(worker, client, ended)
 
-    def _to_worker(self, client: socket.socket, worker: socket.socket, ended: threading.Event):
+    def _to_worker(
+        self, client: socket.socket, worker: socket.socket, ended: threading.Event, first: bytes
+    ) -> None:
+        try:
+            worker.sendall(first)
+        except OSError as err:
+            self._lost(f"lost RPC worker {self.worker}: {err.strerror or err}")
+            return
         buf = bytearray(_CHUNK)
         view = memoryview(buf)
         while True:
@@ -335,6 +362,46 @@ def serve_worker(host: str, port: int, threads: int) -> None:
     devices = (ctypes.c_void_p * 1)(cpu)
     start(str(Endpoint(host, port)).encode(), None, threads, 1, devices)
     raise BackendError(f"llama.cpp's RPC server on {Endpoint(host, port)} stopped", "")
+
+
+def peer_is_this_process(conn: socket.socket) -> bool | None:
+    """Whether the other end of a loopback TCP connection is a socket of this process:
+    Linux lists every TCP socket with its inode in ``/proc/net/tcp``, and this process's
+    sockets among its file descriptors. None where that cannot be told (no ``/proc``)."""
+    try:
+        peer = conn.getpeername()[:2]
+        ours = conn.getsockname()[:2]
+        with open("/proc/net/tcp6" if conn.family == socket.AF_INET6 else "/proc/net/tcp") as fh:
+            lines = fh.readlines()[1:]
+    except OSError:
+        return None
+    wanted = (_proc_address(conn.family, *peer), _proc_address(conn.family, *ours))
+    inode = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 9 and (fields[1], fields[2]) == wanted:
+            inode = fields[9]
+            break
+    if inode is None:
+        return False  # gone already, or not a local socket
+    target = f"socket:[{inode}]"
+    try:
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for fd in descriptors:
+        with contextlib.suppress(OSError):  # closed while we look
+            if os.readlink(f"/proc/self/fd/{fd}") == target:
+                return True
+    return False
+
+
+def _proc_address(family: int, host: str, port: int) -> str:
+    """An address as ``/proc/net/tcp`` writes it: the address's bytes as native-order
+    32-bit words in hex, then the port in hex."""
+    raw = socket.inet_pton(family, host)
+    words = struct.unpack(f"={len(raw) // 4}I", raw)
+    return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
 
 
 def _close(sock: socket.socket) -> None:

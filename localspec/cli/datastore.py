@@ -18,10 +18,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from localspec.cli.common import TargetOpt, cli_errors, echo_progress
 from localspec.errors import DatastoreError, LocalspecError, UsageError
 from localspec.models.resources import human
+from localspec.session.indexing import MAX_ADD_TOKENS
 from localspec.session.library import (
     FINGERPRINTS_FILE,
     HISTORY,
@@ -50,6 +52,10 @@ def add(
     max_file_size: Annotated[
         int, typer.Option(metavar="BYTES", min=1, help="skip files larger than this")
     ] = DEFAULT_MAX_FILE_SIZE,
+    max_tokens: Annotated[
+        int,
+        typer.Option(metavar="N", min=1, help="stop, writing nothing, past this many tokens read"),
+    ] = MAX_ADD_TOKENS,
     target: TargetOpt = None,
 ) -> None:
     """Index text and code files with the target's tokenizer (.gitignore is respected)."""
@@ -71,8 +77,9 @@ def add(
                 return tokenizer.tokenize(text, add_special=False, parse_special=False)
 
             result = add_files(
-                Library(), store, fingerprint, str(model_path), found, tokenize, echo_progress
-            )
+                Library(), store, fingerprint, str(model_path), found, tokenize, echo_progress,
+                max_tokens,
+            )  # fmt: skip
         finally:
             tokenizer.close()
     changes = [f"{result.replaced} replaced"] if result.replaced else []
@@ -96,7 +103,7 @@ def list_stores(target: TargetOpt = None) -> None:
         library = Library()
         fingerprint, compared = _target_fingerprint(target)
         out = Console(highlight=False, soft_wrap=False)
-        table = Table(title=f"datastores in {library.root}", title_justify="left")
+        table = Table(title=Text(f"datastores in {library.root}"), title_justify="left")
         for column in ("name", "files", "tokens", "size", "tokenizer"):
             table.add_column(column, no_wrap=True, justify="right" if column != "name" else "left")
         table.add_column("sources", ratio=1, overflow="fold")
@@ -106,27 +113,39 @@ def list_stores(target: TargetOpt = None) -> None:
                 return "unknown"
             return "target's" if other == fingerprint else "other"
 
+        # Names, paths and problems are the files' own text: shown as text, never markup.
         for info in library.infos():
             m = info.manifest
             if m is None:
-                table.add_row(info.name, "-", "-", human(info.bytes), "-", info.problem)
+                table.add_row(Text(info.name), "-", "-", human(info.bytes), "-", Text(info.problem))
                 continue
-            files, tokens = f"{m.get('files', 0):,}", f"{m.get('tokens', 0):,}"
-            sources = "\n".join(map(str, m.get("sources", [])))
-            row = (files, tokens, human(info.bytes), matches(m["tokenizer"]), sources)
-            table.add_row(info.name, *row)
-        on = library.history_enabled()
-        for key, history in library.histories():
+            sources = Text("\n".join(map(str, _listed(m.get("sources")))))
+            row = (_count(m.get("files")), _count(m.get("tokens")), human(info.bytes),
+                   matches(m["tokenizer"]), sources)  # fmt: skip
+            table.add_row(Text(info.name), *row)
+        on, problem = library.history_setting()
+        for key, client, history in library.histories():
             documents, tokens = history.summary()
             size = human(disk_bytes(history.directory))
-            what = f"your answers (history {'on' if on else 'off'})"
+            whose = f"answers of serve client {client}" if client else "your answers"
+            what = f"{whose} (history {'on' if on else 'off'})"
             table.add_row(HISTORY, f"{documents:,}", f"{tokens:,}", size, matches(key), what)
         out.print(table)
-        out.print(f"tokenizer: {compared}")
+        if problem:
+            out.print(Text(f"warning: {problem}"))
+        out.print(Text(f"tokenizer: {compared}"))
         out.print(
             f"history: {'on' if on else 'off'}"
             + ("" if on else " (localspec datastore history on to keep answers)")
         )
+
+
+def _count(value: object) -> str:
+    return f"{value:,}" if type(value) is int else "?"
+
+
+def _listed(value: object) -> list:
+    return value if isinstance(value, list) else []
 
 
 def _target_fingerprint(target: str | None) -> tuple[str | None, str]:
@@ -214,8 +233,9 @@ def _indexes(library: Library, name: str | None) -> Indexes:
                     raise
                 chosen.append((store, [], size, f"{err.message} ({err.hint})"))
     if name is None or name == HISTORY:
-        for key, history in library.histories():
-            label, size = f"history ({key[:8]})", disk_bytes(history.directory)
+        for key, client, history in library.histories():
+            whose = f", serve client {client}" if client else ""
+            label, size = f"history ({key[:8]}{whose})", disk_bytes(history.directory)
             try:
                 chosen.append((label, history.open(), size, ""))
             except OSError as err:

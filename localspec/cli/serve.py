@@ -1,19 +1,33 @@
 """``localspec serve``: an OpenAI-compatible HTTP server with speculative decoding behind it.
 
 Binds 127.0.0.1 by default. The server starts at once (``/health`` says ``loading``) and
-loads the pair in the background (progress on stderr); a key from ``--api-key`` or
-``LOCALSPEC_API_KEY`` is then required on every endpoint but ``/health``. Binding another
-address without a key prints a warning. ``--parse-special`` lets control-token text in a
-raw completion prompt act as control tokens (editors that write a model's FIM tokens into the
-prompt themselves need it); chat messages keep such text as text whatever the option says.
+loads the pair in the background (progress on stderr). Keys come from ``--api-key``
+(repeatable), ``--api-key-file`` (one per line) and ``LOCALSPEC_API_KEY``; with any, every
+endpoint but ``/health`` requires one, and each key is a client of its own (serve/clients.py).
+A key given on the command line is visible to every user of the machine (``ps``), which a
+warning says. Binding another address without a key prints a warning. Only requests naming
+this server as ``Host`` (``--allowed-host`` adds names) and from no web page but those
+``--cors-origin`` lists are answered (serve/access.py).
+
+By default no client's answer is drafted from anything but its own prompt: ``--store NAME``
+shares datastores with every client, ``--history`` keeps each client's answers in a history
+of its own. ``--no-timings`` leaves the ``timings`` figures out of every answer.
+``--parse-special`` lets control-token text in a raw completion prompt act as control tokens
+(editors that write a model's FIM tokens into the prompt themselves need it); chat messages
+keep such text as text whatever the option says. Ctrl-C (or SIGTERM) cancels the running
+generation, and the models are freed only once it has ended.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import threading
+from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
 from localspec.cli.common import (
@@ -26,14 +40,11 @@ from localspec.cli.common import (
     ExactOpt,
     GpuLayersOpt,
     MinPOpt,
-    NoHistoryOpt,
-    NoStoreOpt,
     NoTreesOpt,
     RpcOpt,
     RpcSplitOpt,
     RpcTimeoutOpt,
     SeedOpt,
-    StoreOpt,
     TargetOpt,
     TemperatureOpt,
     ThreadsOpt,
@@ -45,23 +56,49 @@ from localspec.cli.common import (
     is_loopback,
     pair_settings,
     parse_generation,
-    store_settings,
 )
+from localspec.errors import UsageError
 
 
 def serve(
     host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port")] = 8080,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port")] = 8080,
     api_key: Annotated[
-        str | None,
-        typer.Option(envvar="LOCALSPEC_API_KEY", help="require Authorization: Bearer KEY"),
+        list[str] | None,
+        typer.Option(
+            envvar="LOCALSPEC_API_KEY",
+            help="require Authorization: Bearer KEY (repeat for several clients; prefer "
+            "--api-key-file or LOCALSPEC_API_KEY: a command line is visible to every user)",
+        ),
+    ] = None,
+    api_key_file: Annotated[
+        Path | None, typer.Option(help="a file of API keys, one per line (# comments)")
+    ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(help="also answer requests naming this Host (repeat; * for any)"),
     ] = None,
     cors_origin: Annotated[
         list[str] | None, typer.Option(help="allow browser requests from this origin (repeat)")
     ] = None,
-    queue_size: Annotated[int, typer.Option(help="requests that may wait; more get 503")] = 16,
-    max_body: Annotated[int, typer.Option(help="largest request body in bytes")] = 1 << 20,
-    max_tokens: Annotated[int, typer.Option(help="default new tokens at most")] = 512,
+    queue_size: Annotated[
+        int, typer.Option(min=1, help="requests that may wait; more get 503")
+    ] = 16,
+    max_body: Annotated[int, typer.Option(min=1, help="largest request body in bytes")] = 1 << 20,
+    max_tokens: Annotated[int, typer.Option(min=1, help="default new tokens at most")] = 512,
+    max_tokens_limit: Annotated[
+        int | None,
+        typer.Option(min=1, help="the most new tokens a request may ask for (default: --ctx)"),
+    ] = None,
+    history: Annotated[
+        bool,
+        typer.Option(
+            "--history", help="keep each client's answers in a history of its own, to draft from"
+        ),
+    ] = False,
+    no_timings: Annotated[
+        bool, typer.Option("--no-timings", help="leave the timings figures out of answers")
+    ] = False,
     parse_special: Annotated[
         bool,
         typer.Option(
@@ -87,14 +124,22 @@ def serve(
     rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
     rpc_split: RpcSplitOpt = None,
     exact: ExactOpt = False,
-    store: StoreOpt = None,
-    no_store: NoStoreOpt = False,
-    no_history: NoHistoryOpt = False,
+    store: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--store",
+            metavar="NAME",
+            help="draft every client's answers from this datastore too (repeatable; every "
+            "client can probe it through timings: see the README's Security)",
+        ),
+    ] = None,
+    no_store: Annotated[bool, typer.Option("--no-store", hidden=True)] = False,  # the default
+    no_history: Annotated[bool, typer.Option("--no-history", hidden=True)] = False,  # likewise
 ) -> None:
     """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions)."""
-    import uvicorn
-
-    from localspec.serve.app import ServerState, create_app
+    from localspec.serve.access import Access
+    from localspec.serve.app import ServerState
+    from localspec.serve.server import run
 
     with cli_errors():
         params, options = parse_generation(
@@ -112,7 +157,9 @@ def serve(
                     rpc_split,
                     draft_gpu_layers=draft_gpu_layers,
                 ),
-                **store_settings(store, no_store, no_history),
+                # The user's own history is neither kept nor shared unless --store names it.
+                "stores": tuple(store or ()),
+                "history": False,
             },
             max_tokens=max_tokens,
             temperature=temperature,
@@ -123,30 +170,85 @@ def serve(
             draft_max=draft_max,
             trees=not no_trees,
         )
-    if not is_loopback(host) and not api_key:
+        keys = read_keys(api_key or [], api_key_file)
+    if _from_command_line("api_key"):
+        typer.echo(
+            "warning: --api-key on the command line is visible to every user of this machine "
+            "(ps); use --api-key-file or LOCALSPEC_API_KEY",
+            err=True,
+        )
+    if not is_loopback(host) and not keys:
         typer.echo(
             f"warning: serving on {host} without an API key: anyone who can reach it can use "
-            "it; pass --api-key or set LOCALSPEC_API_KEY",
+            "it; pass --api-key-file or set LOCALSPEC_API_KEY",
             err=True,
         )
     state = ServerState(
         defaults=params,
-        api_key=api_key or None,
-        cors_origins=list(cors_origin or []),
+        access=Access(host, tuple(allowed_host or ()), tuple(cors_origin or ()), keys),
         max_body=max_body,
+        max_tokens_limit=max_tokens_limit or ctx,
+        timings=not no_timings,
         parse_special=parse_special,
+        loading=True,
     )
+    _log_to_stderr()
     threading.Thread(
-        target=load_into, args=(state, options, queue_size), daemon=True, name="loader"
+        target=load_into, args=(state, options, queue_size, history), daemon=True, name="loader"
     ).start()
     typer.echo(f"serving on http://{host}:{port}/v1 (loading the models)", err=True)
-    uvicorn.run(create_app(state), host=host, port=port, log_level="warning")
-    if state.worker is not None:
-        state.worker.stop()
-        state.worker.session.close()
+    if not run(state, host, port):
+        # A thread may still use the models (or is loading them): freeing them, as the
+        # interpreter's exit would, could crash; the system takes them back instead.
+        typer.echo("warning: a generation did not stop in time; exiting without freeing "
+                   "the models", err=True)  # fmt: skip
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
-def load_into(state, options, queue_size: int) -> None:  # noqa: ANN001
+def read_keys(given: list[str], key_file: Path | None) -> tuple[str, ...]:
+    """The API keys: those given, and a file's lines (blank lines and ``#`` comments
+    skipped). ``UsageError`` for an unreadable file, one without keys, or a key with
+    spaces in it."""
+    keys = [k.strip() for k in given if k.strip()]
+    if key_file is not None:
+        try:
+            lines = key_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            reason = getattr(err, "strerror", None) or str(err)
+            raise UsageError(f"cannot read --api-key-file {key_file}: {reason}",
+                             "give a UTF-8 text file with one key per line") from None  # fmt: skip
+        found = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        if not found:
+            raise UsageError(f"--api-key-file {key_file} holds no key", "write one key per line")
+        keys += found
+    for key in keys:
+        if any(c.isspace() for c in key):
+            raise UsageError("an API key has spaces in it", "use keys without white space")
+    return tuple(dict.fromkeys(keys))
+
+
+def _from_command_line(parameter: str) -> bool:
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return False
+    return context.get_parameter_source(parameter) == click.core.ParameterSource.COMMANDLINE
+
+
+def _log_to_stderr() -> None:
+    """The server's own log (internal errors, with their id and traceback) on stderr."""
+    logger = logging.getLogger("localspec.serve")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("localspec serve: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def load_into(state, options, queue_size: int, history: bool = False) -> None:  # noqa: ANN001
+    from localspec.serve.clients import keep_apart
     from localspec.serve.worker import GenerationWorker
     from localspec.session.session import open_session
 
@@ -155,10 +257,18 @@ def load_into(state, options, queue_size: int) -> None:  # noqa: ANN001
     except Exception as err:  # typed errors and bugs alike: said in one line, as the CLI does
         state.load_error = str(err)
         os._exit(echo_error(err))  # the server cannot do anything without its models
+    if state.closing:  # stopped while loading: nobody will use the pair
+        session.close()
+        state.loading = False
+        return
+    if len(state.access.keys) > 1:
+        # What auto learns from one client's answers would shape another's next start.
+        session.learning = None
     state.model_id = session.target.path.stem
     state.draft_id = session.draft.path.stem if session.draft is not None else None
     state.placement = session.placement.to_dict() if session.placement else None
-    worker = GenerationWorker(session, max_queue=queue_size)
+    worker = GenerationWorker(session, max_queue=queue_size, on_client=keep_apart(history))
     worker.start()
     state.worker = worker
+    state.loading = False
     typer.echo("ready", err=True)

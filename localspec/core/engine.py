@@ -23,7 +23,9 @@ branch the target took (``take``): the same tokens emitted, the same bookkeeping
 count every node of the tree as drafted.
 
 The engine prints nothing and imports no UI: front ends render the events it yields.
-Cancellation is cooperative (a ``threading.Event`` checked between rounds).
+Cancellation is cooperative (a ``threading.Event`` checked between rounds). After a round,
+drafters with the ``Warns`` capability (``drafting.base``) have their warnings yielded as
+``EngineWarning`` events.
 
 Short steps. On a GPU a target step takes a few milliseconds, so a round's own work must
 not grow with the context: the target is given only the round's new tokens while its cache
@@ -306,7 +308,16 @@ class SpecDecoder:
             run.trace.append({k: v for k, v in asdict(event).items() if v not in ("", None)})
         run.rounds += 1
         yield run.emit(event)
+        yield from self._drafter_warnings(run)
         return outcome.reason
+
+    @staticmethod
+    def _drafter_warnings(run: _Run) -> Iterator[Event]:
+        """What drafters with the ``Warns`` capability (``drafting.base``) had to say."""
+        for drafter in run.drafters.values():
+            pending = getattr(drafter, "warnings", None)
+            while pending:
+                yield run.emit(EngineWarning(pending.pop(0)))
 
     @staticmethod
     def _offers(run: _Run, remaining: int) -> dict[str, Offer]:

@@ -6,7 +6,9 @@ Contract: ``estimate_memory(target, draft, n_ctx)`` returns ``(needed, available
 plus a fixed allowance for compute buffers. ``available`` is ``MemAvailable`` from
 ``/proc/meminfo`` (or the free physical pages where that file is missing), ``None`` when
 the platform tells neither. Unreadable metadata counts as no KV cache rather than an error:
-this is advice, and the load itself reports broken files.
+this is advice, and the load itself reports broken files. The header is untrusted: shapes
+beyond ``MAX_*`` (far past any real model) count as unreadable too, so a crafted
+``block_count`` neither raises nor allocates.
 
 ``footprint(path, n_ctx)`` describes a model for GPU placement: its offloadable layers
 (llama.cpp counts the blocks and the output layer), its weights and its KV cache; its
@@ -34,6 +36,11 @@ OVERHEAD_PER_MODEL = 128 << 20
 GPU_COMPUTE_ALLOWANCE = 512 << 20
 # Room left on the disk after a pull, so a model never fills it to the last byte.
 DISK_MARGIN = 256 << 20
+# Bounds of a believable GGUF shape (the largest models have ~130 layers, 16k-wide
+# embeddings and 128 heads of 256).
+MAX_LAYERS = 4096
+MAX_WIDTH = 1 << 20  # embedding length, head dimensions
+MAX_HEADS = 1 << 16
 
 
 def kv_cache_bytes(path: Path, n_ctx: int) -> int:
@@ -57,20 +64,28 @@ def _shape(path: Path, n_ctx: int) -> tuple[int, int]:
         n_layer, n_embd, n_head, n_head_kv, key_len, value_len = (
             meta.get(f"{arch}.{k}") for k in keys
         )
-        n_layer, n_embd = int(n_layer), int(n_embd)
-    except (OSError, ValueError, KeyError, TypeError):
+        n_layer = _bounded(int(n_layer), MAX_LAYERS)
+        n_embd = _bounded(int(n_embd), MAX_WIDTH)
+        # Some architectures give per-layer head counts as arrays.
+        heads = n_head if isinstance(n_head, list) else [n_head] * n_layer
+        kv_heads = n_head_kv if isinstance(n_head_kv, list) else [n_head_kv or heads[0]] * n_layer
+        total = 0
+        for h, kv in zip(heads, kv_heads, strict=False):
+            if not h or not kv:
+                continue
+            k_dim = _bounded(int(key_len or n_embd // _bounded(int(h), MAX_HEADS)), MAX_WIDTH)
+            v_dim = _bounded(int(value_len or k_dim), MAX_WIDTH)
+            total += _bounded(int(kv), MAX_HEADS) * (k_dim + v_dim)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, OverflowError):
         return 0, 0
-    # Some architectures give per-layer head counts as arrays.
-    heads = n_head if isinstance(n_head, list) else [n_head] * n_layer
-    kv_heads = n_head_kv if isinstance(n_head_kv, list) else [n_head_kv or heads[0]] * n_layer
-    total = 0
-    for h, kv in zip(heads, kv_heads, strict=False):
-        if not h or not kv:
-            continue
-        k_dim = int(key_len or n_embd // int(h))
-        v_dim = int(value_len or k_dim)
-        total += int(kv) * (k_dim + v_dim)
     return n_layer, total * n_ctx * 2
+
+
+def _bounded(value: int, most: int) -> int:
+    """``value`` if a real model could have it; else ``ValueError`` (a crafted header)."""
+    if not 0 <= value <= most:
+        raise ValueError(f"an impossible model shape ({value})")
+    return value
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,16 @@
 
 ``create_app(state)`` builds a FastAPI app. ``ServerState`` holds the worker once the pair is
 loaded (``/health`` answers ``loading`` until then, and every other endpoint a 503). Every
-endpoint but ``/health`` requires ``Authorization: Bearer KEY`` when a key is set (compared
-in constant time). Bodies over ``max_body`` bytes are refused; errors always have OpenAI's
-shape. A streamed answer is sent as server-sent events; the first event (or error) is
-awaited before the response starts, so a request that cannot run gets a proper status.
-A client that disconnects cancels its job; the engine stops after its current round.
+request first passes ``access.Guard`` (its ``Host`` and ``Origin``); every endpoint but
+``/health`` then requires ``Authorization: Bearer KEY`` when keys are set, and the key names
+the client a job runs for (the worker keeps clients apart, see serve/worker.py). A POST
+body must be ``application/json`` of at most ``max_body`` bytes; every field is checked
+before a job is queued, and every refusal has OpenAI's error shape. An internal failure is
+logged with an id and answered with that id, never with its text. A streamed answer is sent
+as server-sent events; the first event (or error) is awaited before the response starts, so
+a request that cannot run gets a proper status. A client that disconnects, streamed or not,
+cancels its job; the engine stops after its current round. ``timings`` (llama.cpp-server's
+figures, with the drafts and the cache reuse) are left out when ``state.timings`` is off.
 
 ``/v1/completions`` takes several prompts (text or token ids; one choice each, generated one
 after another, ``usage`` and ``timings`` summed) and a ``suffix``: fill-in-the-middle through
@@ -17,8 +22,9 @@ without them.
 from __future__ import annotations
 
 import asyncio
-import hmac
+import contextlib
 import json
+import logging
 import queue
 import time
 import uuid
@@ -35,45 +41,64 @@ from localspec.core.events import Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import ContextOverflowError, LocalspecError, UnsupportedByModelError
+from localspec.serve.access import Access, Guard, client_of
 from localspec.serve.openai_shapes import (
     ApiError,
     chat_messages,
     completion_prompts,
     finish_reason,
     generation_params,
+    stream_flags,
     timings,
     usage,
 )
 from localspec.serve.worker import GenerationWorker, Job, QueueFull
 
-POLL_S = 0.1  # how often a waiting request checks that its client is still there
+POLL_S = 0.1  # how often a request waiting on its job's events checks that it still wants them
+JSON_TYPE = "application/json"
+log = logging.getLogger("localspec.serve")
 
 
 @dataclass
 class ServerState:
     defaults: GenerationParams
-    api_key: str | None = None
-    cors_origins: list[str] = field(default_factory=list)
+    access: Access = field(default_factory=Access)
     max_body: int = 1 << 20
+    max_tokens_limit: int | None = None  # the most new tokens a request may ask for
+    timings: bool = True  # False (--no-timings): answers carry no ``timings`` object
     worker: GenerationWorker | None = None
     model_id: str = "localspec"
     draft_id: str | None = None
     placement: dict[str, Any] | None = None  # where each model runs (session/placement.py)
     load_error: str | None = None
+    loading: bool = False  # the pair is being loaded (cli/serve.py's loader thread)
+    closing: bool = False  # told to stop: a pair loaded now is freed, not served
     # Control-token text in a /v1/completions prompt acts as control tokens (never in chat).
     parse_special: bool = False
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a request asked for besides its prompts."""
+
+    chat: bool
+    stream: bool = False
+    include_usage: bool = False
+    n_prompts: int = 1
 
 
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.localspec = state
-    if state.cors_origins:
+    if state.access.cors_origins:
         app.add_middleware(
             CORSMiddleware,
-            allow_origins=state.cors_origins,
+            allow_origins=list(state.access.cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    # Added last, so outermost: a refused request reaches neither CORS nor an endpoint.
+    app.add_middleware(Guard, access=lambda: state.access)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
@@ -88,17 +113,23 @@ def create_app(state: ServerState) -> FastAPI:
             error = ApiError(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
         return JSONResponse(error.body, status_code=err.status_code, headers=err.headers)
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, err: Exception) -> JSONResponse:
+        error = internal(err)
+        return JSONResponse(error.body, status_code=error.status)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         if state.load_error:
-            return JSONResponse({"status": "error", "message": state.load_error}, 500)
+            return JSONResponse({"status": "error", "message": "the models could not be "
+                                 "loaded; the server's log says why"}, 500)  # fmt: skip
         if state.worker is None:
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ok", "waiting": state.worker.waiting})
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        _authorize(state, request)
+        client_of(state.access, request.headers.get("authorization"))
         _require_loaded(state)
         card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "localspec"}
         extra = {"draft": state.draft_id, "placement": state.placement}
@@ -106,17 +137,21 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
+        client = client_of(state.access, request.headers.get("authorization"))
         body = await _read_json(state, request)
         messages = chat_messages(body)
-        params = generation_params(body, state.defaults)
+        params = generation_params(body, state.defaults, state.max_tokens_limit)
+        stream, include_usage = stream_flags(body)
 
         def start(session: Any, cancel: Any) -> Any:
             return session.chat(messages, params, cancel)
 
-        return await _answer(state, request, body, Job(start, params), chat=True)
+        asked = Asked(chat=True, stream=stream, include_usage=include_usage)
+        return await _answer(state, request, Job(start, params, client=client), asked)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
+        client = client_of(state.access, request.headers.get("authorization"))
         body = await _read_json(state, request)
         assert state.worker is not None
         session = state.worker.session
@@ -133,7 +168,8 @@ def create_app(state: ServerState) -> FastAPI:
                 code="unsupported_parameter",
             )
         prompts = completion_prompts(body, session.target.n_vocab, infill=bool(suffix))
-        params = generation_params(body, state.defaults)
+        params = generation_params(body, state.defaults, state.max_tokens_limit)
+        stream, include_usage = stream_flags(body)
 
         def start(session: Any, cancel: Any) -> Any:
             token_lists = [
@@ -146,8 +182,8 @@ def create_app(state: ServerState) -> FastAPI:
                 session.check_prompt(tokens, params)
             return _in_turn(session, token_lists, params, cancel)
 
-        return await _answer(state, request, body, Job(start, params), chat=False,
-                             n_prompts=len(prompts))  # fmt: skip
+        asked = Asked(False, stream, include_usage, n_prompts=len(prompts))
+        return await _answer(state, request, Job(start, params, client=client), asked)
 
     return app
 
@@ -162,35 +198,46 @@ def _in_turn(
         yield from session.generate(tokens, params, cancel)
 
 
-def _authorize(state: ServerState, request: Request) -> None:
-    if state.api_key is None:
-        return
-    given = request.headers.get("authorization", "")
-    expected = f"Bearer {state.api_key}"
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise ApiError(
-            401,
-            "missing or wrong API key: send Authorization: Bearer KEY",
-            type="authentication_error",
-            code="invalid_api_key",
-        )
+def internal(err: BaseException) -> ApiError:
+    """A failure of the server itself: logged here with an id, answered with the id only
+    (its text may name files or objects of this machine)."""
+    ref = uuid.uuid4().hex[:8]
+    log.error("internal error %s: %r", ref, err, exc_info=err)
+    return ApiError(500, f"internal error {ref}; the server's log has the details",
+                    type="server_error", code="internal_error")  # fmt: skip
+
+
+def _too_large(state: ServerState) -> ApiError:
+    return ApiError(413, f"the request body is over {state.max_body} bytes", code="too_large")
 
 
 async def _read_json(state: ServerState, request: Request) -> dict[str, Any]:
-    _authorize(state, request)
+    """The body as a JSON object: ``application/json`` (a web page can send other types
+    without asking first), at most ``max_body`` bytes, parsed without letting a crafted
+    document (nested too deep, numbers too long) fail as anything but a 400."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != JSON_TYPE:
+        raise ApiError(415, f"the request body must be sent as Content-Type: {JSON_TYPE}",
+                       code="unsupported_media_type")  # fmt: skip
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > state.max_body:
-        raise ApiError(413, f"the request body is over {state.max_body} bytes", code="too_large")
-    raw = b""
+        raise _too_large(state)
+    raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > state.max_body:
-            raise ApiError(413, f"the request body is over {state.max_body} bytes",
-                           code="too_large")  # fmt: skip
+            raise _too_large(state)
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"the request body is not valid JSON: {err}", code="bad_json") from None
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, long integers
+        why = (
+            err.msg
+            if isinstance(err, json.JSONDecodeError)
+            else "it is nested too deep"
+            if isinstance(err, RecursionError)
+            else "it has a number too long or bad UTF-8"
+        )
+        raise ApiError(400, f"the request body is not valid JSON: {why}", code="bad_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="bad_json")
     _require_loaded(state)
@@ -203,15 +250,24 @@ def _require_loaded(state: ServerState) -> None:
                        code="loading", headers={"Retry-After": "5"})  # fmt: skip
 
 
-async def _next_event(job: Job, request: Request) -> Any:
-    """The job's next event; cancels the job if the client went away while waiting."""
-    while True:
+async def _next_event(job: Job) -> Any:
+    """The job's next event, or None once it is over (or cancelled: nobody waits for it)."""
+    while not job.cancel.is_set():
         try:
             return await asyncio.to_thread(job.events.get, True, POLL_S)
         except queue.Empty:
-            if await request.is_disconnected():
-                job.cancel.set()
-                return None
+            continue
+    return None
+
+
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client goes away. Its body is read by then, so the next
+    message the server sends is the disconnect (or the end of the response)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel.set()
+            return
 
 
 def _raise_for(item: Any, chat: bool) -> None:
@@ -224,13 +280,10 @@ def _raise_for(item: Any, chat: bool) -> None:
     if isinstance(item, LocalspecError):
         raise ApiError(400, f"{item} ({item.hint})")
     if isinstance(item, BaseException):
-        raise ApiError(500, f"generation failed: {item!r}", type="server_error")
+        raise internal(item)
 
 
-async def _answer(
-    state: ServerState, request: Request, body: dict[str, Any], job: Job, *, chat: bool,
-    n_prompts: int = 1,
-) -> Any:  # fmt: skip
+async def _answer(state: ServerState, request: Request, job: Job, asked: Asked) -> Any:
     """The job's answer: one choice per prompt, in order, as JSON or as a stream."""
     assert state.worker is not None
     try:
@@ -238,36 +291,46 @@ async def _answer(
     except QueueFull:
         raise ApiError(503, "the server is busy: every queue slot is taken", type="server_error",
                        code="queue_full", headers={"Retry-After": "2"}) from None  # fmt: skip
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
-        first = await _next_event(job, request)  # waits for the turn; errors come first
-        _raise_for(first, chat)
+        first = await _next_event(job)  # waits for the turn; errors come first
+        _raise_for(first, asked.chat)
+        head = {
+            "id": ("chatcmpl-" if asked.chat else "cmpl-") + uuid.uuid4().hex[:24],
+            "created": int(time.time()),
+            "model": state.model_id,
+        }
+        if asked.stream:  # from here the response watches its client itself
+            frames = _stream(state, job, first, head, asked)
+            return StreamingResponse(frames, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})  # fmt: skip
+        return await _whole(state, job, first, head, asked)
     except BaseException:
         job.cancel.set()
         raise
-    head = {
-        "id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
-        "created": int(time.time()),
-        "model": state.model_id,
-    }
-    if body.get("stream"):
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        frames = _stream(job, request, first, head, chat=chat, include_usage=include_usage,
-                         n_prompts=n_prompts)  # fmt: skip
-        return StreamingResponse(frames, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})  # fmt: skip
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+async def _whole(
+    state: ServerState, job: Job, first: Any, head: dict[str, Any], asked: Asked
+) -> dict[str, Any]:
+    """A non-streamed answer: every event gathered, then one JSON object."""
     finished: list[Finished] = []
     item = first
     while item is not None:
-        _raise_for(item, chat)
+        _raise_for(item, asked.chat)
         if isinstance(item, Finished):
             finished.append(item)
-        item = await _next_event(job, request)
-    if len(finished) < n_prompts:
+        item = await _next_event(job)
+    if len(finished) < asked.n_prompts:
         raise ApiError(499, "cancelled", code="cancelled")
     choices: list[dict[str, Any]] = []
     for index, done in enumerate(finished):
         reason = finish_reason(done.reason.value)
-        if chat:
+        if asked.chat:
             choices.append({
                 "index": index,
                 "message": {"role": "assistant", "content": done.text},
@@ -279,13 +342,15 @@ async def _answer(
                 {"index": index, "text": done.text, "finish_reason": reason, "logprobs": None}
             )
     stats = GenerationStats.merged([done.stats for done in finished])
-    return {
+    answer = {
         **head,
-        "object": "chat.completion" if chat else "text_completion",
+        "object": "chat.completion" if asked.chat else "text_completion",
         "choices": choices,
         "usage": usage(stats),
-        "timings": timings(stats),
     }
+    if state.timings:
+        answer["timings"] = timings(stats, len(finished))
+    return answer
 
 
 def _sse(data: dict[str, Any]) -> bytes:
@@ -293,16 +358,15 @@ def _sse(data: dict[str, Any]) -> bytes:
 
 
 async def _stream(
-    job: Job, request: Request, first: Any, head: dict[str, Any], *, chat: bool,
-    include_usage: bool, n_prompts: int = 1,
-) -> AsyncIterator[bytes]:  # fmt: skip
+    state: ServerState, job: Job, first: Any, head: dict[str, Any], asked: Asked
+) -> AsyncIterator[bytes]:
     """Server-sent events; each chunk names its prompt's choice index. The last prompt's
     final chunk (or the usage chunk) carries ``timings`` for the whole request."""
-    kind = "chat.completion.chunk" if chat else "text_completion"
+    kind = "chat.completion.chunk" if asked.chat else "text_completion"
 
     def chunk(index: int, text: str | None, reason: str | None, role: bool = False
               ) -> dict[str, Any]:  # fmt: skip
-        if chat:
+        if asked.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
@@ -313,13 +377,13 @@ async def _stream(
 
     finished: list[Finished] = []
     try:
-        if chat:
+        if asked.chat:
             yield _sse(chunk(0, "", None, role=True))
         item = first
         while item is not None:
             index = len(finished)  # the prompt whose events these are
             if isinstance(item, BaseException):
-                yield _sse(ApiError(500, f"generation failed: {item}", type="server_error").body)
+                yield _sse(internal(item).body)
             elif isinstance(item, TokenEmitted) and item.text:
                 yield _sse(chunk(index, item.text, None))
             elif isinstance(item, Finished):
@@ -327,15 +391,16 @@ async def _stream(
                 if item.tail:
                     yield _sse(chunk(index, item.tail, None))
                 last = chunk(index, None, finish_reason(item.reason.value))
-                if len(finished) == n_prompts:
+                if len(finished) == asked.n_prompts:
                     stats = GenerationStats.merged([done.stats for done in finished])
-                    if include_usage:
+                    if asked.include_usage:
                         last["usage"] = None
                         yield _sse(last)
                         last = {**head, "object": kind, "choices": [], "usage": usage(stats)}
-                    last["timings"] = timings(stats)
+                    if state.timings:
+                        last["timings"] = timings(stats, len(finished))
                 yield _sse(last)
-            item = await _next_event(job, request)
+            item = await _next_event(job)
         yield b"data: [DONE]\n\n"
     finally:  # the client went away (or we are done): let the worker move on
         job.cancel.set()

@@ -3,7 +3,9 @@
 ``ApiError`` carries an HTTP status and OpenAI's error body
 (``{"error": {"message", "type", "param", "code"}}``). ``generation_params`` turns a request
 body into ``GenerationParams``, refusing with a 400 that names the field any option that
-would change the result and that localspec cannot honour (``n`` > 1, ``tools``, ...).
+would change the result and that localspec cannot honour (``n`` > 1, ``tools``, ...), more
+than ``MAX_STOPS`` stop strings or longer ones than ``MAX_STOP_CHARS``, and a ``max_tokens``
+over the server's limit. ``stream_flags`` checks ``stream`` and ``stream_options``.
 ``completion_prompts`` reads ``/v1/completions``' ``prompt`` in every form OpenAI accepts (a
 string, a list of strings, a list of token ids, a list of such lists), at most
 ``MAX_PROMPTS`` of them. ``usage`` and ``timings`` read a ``GenerationStats``: a request that
@@ -21,6 +23,8 @@ from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 
 MAX_PROMPTS = 16  # prompts in one /v1/completions request; each is generated in turn
+MAX_STOPS = 4  # stop strings in one request, as OpenAI's API allows
+MAX_STOP_CHARS = 256  # characters of one stop string
 
 # Fields whose presence (with a value other than the neutral one) would change the answer.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -75,30 +79,69 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
         )
 
 
-def generation_params(body: dict[str, Any], defaults: GenerationParams) -> GenerationParams:
-    """The request's sampling fields over the server's defaults."""
+def generation_params(
+    body: dict[str, Any], defaults: GenerationParams, max_tokens_limit: int | None = None
+) -> GenerationParams:
+    """The request's sampling fields over the server's defaults; ``max_tokens`` at most
+    ``max_tokens_limit``."""
     refuse_unsupported(body)
     fields: dict[str, Any] = {}
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    limit = body.get(name)
     if limit is not None:
+        if max_tokens_limit is not None and _is_int(limit) and limit > max_tokens_limit:
+            raise ApiError(400, f"{name} is {limit}; this server writes at most "
+                           f"{max_tokens_limit} tokens per answer", param=name)  # fmt: skip
         fields["max_tokens"] = limit
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
-        if body.get(name) is not None:
-            fields[name] = body[name]
+    for field_name in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        if body.get(field_name) is not None:
+            fields[field_name] = body[field_name]
     stop = body.get("stop")
     if stop is not None:
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise ApiError(400, "stop must be a string or a list of strings", param="stop")
-        fields["stop"] = tuple(stop)
+        fields["stop"] = stop_strings(stop)
     try:
         return GenerationParams(**{**defaults.model_dump(), **fields})
     except ValidationError as err:
         first = err.errors()[0]
-        name = str(first["loc"][0]) if first["loc"] else None
-        if name == "max_tokens" and "max_completion_tokens" in body:
-            name = "max_completion_tokens"
-        raise ApiError(400, f"invalid {name}: {first['msg']}", param=name) from None
+        where = str(first["loc"][0]) if first["loc"] else None
+        if where == "max_tokens":
+            where = name
+        raise ApiError(400, f"invalid {where}: {first['msg']}", param=where) from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def stop_strings(stop: Any) -> tuple[str, ...]:
+    """``stop`` as OpenAI takes it: a string or a list of at most ``MAX_STOPS`` non-empty
+    strings, each at most ``MAX_STOP_CHARS`` characters (every one is looked for after
+    every token, so their number and length bound the work of each)."""
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError(400, "stop must be a string or a list of strings", param="stop")
+    if len(stops) > MAX_STOPS:
+        raise ApiError(400, f"stop has {len(stops)} strings; at most {MAX_STOPS} are allowed",
+                       param="stop")  # fmt: skip
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise ApiError(400, f"a stop string is longer than {MAX_STOP_CHARS} characters",
+                       param="stop")  # fmt: skip
+    return tuple(stops)
+
+
+def stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    """``(stream, include_usage)`` of a request, checked before any job runs."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, "stream must be true or false", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "stream_options must be an object", param="stream_options")
+    include = (options or {}).get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise ApiError(400, "stream_options.include_usage must be true or false",
+                       param="stream_options")  # fmt: skip
+    return bool(stream), bool(include)
 
 
 def usage(stats: GenerationStats) -> dict[str, int]:
@@ -110,11 +153,15 @@ def usage(stats: GenerationStats) -> dict[str, int]:
     }
 
 
-def timings(stats: GenerationStats) -> dict[str, Any]:
-    """llama.cpp-server's names where they exist, then localspec's own."""
+def timings(stats: GenerationStats, n_prompts: int = 1) -> dict[str, Any]:
+    """llama.cpp-server's names where they exist, then localspec's own. ``stats`` may sum
+    ``n_prompts`` generations."""
     prompt_ms = stats.prefill_s * 1000
     predicted_ms = stats.decode_s * 1000
-    evaluated = stats.prefill_evaluated
+    # The prefill evaluates all of a prompt but its last token, which its first round
+    # evaluates: that one is never taken from the cache, so a prompt nothing of which was
+    # cached reads cache_n 0, as in llama.cpp's server.
+    evaluated = min(stats.prefill_evaluated + n_prompts, stats.prompt_tokens)
     predicted = stats.generated_tokens
     return {
         "cache_n": stats.prompt_tokens - evaluated,

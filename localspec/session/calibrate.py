@@ -6,7 +6,8 @@ k in ``DRAFT_SIZES`` (each k up to 16, then the long sizes n-gram copies use, up
 draft-model step. The minimum over repetitions is kept: interference from other work only
 ever adds time. Results feed ``core.costs.CostProfile``; ``CostCache`` keeps them per model
 pair, thread count and machine so later runs skip the measurement. A cached entry that is
-unreadable or holds impossible values counts as missing; saving is best effort.
+unreadable or holds impossible values counts as missing (``load_checked`` says why, for a
+warning); saving is best effort.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from localspec.core.cached_model import CachedModel
 from localspec.core.costs import CostProfile
 from localspec.models.resources import cpu_name
-from localspec.session.store import remove_json, write_json
+from localspec.session.store import STATE_ERRORS, read_json, remove_json, write_json
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -133,10 +134,18 @@ class CostCache:
         return self.directory / f"{key}.json"
 
     def load(self, key: str) -> CostProfile | None:
+        return self.load_checked(key)[0]
+
+    def load_checked(self, key: str) -> tuple[CostProfile | None, str]:
+        """The profile, or None and why (empty when nothing was measured): measure again."""
+        path = self.path(key)
+        data, problem = read_json(path)
+        if data is None:
+            return None, problem and f"ignoring cached step costs: {problem}"
         try:
-            return CostProfile.from_dict(json.loads(self.path(key).read_text()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None  # missing, unreadable or impossible values: measure again
+            return CostProfile.from_dict(data), ""
+        except STATE_ERRORS as err:
+            return None, f"ignoring cached step costs {path}: impossible values ({err})"
 
     def save(self, key: str, costs: CostProfile) -> str:
         """Best effort: returns "" or why the measurement could not be saved."""

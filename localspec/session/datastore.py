@@ -23,12 +23,16 @@ Stored in one directory:
 ``save`` writes each file under a temporary name and moves it in place with ``os.replace``,
 the manifest last, so a reader sees whole files; a save cut short leaves arrays that
 disagree with the manifest, which ``load`` reports. ``load`` maps the arrays
-(``mmap_mode="r"``), so opening a large store reads only the manifest, headers and
-checksummed samples. It raises ``DamagedIndex`` and no other exception when a file is
-missing or unreadable, the format version is not ``FORMAT_VERSION``, an array's dtype,
-shape or size disagrees with the manifest, or a checksum differs. By default only the
-sampled CRC is checked, so damage in the middle of an array larger than 2 MiB is found only
-with ``load(..., verify=True)``, which reads every byte.
+(``mmap_mode="r"``) and checks every value a lookup will use: token ids in
+``[-1, 2**31 - 1]`` and every suffix row a position of a token inside the stream, so a store
+whose checksums match but whose contents do not (crafted, or written by a bug) is refused
+rather than read out of bounds; that reads both arrays once (about 10 ms per million
+tokens), and checksums only samples. It raises ``DamagedIndex`` and no other exception when
+a file is missing or unreadable, the format version is not ``FORMAT_VERSION``, an array's
+dtype, shape, size or values disagree with the manifest, or a checksum differs. By default
+only the sampled CRC is checked, so damage in the middle of an array larger than 2 MiB that
+leaves its values in range is found only with ``load(..., verify=True)``, which checks
+every byte. Files are written mode 0600.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from typing import Any
 
 import numpy as np
 from pydivsufsort import divsufsort
+
+from localspec.session.store import open_private, read_json
 
 FORMAT_VERSION = 1
 SEPARATOR = -1
@@ -184,7 +190,7 @@ class TokenIndex:
             for name, array in ((TOKENS_FILE, self._tokens), (SUFFIXES_FILE, self._ends)):
                 tmp = directory / f".{name}.{os.getpid()}.tmp"
                 moves.append((tmp, directory / name))
-                with open(tmp, "wb") as fh:
+                with open_private(tmp, "wb") as fh:
                     np.save(fh, np.asarray(array), allow_pickle=False)
                     fh.flush()
                     os.fsync(fh.fileno())
@@ -203,8 +209,8 @@ class TokenIndex:
             }
             tmp = directory / f".{MANIFEST_FILE}.{os.getpid()}.tmp"
             moves.append((tmp, directory / MANIFEST_FILE))
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(manifest, fh, indent=1)
+            with open_private(tmp, "wb") as fh:
+                fh.write(json.dumps(manifest, indent=1).encode())
                 fh.flush()
                 os.fsync(fh.fileno())
             for src, dst in moves:
@@ -218,11 +224,9 @@ class TokenIndex:
         """Map a saved index; ``verify`` also checks the CRC of every byte. Raises
         ``DamagedIndex``."""
         directory = Path(directory)
-        try:
-            text = (directory / MANIFEST_FILE).read_text(encoding="utf-8")
-            manifest = json.loads(text)
-        except (OSError, ValueError) as err:
-            raise DamagedIndex(f"{directory / MANIFEST_FILE}: unreadable: {err}") from err
+        manifest, problem = read_json(directory / MANIFEST_FILE)
+        if manifest is None:
+            raise DamagedIndex(problem or f"{directory / MANIFEST_FILE}: missing")
         if not isinstance(manifest, dict):
             raise DamagedIndex(f"{directory / MANIFEST_FILE}: not a JSON object")
         version = manifest.get("format_version")
@@ -244,9 +248,25 @@ class TokenIndex:
             n_tokens,
             verify,
         )
-        if tokens[0] != SEPARATOR or tokens[-1] != SEPARATOR:
-            raise DamagedIndex(f"{TOKENS_FILE}: does not start and end with a separator")
+        _check_values(tokens, ends, n_docs)
         return cls(tokens, ends, n_docs)
+
+
+def _check_values(tokens: np.ndarray, ends: np.ndarray, n_docs: int) -> None:
+    """``DamagedIndex`` unless the arrays are what ``build`` writes, as far as a lookup
+    relies on it: a stream framed by separators, one between documents, ids no lower than
+    the separator, and suffix rows naming only positions of tokens (never a separator's,
+    nor one past either end)."""
+    if tokens[0] != SEPARATOR or tokens[-1] != SEPARATOR:
+        raise DamagedIndex(f"{TOKENS_FILE}: does not start and end with a separator")
+    if int(np.count_nonzero(tokens == SEPARATOR)) != n_docs + 1 or int(tokens.min()) < SEPARATOR:
+        raise DamagedIndex(f"{TOKENS_FILE}: its separators or token ids are out of order")
+    if len(ends) == 0:
+        return
+    if int(ends.min()) < 1 or int(ends.max()) > len(tokens) - 2:
+        raise DamagedIndex(f"{SUFFIXES_FILE}: positions outside the token stream")
+    if bool((tokens[ends] == SEPARATOR).any()):
+        raise DamagedIndex(f"{SUFFIXES_FILE}: positions of separators")
 
 
 def _positions_dtype(n_positions: int) -> type[np.signedinteger]:

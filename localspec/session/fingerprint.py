@@ -14,12 +14,12 @@ file. ``cached_fingerprint(path)`` answers from the cache alone (None when not t
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from localspec.session.store import write_json
+from localspec.session.store import read_json, write_json
 
 VERSION = "v1"  # of what is hashed: a new one makes every cached fingerprint stale
 CACHE_ENTRIES = 32
@@ -33,8 +33,11 @@ class Vocabulary(Protocol):
     def token_bytes(self, token: int, *, special: bool = False) -> bytes: ...
 
 
-def vocabulary_fingerprint(model: Vocabulary, cache: Path | None = None) -> str:
-    """The tokenizer's fingerprint; cached in ``cache`` (a JSON file) per model file."""
+def vocabulary_fingerprint(
+    model: Vocabulary, cache: Path | None = None, warn: Callable[[str], None] | None = None
+) -> str:
+    """The tokenizer's fingerprint; cached in ``cache`` (a JSON file) per model file. A
+    cache file that cannot be used is told to ``warn`` and written anew."""
     path = getattr(model, "path", None)  # a model loaded from a file names it
     key = _file_key(Path(path)) if cache is not None and path is not None else None
     if cache is not None and key is not None:
@@ -43,7 +46,9 @@ def vocabulary_fingerprint(model: Vocabulary, cache: Path | None = None) -> str:
             return found
     fingerprint = compute(model)
     if cache is not None and key is not None:
-        entries = _read(cache)
+        entries, problem = _read_checked(cache)
+        if problem and warn is not None:
+            warn(f"ignoring the cache of tokenizer fingerprints: {problem}")
         entries.pop(key[0], None)  # re-inserted last: the oldest entries are dropped first
         entries[key[0]] = {"stamp": key[1], "fingerprint": fingerprint}
         write_json(cache, dict(list(entries.items())[-CACHE_ENTRIES:]))  # best effort
@@ -84,8 +89,13 @@ def _file_key(path: Path) -> tuple[str, list[int]] | None:
 
 
 def _read(cache: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(cache.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return _read_checked(cache)[0]
+
+
+def _read_checked(cache: Path) -> tuple[dict[str, Any], str]:
+    """The cache's entries, and why none could be read; an unusable file is a cache with
+    none (computed again and written anew: losing it costs only the time to compute)."""
+    data, problem = read_json(cache)
+    if data is not None and not isinstance(data, dict):
+        return {}, f"{cache} is not a JSON object"
+    return data or {}, problem

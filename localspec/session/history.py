@@ -4,6 +4,9 @@ One directory (``Library`` picks one per tokenizer fingerprint) holds:
 
 - ``log.bin``: records of little-endian 32-bit words, ``length, crc32, token * length``.
   ``append`` adds one record in one write, so keeping an answer never rebuilds an index.
+  Before it writes, it cuts away a torn record at the log's end (a write the disk ran out
+  of room for, a crash): appended after it, every later answer would be hidden behind it
+  and dropped by the next compaction. A write that fails is cut away at once.
 - The ``TokenIndex`` files (session/datastore.py) of the log's first ``log_bytes`` bytes,
   and ``state.json``: that size, the log file's inode, and the index's document count.
 
@@ -13,13 +16,13 @@ in memory. Otherwise (more appended, the log replaced, the index damaged or miss
 rebuilds: it reads the log's valid records (a torn or damaged record ends the log there),
 keeps the newest ``max_tokens`` tokens, writes the log back compacted (temporary file and
 atomic rename) when anything was dropped, and saves a new index. A file lock keeps one
-process from appending while another compacts. Failures are ``OSError`` or
+process from appending while another compacts. Files are created mode 0600 (the caller
+makes the directory private: session/library.py). Failures are ``OSError`` or
 ``filelock.Timeout``, for the caller to report; damage is repaired, never raised.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from collections.abc import Sequence
@@ -30,7 +33,7 @@ import numpy as np
 from filelock import FileLock
 
 from localspec.session.datastore import MAX_TOKEN, DamagedIndex, TokenIndex
-from localspec.session.store import write_json
+from localspec.session.store import open_private, read_json, write_json
 
 FORMAT_VERSION = 1
 LOG_FILE = "log.bin"
@@ -53,7 +56,7 @@ class History:
         self.tail_tokens = tail_tokens
 
     def _lock(self) -> FileLock:
-        return FileLock(str(self.directory / LOCK_FILE), timeout=LOCK_TIMEOUT_S)
+        return FileLock(str(self.directory / LOCK_FILE), timeout=LOCK_TIMEOUT_S, mode=0o600)
 
     def append(self, document: Sequence[int]) -> None:
         """Add one document to the log. ``ValueError`` for an id outside ``[0, 2**31 - 1]``."""
@@ -64,8 +67,32 @@ class History:
             raise ValueError(f"token ids must be in [0, {MAX_TOKEN}]")
         record = _record(ids.astype("<i4"))
         self.directory.mkdir(parents=True, exist_ok=True)
-        with self._lock(), open(self.log, "ab") as fh:
-            fh.write(record)
+        with self._lock(), open_private(self.log, "ab") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            end = self._valid_end(size)
+            if end != size:  # a torn record: what follows it would never be read
+                os.ftruncate(fh.fileno(), end)
+            try:
+                fh.write(record)
+                fh.flush()
+            except OSError:
+                os.ftruncate(fh.fileno(), end)  # no torn record of ours is left behind
+                raise
+
+    def _valid_end(self, size: int) -> int:
+        """Where the log's valid records end: read from the end of what the saved index
+        covers (checked when it was built), or from the start."""
+        state = self._state()
+        start = 0
+        if state is not None and 0 <= state["log_bytes"] <= size:
+            try:
+                if state["log_inode"] == self.log.stat().st_ino:
+                    start = state["log_bytes"]
+            except OSError:
+                pass
+        if start == size:
+            return size
+        return read_records(self.log, start)[1]
 
     def open(self) -> list[TokenIndex]:
         """The index of the log, and one of what was appended since (see the docstring)."""
@@ -93,10 +120,7 @@ class History:
         return len(records), sum(len(r) for r in records)
 
     def _state(self) -> dict[str, Any] | None:
-        try:
-            state = json.loads((self.directory / STATE_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
+        state, _ = read_json(self.directory / STATE_FILE)  # unusable: rebuilt
         if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
             return None
         if not all(type(state.get(k)) is int for k in ("log_bytes", "log_inode", "documents")):
@@ -137,7 +161,7 @@ class History:
     def _rewrite(self, records: list[np.ndarray]) -> None:
         tmp = self.directory / f".{LOG_FILE}.{os.getpid()}.tmp"
         try:
-            with open(tmp, "wb") as fh:
+            with open_private(tmp, "wb") as fh:
                 for record in records:
                     fh.write(_record(record))
                 fh.flush()

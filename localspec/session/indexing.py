@@ -9,27 +9,35 @@ under an added directory that no longer exists on disk is dropped. The new store
 into a temporary directory beside the old one and put in its place by renames, so an
 interrupted add (Ctrl-C, a full disk) leaves the previous store as it was.
 
+One add at a time per store: a lock file beside it (``.<name>.lock``) is held from the
+first read of the old store to the last rename, and a second add of the same store fails at
+once, saying so. What one add reads is bounded: it stops with an ``InputError`` as soon as
+the files it tokenized pass ``max_tokens`` tokens (``datastore add --max-tokens``), before
+anything is written. The store's directory and files are private (0700, 0600).
+
 Errors, all raised before anything is written: ``UsageError`` for an invalid name or a
 store built with another tokenizer; ``DatastoreError`` for a damaged store (checked whole,
-before any file is read) or one that cannot be written; ``InputError`` when no file was
-indexable.
+before any file is read), one that another add is writing, or one that cannot be written;
+``InputError`` when no file was indexable, or the files hold more than ``max_tokens``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from localspec.core.drafting.store import EXAMINED
 from localspec.errors import DatastoreError, InputError, UsageError
@@ -45,8 +53,10 @@ from localspec.session.library import (
     damaged,
 )
 from localspec.session.sources import Scan
+from localspec.session.store import open_private, private_dir, read_json
 
 PROGRESS_EVERY_S = 2.0
+MAX_ADD_TOKENS = 100_000_000  # about 400 MB of text; the index needs 8-12 bytes a token
 
 Tokenize = Callable[[str], list[int]]
 Existing = tuple[dict[str, Any], list[str], TokenIndex]  # manifest, source paths, index
@@ -71,12 +81,43 @@ def add_files(
     scan: Scan,
     tokenize: Tokenize,
     on_progress: OnProgress | None = None,
+    max_tokens: int = MAX_ADD_TOKENS,
 ) -> AddResult:
     """Index the scanned files into store ``name`` (created, or added to), telling
     ``on_progress`` how far it got; see the module docstring."""
     check_name(name)
+    with _add_lock(library.root, name):
+        return _add(library, name, fingerprint, model_file, scan, tokenize, on_progress,
+                    max_tokens)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _add_lock(root: Path, name: str) -> Iterator[None]:
+    try:
+        private_dir(root, root)
+        lock = FileLock(str(root / f".{name}.lock"), timeout=0, mode=0o600)
+        lock.acquire()
+    except Timeout:
+        raise DatastoreError(
+            f"another `localspec datastore add` is writing datastore {name!r}",
+            "wait for it to finish, then add again",
+        ) from None
+    except OSError as err:
+        raise DatastoreError(
+            f"cannot write under {root}: {err.strerror or err}", "check its permissions"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _add(
+    library: Library, name: str, fingerprint: str, model_file: str, scan: Scan,
+    tokenize: Tokenize, on_progress: OnProgress | None, max_tokens: int,
+) -> AddResult:  # fmt: skip
     old = _existing(library, name, fingerprint)
-    new = _tokenize_all(scan, tokenize, on_progress)
+    new = _tokenize_all(scan, tokenize, on_progress, max_tokens)
     if not new:
         skipped = f" (skipped: {describe_skipped(scan.skipped)})" if scan.skipped else ""
         raise InputError(
@@ -129,18 +170,17 @@ def _existing(library: Library, name: str, fingerprint: str) -> Existing | None:
             "pass that model as --target, or choose another --name",
         )
     index = library.index(name, verify=True)  # read whole: its documents are kept
-    try:
-        text = (library.root / name / DOCUMENTS_FILE).read_text(encoding="utf-8")
-        paths = json.loads(text)["paths"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise damaged(name, f"{DOCUMENTS_FILE} is unreadable: {err}") from None
+    data, problem = read_json(library.root / name / DOCUMENTS_FILE)
+    paths = data.get("paths") if isinstance(data, dict) else None
+    if problem:
+        raise damaged(name, problem)
     if not isinstance(paths, list) or len(paths) != index.documents:
         raise damaged(name, f"{DOCUMENTS_FILE} does not list the index's documents")
     return manifest, [str(p) for p in paths], index
 
 
 def _tokenize_all(
-    scan: Scan, tokenize: Tokenize, on_progress: OnProgress | None
+    scan: Scan, tokenize: Tokenize, on_progress: OnProgress | None, max_tokens: int
 ) -> dict[str, np.ndarray]:
     new: dict[str, np.ndarray] = {}
     tokens, last = 0, time.monotonic()
@@ -149,6 +189,12 @@ def _tokenize_all(
         if ids.size:
             new[source.path] = ids
             tokens += ids.size
+        if tokens > max_tokens:  # stop reading: the rest would be thrown away too
+            raise InputError(
+                f"the files hold more than {max_tokens:,} tokens ({len(new):,} files read "
+                f"so far); nothing was written",
+                "add fewer or smaller paths, or raise the limit with --max-tokens N",
+            )
         if on_progress is not None and time.monotonic() - last >= PROGRESS_EVERY_S:
             last = time.monotonic()
             tell(on_progress, f"tokenized {len(new):,} files ({tokens:,} tokens)")
@@ -181,7 +227,7 @@ def _write(
     root: Path, name: str, manifest: dict, paths: list[str], documents: list[np.ndarray]
 ) -> None:
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        private_dir(root, root)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
     except OSError as err:
         raise DatastoreError(
@@ -202,8 +248,8 @@ def _write(
 
 
 def _dump(path: Path, data: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1)
+    with open_private(path, "wb") as fh:
+        fh.write(json.dumps(data, indent=1).encode())
         fh.flush()
         os.fsync(fh.fileno())
 

@@ -12,11 +12,10 @@ discounted when the drafters restore it, so what a new session sees soon outweig
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from localspec.session.store import remove_json, write_json
+from localspec.session.store import STATE_ERRORS, read_json, remove_json, write_json
 
 FORMAT = 3  # 3: one entry per drafter, by name
 
@@ -31,12 +30,9 @@ class LearningStore:
     def load(self, key: str) -> tuple[dict[str, Any] | None, str]:
         """``(evidence, "")``, or ``(None, why)``; ``why`` is empty when there is no file."""
         path = self.path(key)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None, ""
-        except (OSError, ValueError) as err:
-            return None, f"ignoring unreadable learned state {path}: {err}"
+        data, problem = read_json(path)
+        if data is None:
+            return None, problem and f"ignoring unreadable learned state: {problem}"
         if not isinstance(data, dict) or data.get("format") not in (2, FORMAT):
             return None, f"ignoring learned state {path}: not a format {FORMAT} file"
         if data.get("pair") != key or not isinstance(data.get("learned"), dict):
@@ -44,7 +40,7 @@ class LearningStore:
         if data["format"] == 2:
             try:
                 return from_format_2(data["learned"]), ""
-            except (KeyError, TypeError) as err:
+            except STATE_ERRORS as err:
                 return None, f"ignoring learned state {path}: malformed ({err})"
         return data["learned"], ""
 

@@ -9,12 +9,18 @@ Everything lives under ``cache_root()/datastores/`` (``Library(root)`` for anoth
   them.
 - ``history/<fingerprint>/``: the answers kept with one tokenizer (session/history.py):
   answers of another tokenizer are never mixed in, and going back to a model finds its own.
+  ``history/<fingerprint>-<client>/``: those of one client of ``localspec serve --history``
+  (``client`` names its API key, see serve/access.py), which no other client drafts from.
 - ``settings.json`` (``{"history": false}`` once turned off) and ``fingerprints.json``
   (tokenizer fingerprints per model file, see session/fingerprint.py).
 
-The history is on unless ``localspec datastore history off`` saved it off or the
-environment has ``LOCALSPEC_HISTORY=0``; off, answers are neither kept nor drafted from
-(unless a command names ``history``). Nothing here reads or writes anything but these files.
+Every directory here is mode 0700 and every file 0600: they hold the user's text. The
+history is on unless ``localspec datastore history off`` saved it off or the environment
+has ``LOCALSPEC_HISTORY=0``; the setting is read at each use (``history_setting``), so a
+running process follows it. A settings file that cannot be read counts as off, with a
+warning: failing safe means keeping nothing the user may have asked not to keep. ``open``
+opens the named stores (or every one built with the tokenizer); the history is drafted
+from through session/answers.py. Nothing here reads or writes anything but these files.
 
 Errors: a store the user names that does not exist, or was built with another tokenizer,
 is a ``UsageError``; a damaged store is a ``DatastoreError`` where it must be read
@@ -25,11 +31,10 @@ why it failed, so that answering never fails because of a store.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +44,7 @@ from localspec.models.paths import cache_root
 from localspec.session import fingerprint
 from localspec.session.datastore import DamagedIndex, TokenIndex
 from localspec.session.history import History
-from localspec.session.store import write_json
+from localspec.session.store import private_dir, read_json, write_json
 
 FORMAT_VERSION = 1
 HISTORY = "history"
@@ -49,6 +54,8 @@ SETTINGS_FILE = "settings.json"
 FINGERPRINTS_FILE = "fingerprints.json"
 HISTORY_ENV = "LOCALSPEC_HISTORY"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+FINGERPRINT_PATTERN = re.compile(r"[0-9a-f]{8,64}")
+CLIENT_PATTERN = re.compile(r"[0-9a-z]{1,32}")
 RESERVED = frozenset({HISTORY, SETTINGS_FILE, FINGERPRINTS_FILE})
 LIST_HINT = "`localspec datastore list` shows the stores"
 
@@ -57,9 +64,9 @@ def datastores_dir() -> Path:
     return cache_root() / "datastores"
 
 
-def vocabulary_fingerprint(model: Any) -> str:
+def vocabulary_fingerprint(model: Any, warn: Callable[[str], None] | None = None) -> str:
     """The fingerprint of ``model``'s tokenizer, cached per model file (fingerprint.py)."""
-    return fingerprint.vocabulary_fingerprint(model, datastores_dir() / FINGERPRINTS_FILE)
+    return fingerprint.vocabulary_fingerprint(model, datastores_dir() / FINGERPRINTS_FILE, warn)
 
 
 @dataclass
@@ -100,37 +107,56 @@ class Library:
         """Whether any store or history exists (cheap: lists one or two directories)."""
         return bool(self.names()) or bool(self.histories())
 
-    def histories(self) -> list[tuple[str, History]]:
-        """Each tokenizer's history: ``(fingerprint, History)``."""
+    def histories(self) -> list[tuple[str, str, History]]:
+        """Every history: ``(fingerprint, client, History)``, client "" for the user's own."""
         where = self.root / HISTORY
         if not where.is_dir():
             return []
-        return [(p.name, History(p)) for p in sorted(where.iterdir()) if p.is_dir()]
+        found = []
+        for path in sorted(where.iterdir()):
+            fingerprint, _, client = path.name.partition("-")
+            if path.is_dir() and FINGERPRINT_PATTERN.fullmatch(fingerprint):
+                found.append((fingerprint, client, History(path)))
+        return found
 
     def history_enabled(self) -> bool:
+        return self.history_setting()[0]
+
+    def history_setting(self) -> tuple[bool, str]:
+        """Whether answers are kept and drafted from now, and a warning when the settings
+        file cannot be read (then off: see the module docstring)."""
         if os.environ.get(HISTORY_ENV, "").strip().lower() in ("0", "false", "off", "no"):
-            return False
-        return self._settings().get("history", True) is not False
+            return False, ""
+        settings, problem = self._settings()
+        if problem:
+            return False, (
+                f"the history of answers is off: {problem} "
+                "(`localspec datastore history on` or `off` writes it again)"
+            )
+        return settings.get("history", True) is not False, ""
 
     def set_history(self, on: bool) -> str:
         """Keep answers (or stop); returns "" or why the setting could not be saved."""
-        return write_json(self.root / SETTINGS_FILE, {**self._settings(), "history": on})
-
-    def _settings(self) -> dict[str, Any]:
+        settings, _ = self._settings()  # an unreadable file is replaced
         try:
-            data = json.loads((self.root / SETTINGS_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+            private_dir(self.root, self.root)
+        except OSError as err:
+            return f"could not write {self.root}: {err.strerror or err}"
+        return write_json(self.root / SETTINGS_FILE, {**settings, "history": on})
+
+    def _settings(self) -> tuple[dict[str, Any], str]:
+        data, problem = read_json(self.root / SETTINGS_FILE)
+        if data is not None and not isinstance(data, dict):
+            return {}, f"{self.root / SETTINGS_FILE} is not a JSON object"
+        return data or {}, problem
 
     def manifest(self, name: str) -> dict[str, Any]:
         """``store.json`` of a store: ``UsageError`` if there is none by that name,
         ``DatastoreError`` if it is unreadable."""
         directory = self._store_dir(name)
-        try:
-            data = json.loads((directory / STORE_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise damaged(name, f"{STORE_FILE} is unreadable: {err}") from None
+        data, problem = read_json(directory / STORE_FILE)
+        if data is None:
+            raise damaged(name, problem or f"{STORE_FILE} is missing")
         if (
             not isinstance(data, dict)
             or data.get("format_version") != FORMAT_VERSION
@@ -172,22 +198,18 @@ class Library:
     # -- drafting and the history -----------------------------------------------------------
 
     def open(self, fingerprint: str, names: tuple[str, ...] | None = None) -> Opened:
-        """The stores built with this tokenizer (``names``: those; None: every one, and the
-        history if it is on). A named store that does not exist or has another tokenizer is
-        a ``UsageError``; a damaged one is skipped with a warning."""
+        """The stores built with this tokenizer (``names``: those; None: every one). A
+        named store that does not exist or has another tokenizer is a ``UsageError``; a
+        damaged one is skipped with a warning. ``history`` among ``names`` is left to
+        session/answers.py, which drafts from the history."""
         opened = Opened()
-        chosen = self.names() if names is None else list(dict.fromkeys(names))
+        chosen = self.names() if names is None else [n for n in dict.fromkeys(names)
+                                                    if n != HISTORY]  # fmt: skip
         if names is not None:
             for name in chosen:  # all checked before any is loaded
-                if name != HISTORY:
-                    self._check_named(name, fingerprint)
+                self._check_named(name, fingerprint)
         for name in chosen:
-            if name == HISTORY:
-                self._open_history(fingerprint, opened)
-            else:
-                self._open_store(name, fingerprint, opened)
-        if names is None and self.history_enabled():
-            self._open_history(fingerprint, opened)
+            self._open_store(name, fingerprint, opened)
         return opened
 
     def _check_named(self, name: str, fingerprint: str) -> None:
@@ -217,26 +239,20 @@ class Library:
         if len(index):
             opened.stores.append((name, index))
 
-    def history_dir(self, fingerprint: str) -> Path:
-        if not re.fullmatch(r"[0-9a-f]{8,64}", fingerprint):
+    def history_dir(self, fingerprint: str, client: str = "") -> Path:
+        """Where a tokenizer's history is kept (``client``: a server client's own)."""
+        if not FINGERPRINT_PATTERN.fullmatch(fingerprint):
             raise ValueError(f"not a tokenizer fingerprint: {fingerprint!r}")
-        return self.root / HISTORY / fingerprint
+        if client and not CLIENT_PATTERN.fullmatch(client):
+            raise ValueError(f"not a client name: {client!r}")
+        return self.root / HISTORY / (f"{fingerprint}-{client}" if client else fingerprint)
 
-    def _open_history(self, fingerprint: str, opened: Opened) -> None:
+    def record(self, fingerprint: str, document: Sequence[int], client: str = "") -> str:
+        """Append an answer to this tokenizer's (and client's) history: "" or why it could
+        not be kept."""
         try:
-            corpora = History(self.history_dir(fingerprint)).open()
-        except (OSError, ValueError) as err:
-            opened.warnings.append(
-                f"the history of answers was left out ({err}); "
-                "forget it with: localspec datastore rm history"
-            )
-            return
-        opened.stores += [(HISTORY, corpus) for corpus in corpora]
-
-    def record(self, fingerprint: str, document: Sequence[int]) -> str:
-        """Append an answer to this tokenizer's history: "" or why it could not be kept."""
-        try:
-            History(self.history_dir(fingerprint)).append(document)
+            directory = private_dir(self.history_dir(fingerprint, client), self.root)
+            History(directory).append(document)
         except (OSError, ValueError) as err:  # filelock.Timeout is an OSError
             return f"the answer was not kept in the history: {err}"
         return ""

@@ -9,7 +9,12 @@ restored by the next session (``learning.LearningStore``), so a second ``localsp
 starts warm; a damaged or foreign state file is ignored with a warning. ``auto`` also drafts
 from the user's datastores built with the target's tokenizer (``ModelOptions.stores``), and
 each finished answer is added to the history of answers unless that is off
-(``session.library``); a damaged store is left out with a warning.
+(``Session.answers``: the setting is read at each answer, and the history drafted from is
+what it holds then); a damaged store is left out with a warning.
+
+A server keeps its clients apart with ``forget_context`` (both models' caches emptied, so
+no prompt's prefix is reused for another client) and ``restart_learning`` (the drafters as
+they were restored at start), and gives each client its own ``answers``.
 
 ``Session.complete`` and ``Session.chat`` turn text or messages into tokens (the target's
 chat template, or raw) and return the engine's event stream; ``Session.infill_tokens``
@@ -47,6 +52,7 @@ from localspec.errors import (
 )
 from localspec.models.resources import footprint
 from localspec.progress import OnProgress, ProgressKind, tell
+from localspec.session.answers import KeptAnswers
 from localspec.session.calibrate import (
     DRAFT_SIZES,
     CostCache,
@@ -58,8 +64,9 @@ from localspec.session.calibrate import (
 )
 from localspec.session.chat_template import render_chat
 from localspec.session.learning import LearningStore
-from localspec.session.library import Library, vocabulary_fingerprint
+from localspec.session.library import HISTORY, Library, vocabulary_fingerprint
 from localspec.session.placement import ALL, ModelPlace, Placement, place
+from localspec.session.store import STATE_ERRORS
 
 HISTORY_MIN_TOKENS = 16  # shorter answers are not worth keeping
 HISTORY_PROMPT_TOKENS = 64  # of the prompt, kept before each answer in the history
@@ -148,7 +155,9 @@ class Session:
         )
         self.fim = target.fim_tokens()
         self.store_corpora: list[tuple[str, Any]] = []  # the datastores auto may draft from
-        self.history: tuple[Library, str] | None = None  # where answers are recorded, and key
+        # The histories answers are kept in and drafted from (session/answers.py).
+        self.answers: list[KeptAnswers] = []
+        self._stores_on = True
 
     # -- datastores -------------------------------------------------------------------------
 
@@ -158,8 +167,39 @@ class Session:
         self.use_stores(True)
 
     def use_stores(self, on: bool) -> None:
-        """Draft from the attached datastores, or from none (``bench``'s auto without them)."""
+        """Draft from the attached datastores and the history, or from none (``bench``'s
+        auto without them)."""
+        self._stores_on = on
         self.decoder.corpora = self.store_corpora if on else []
+
+    def _refresh_corpora(self) -> None:
+        """The corpora of the answer about to begin: the stores, and the history as it is
+        now (off, emptied, or grown since the last answer)."""
+        corpora = list(self.store_corpora) if self._stores_on else []
+        for answers in self.answers if self._stores_on else []:
+            found, warnings = answers.corpora()
+            corpora += found
+            self._warn(warnings)
+        self.decoder.corpora = corpora
+
+    def _warn(self, warnings: list[str]) -> None:
+        """Keep each distinct warning once: a server asks for an answer after another."""
+        self.warnings += [w for w in dict.fromkeys(warnings) if w not in self.warnings]
+
+    # -- clients of a server ----------------------------------------------------------------
+
+    def forget_context(self) -> None:
+        """Empty both models' caches: the next prompt is evaluated whole."""
+        self.target.reset()
+        if self.draft is not None:
+            self.draft.reset()
+
+    def restart_learning(self) -> None:
+        """The drafters and controllers as this session restored them at start: nothing
+        learned from the answers since carries on."""
+        restored = self.decoder.restored
+        self.decoder.forget_learning()
+        self.decoder.restored = restored
 
     # -- prompts --------------------------------------------------------------------------
 
@@ -273,8 +313,9 @@ class Session:
                 f"--drafter {params.drafter} needs a draft model, and none is loaded",
                 "pass --draft REF, or use --drafter ngram",
             )
+        self._refresh_corpora()
         events = self.decoder.generate(tokens, params, cancel)
-        if self.history is not None:
+        if any(answers.keep for answers in self.answers):
             events = self._recording(events, tokens)
         if self.learning is None or not params.drafter.learns:
             return events
@@ -283,8 +324,6 @@ class Session:
     def _recording(self, events: Iterator[Event], tokens: list[int]) -> Iterator[Event]:
         """Pass the events through; add a finished answer to the history store (before
         ``Finished`` is handed on). A cancelled answer is not kept."""
-        assert self.history is not None
-        library, key = self.history
         for event in events:
             if (
                 isinstance(event, Finished)
@@ -294,9 +333,8 @@ class Session:
                 # With the end of its prompt (the question and the template's turn header),
                 # so that asking again matches at the answer's first token.
                 document = [*tokens[-HISTORY_PROMPT_TOKENS:], *event.token_ids]
-                problem = library.record(key, document)
-                if problem:
-                    self.warnings.append(problem)
+                for answers in self.answers:
+                    self._warn(answers.record(document))
             yield event
 
     def _saving_learning(
@@ -496,22 +534,31 @@ def open_session(
 
 
 def _open_stores(session: Session, options: ModelOptions, on_progress: OnProgress | None) -> None:
-    """Attach the datastores auto may draft from, and the history answers are added to. The
-    tokenizer's fingerprint is computed only when a store or the history needs it."""
+    """Attach the datastores auto may draft from, and the history answers are kept in and
+    drafted from (whether it is on is read at each answer). The tokenizer's fingerprint is
+    computed only when a store or the history needs it."""
     library = Library()
-    drafting = options.calibrate and options.stores != ()  # calibrate: auto may run
+    names = options.stores
+    drafting = options.calibrate and names != ()  # calibrate: auto may run
+    named_history = names is not None and HISTORY in names
+    store_names = None if names is None else tuple(n for n in names if n != HISTORY)
     # Named stores are always opened, so that a name that does not exist is an error.
-    drafting = drafting and (options.stores is not None or library.has_stores())
-    recording = options.history and library.history_enabled()
-    if not (recording or drafting):
+    stores = drafting and (bool(store_names) or (store_names is None and bool(library.names())))
+    history = drafting and (names is None or named_history)
+    if not (options.history or history or stores):
         return
-    fingerprint = vocabulary_fingerprint(session.target)
-    if recording:
-        session.history = (library, fingerprint)
-    if drafting:
-        opened = library.open(fingerprint, options.stores)
+
+    def warn(text: str) -> None:
+        tell(on_progress, text, ProgressKind.WARNING)
+
+    fingerprint = vocabulary_fingerprint(session.target, warn)
+    session.answers = [
+        KeptAnswers(library, fingerprint, keep=options.history, draft=history, named=named_history)
+    ]
+    if stores:
+        opened = library.open(fingerprint, store_names)
         for warning in opened.warnings:
-            tell(on_progress, warning, ProgressKind.WARNING)
+            warn(warning)
         if opened.stores:
             session.attach_stores(opened.stores)
 
@@ -559,7 +606,7 @@ def _restore_learning(
         return
     try:
         session.decoder.check_learned(learned)
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
+    except STATE_ERRORS as err:  # crafted values: a number too large for a float ...
         tell(on_progress, f"ignoring malformed learned state ({err})", ProgressKind.WARNING)
         return
     session.decoder.restored = learned
@@ -624,7 +671,9 @@ def _costs(
         return None, None
     key = costs_key(options, placement, target_path, draft_path)
     cache = _cost_cache()
-    costs = None if options.recalibrate else cache.load(key)
+    costs, problem = (None, "") if options.recalibrate else cache.load_checked(key)
+    if problem:
+        tell(on_progress, problem, ProgressKind.WARNING)
     if costs is None:
         tell(
             on_progress,

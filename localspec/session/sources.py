@@ -14,7 +14,10 @@ files left out, by reason (``SKIP_*``), as the walk goes.
   ``.gitignore`` files of its parents up to the work tree's root apply too (unless they
   ignore the named directory itself, which was then asked for by name).
 - Version-control directories (``.git``, ``.hg``, ``.svn`` ...) are never entered, symbolic
-  links to directories are not followed, and only regular files are read.
+  links to directories are not followed, and only regular files are read. A symbolic link to
+  a file is read only when the file it leads to lies under one of the paths given: a link
+  out of the tree (to a key or a credentials file) is skipped, and counted as such.
+- The walk keeps its own stack, so a tree of any depth is walked (no recursion limit).
 - Binary: a NUL byte in the first 8 KiB; not UTF-8: the bytes do not decode strictly. A
   UTF-8 byte-order mark is dropped.
 """
@@ -42,6 +45,7 @@ SKIP_TOO_LARGE = "over the size limit"
 SKIP_EMPTY = "empty"
 SKIP_UNREADABLE = "unreadable"
 SKIP_SPECIAL = "not a regular file"
+SKIP_OUTSIDE = "links to files outside the paths given"
 
 # Each entry: the directory a .gitignore sits in, and its patterns.
 Rules = list[tuple[Path, GitIgnoreSpec]]
@@ -63,24 +67,24 @@ class Scan:
 
     def __iter__(self) -> Iterator[Source]:
         seen: set[str] = set()
+        inside = [Path(os.path.realpath(root)) for root in self.roots]
         for root in self.roots:
-            found = self._read(root) if not root.is_dir() else self._walk(root)
+            found = self._read(root) if not root.is_dir() else self._walk(root, inside)
             for source in found:
                 if source.path not in seen:  # one file named twice, or inside a named dir
                     seen.add(source.path)
                     yield source
 
-    def _walk(self, root: Path) -> Iterator[Source]:
-        yield from self._walk_dir(root, _parent_rules(root))
-
-    def _walk_dir(self, directory: Path, rules: Rules) -> Iterator[Source]:
-        rules = rules + _rules_in(directory)
-        try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name)
-        except OSError:
-            self.skipped[SKIP_UNREADABLE] += 1
-            return
-        for entry in entries:
+    def _walk(self, root: Path, inside: list[Path]) -> Iterator[Source]:
+        """The files under ``root`` in name order, depth first, without recursion."""
+        rules = _parent_rules(root) + _rules_in(root)
+        stack: list[tuple[Iterator[os.DirEntry], Rules]] = [(self._entries(root), rules)]
+        while stack:
+            entries, rules = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                continue
             path = Path(entry.path)
             is_dir = entry.is_dir(follow_symlinks=False)
             if is_dir and entry.name in VCS_DIRS:
@@ -88,11 +92,20 @@ class Scan:
             if is_ignored(path, is_dir, rules):
                 self.skipped[SKIP_IGNORED] += 1
             elif is_dir:
-                yield from self._walk_dir(path, rules)
+                stack.append((self._entries(path), rules + _rules_in(path)))
             elif entry.is_symlink() and path.is_dir():
                 continue  # not followed: it may loop, or lead out of the tree
+            elif entry.is_symlink() and not _under(Path(os.path.realpath(path)), inside):
+                self.skipped[SKIP_OUTSIDE] += 1
             else:
                 yield from self._read(path)
+
+    def _entries(self, directory: Path) -> Iterator[os.DirEntry]:
+        try:
+            return iter(sorted(os.scandir(directory), key=lambda e: e.name))
+        except OSError:
+            self.skipped[SKIP_UNREADABLE] += 1
+            return iter(())
 
     def _read(self, path: Path) -> Iterator[Source]:
         text, reason = read_text(path, self.max_bytes)
@@ -136,6 +149,10 @@ def read_text(path: Path, max_bytes: int) -> tuple[str, str]:
     if not text.strip():
         return "", SKIP_EMPTY
     return text, ""
+
+
+def _under(path: Path, roots: list[Path]) -> bool:
+    return any(path == root or path.is_relative_to(root) for root in roots)
 
 
 def is_ignored(path: Path, is_dir: bool, rules: Rules) -> bool:

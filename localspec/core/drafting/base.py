@@ -22,6 +22,11 @@ the competing continuations as one draft tree; it then exposes itself as ``branc
 ``branching = None`` and are never planned a tree. ``Previewing`` is what a copying drafter
 shows of a draft a round passed over, for the answer to grade (``copying.PassOver``).
 
+Optional capability ``Warns``: a drafter that drafts from something that may fail
+outside its control (a datastore on disk) keeps a ``warnings`` list; the engine yields each
+line as an ``EngineWarning`` after the round and empties it, so a drafter never has to fail
+a generation to say that it had to leave something out.
+
 The loop never asks which kind of drafter it holds: names (``Drafter.name``) only label
 stats, events and token origins. ``Resources`` is what the registry builds drafters from.
 """
@@ -97,6 +102,10 @@ class Branching(Protocol):
     def take(self, i: int) -> None:
         """After ``alternatives``: branch ``i`` is what the target took, so that the next
         ``observe`` follows it."""
+
+
+class Warns(Protocol):
+    warnings: list[str]  # lines for the engine to yield after the round, then emptied
 
 
 class Previewing(Protocol):

@@ -20,6 +20,12 @@ When the examined occurrences go on with different next tokens, the offer's ``sh
 each next token's share of them (the drafted one first), and ``alternatives(k, m)`` drafts
 one continuation per next token, voted among its own runs, for the engine to verify as a
 draft tree (greedy decoding only); ``take(i)`` says which branch the target took.
+
+A corpus is the user's files, read from disk: any error a lookup in it raises, or a draft
+of ids outside the target's vocabulary, leaves that corpus out for the rest of the answer
+and adds a line to ``warnings``, which the engine yields as ``EngineWarning`` events after
+the round (``base.Warns``); drafting goes on from the others, and answering never fails
+because of a store.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ class StoreDrafter(CopyingDrafter):
         ends: Callable[[int], bool] | None = None,
         *,
         limit: int = 64,
+        n_vocab: int | None = None,
     ) -> None:
         super().__init__(CopyPricing(STORE_COPY_ODDS, STORE_PARTING_ALPHA), limit)
         if not 1 <= n_min <= n_max:
@@ -94,6 +101,8 @@ class StoreDrafter(CopyingDrafter):
         self.corpora = list(corpora() if callable(corpora) else corpora)
         self.n_min, self.n_max, self.k_max = n_min, n_max, k_max
         self.ends = ends
+        self.n_vocab = n_vocab  # a draft of other ids would fail the target's evaluation
+        self.warnings: list[str] = []  # taken by the engine after each round
         self._found: Retrieved | None = None
         self._found_at: tuple | None = None  # the text ``_found`` was looked up after
         self.streak = Streak()
@@ -118,10 +127,21 @@ class StoreDrafter(CopyingDrafter):
         return self._found
 
     def _lookup(self, committed: Sequence[int]) -> Retrieved | None:
-        context = committed[-self.n_max :]
+        """The best draft among the corpora; a corpus that fails is left out and the
+        lookup made again among the others."""
+        while True:
+            try:
+                return self._lookup_in(committed[-self.n_max :])
+            except _CorpusFailed as failed:
+                self._leave_out(failed.corpus, failed.why)
+
+    def _lookup_in(self, context: Sequence[int]) -> Retrieved | None:
         best: tuple[str, Any, Corpus] | None = None
         for name, corpus in self.corpora:
-            match = corpus.longest_match(context, self.n_max, self.n_min)
+            try:
+                match = corpus.longest_match(context, self.n_max, self.n_min)
+            except Exception as err:  # the user's files on disk: anything may be wrong
+                raise _CorpusFailed(corpus, f"{type(err).__name__}: {err}") from err
             if match is not None and (
                 best is None or (match.n, match.count) > (best[1].n, best[1].count)
             ):
@@ -129,12 +149,26 @@ class StoreDrafter(CopyingDrafter):
         if best is None:
             return None
         name, match, corpus = best
-        runs = corpus.continuations(match, self.k_max, EXAMINED)
-        tokens, support = _vote(runs, self.k_max, self.ends)
+        try:
+            runs = corpus.continuations(match, self.k_max, EXAMINED)
+            tokens, support = _vote(runs, self.k_max, self.ends)
+            branches, shares = self._branches(runs, tokens) if tokens else ((), ())
+        except Exception as err:
+            raise _CorpusFailed(corpus, f"{type(err).__name__}: {err}") from err
+        if self.n_vocab is not None and any(
+            not 0 <= t < self.n_vocab for branch in branches for t in branch
+        ):
+            raise _CorpusFailed(corpus, "it holds token ids outside the model's vocabulary")
         if not tokens:
             return None
-        branches, shares = self._branches(runs, tokens)
         return Retrieved(name, match.n, match.count, tuple(tokens), support, branches, shares)
+
+    def _leave_out(self, corpus: Corpus, why: str) -> None:
+        names = [n for n, c in self.corpora if c is corpus]
+        self.corpora = [(n, c) for n, c in self.corpora if c is not corpus]
+        self.warnings.append(
+            f"datastore {names[0] if names else '?'!r} was left out of this answer: {why}"
+        )
 
     def _branches(
         self, runs: Runs, drafted: list[int]
@@ -204,6 +238,13 @@ class StoreDrafter(CopyingDrafter):
         self._taken = 0
 
 
+class _CorpusFailed(Exception):
+    def __init__(self, corpus: Corpus, why: str) -> None:
+        super().__init__(why)
+        self.corpus = corpus
+        self.why = why
+
+
 def build(params: GenerationParams, resources: Resources) -> StoreDrafter:
     fixed = not params.drafter.uses_cost_model
     return StoreDrafter(
@@ -211,4 +252,5 @@ def build(params: GenerationParams, resources: Resources) -> StoreDrafter:
         n_max=params.ngram_max,
         ends=resources.target.is_eog,
         limit=params.draft_max if fixed else params.ngram_draft_max,
+        n_vocab=resources.target.n_vocab,
     )

@@ -1,0 +1,100 @@
+"""A real ``localspec serve`` app in this process: uvicorn's server (the one ``localspec
+serve`` runs, ``StoppingServer``) in a thread on a free loopback port, over a worker of a
+given session. ``serving(session, ...)`` yields a ``Served`` (its URL, state and worker)
+and stops everything afterwards; ``slowed(session, seconds)`` makes every event of the
+session's generations take that long, so a test can act while one is under way."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from localspec.core.params import GenerationParams
+from localspec.serve.access import Access
+from localspec.serve.app import ServerState, create_app
+from localspec.serve.clients import keep_apart
+from localspec.serve.server import StoppingServer
+from localspec.serve.worker import GenerationWorker, OnClient
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    url: str
+    port: int
+    state: ServerState
+    worker: GenerationWorker
+    server: StoppingServer
+    thread: threading.Thread
+
+
+@contextlib.contextmanager
+def serving(
+    session: Any,
+    *,
+    access: Access | None = None,
+    defaults: GenerationParams | None = None,
+    on_client: OnClient | None = None,
+    history: bool = False,
+    **state: Any,
+) -> Iterator[Served]:
+    worker = GenerationWorker(session, max_queue=8, on_client=on_client or keep_apart(history))
+    worker.start()
+    app_state = ServerState(
+        defaults=defaults or GenerationParams(max_tokens=24, drafter="auto"),
+        access=access or Access(),
+        worker=worker,
+        model_id="target",
+        **state,
+    )
+    port = free_port()
+    config = uvicorn.Config(create_app(app_state), host="127.0.0.1", port=port,
+                            log_level="warning")  # fmt: skip
+    server = StoppingServer(config, app_state)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 10
+    while not server.started and time.time() < deadline:
+        time.sleep(0.01)
+    served = Served(f"http://127.0.0.1:{port}", port, app_state, worker, server, thread)
+    try:
+        yield served
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        worker.stop()
+
+
+@contextlib.contextmanager
+def slowed(session: Any, seconds: float) -> Iterator[list]:
+    """Every event of ``session``'s generations takes ``seconds`` more; yields the list the
+    ``Finished`` events are appended to, as they pass."""
+    from localspec.core.events import Finished
+
+    plain = session.generate
+    finished: list = []
+
+    def generate(tokens, params, cancel=None):
+        for event in plain(tokens, params, cancel):
+            time.sleep(seconds)
+            if isinstance(event, Finished):
+                finished.append(event)
+            yield event
+
+    session.generate = generate
+    try:
+        yield finished
+    finally:
+        del session.generate  # the method again
