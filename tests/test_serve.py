@@ -16,6 +16,7 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
+from localspec.core.costs import CostProfile
 from localspec.core.events import TARGET, Finished, PrefillDone, RoundCompleted, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
@@ -549,3 +550,100 @@ def test_loading_answers_503_until_the_pair_is_loaded(server, monkeypatch):
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         finally:
             state.worker.stop()
+
+
+# -- predicted outputs and per-request speculation ------------------------------------------
+
+
+def test_a_prediction_through_the_openai_client_is_drafted_from_and_counted(server, monkeypatch):
+    # Costs as a calibration of these tiny models would find them (this server skipped
+    # calibrating): a verify batch costs little more than a step.
+    decoder = server["session"].decoder
+    monkeypatch.setattr(decoder, "costs", CostProfile(plain_s=0.001, verify_s={64: 0.0012}))
+    decoder.forget_learning()
+    auto = {"speculative": {"drafter": "auto"}}  # this server's default is model
+    plain = client(server).chat.completions.create(
+        model="x", messages=ask(PROMPTS[1]), max_tokens=40, extra_body=auto
+    )
+    text = plain.choices[0].message.content
+    predicted = client(server).chat.completions.create(
+        model="x",
+        messages=ask(PROMPTS[1]),
+        max_tokens=40,
+        prediction={"type": "content", "content": text},
+        extra_body=auto,
+    )
+    assert predicted.choices[0].message.content == text  # greedy: the target's own
+    details = predicted.usage.completion_tokens_details
+    completion = predicted.usage.completion_tokens
+    assert details.accepted_prediction_tokens >= completion - 2  # the whole answer, bar joins
+    assert details.rejected_prediction_tokens <= 2
+    drafted = predicted.model_extra["timings"]["by_drafter"]
+    assert drafted["prediction"]["accepted"] > 0
+    assert plain.usage.completion_tokens_details is None  # no prediction, no counts
+    decoder.forget_learning()  # the next tests' planners price with the server's own costs
+
+
+def test_a_prediction_in_text_parts_and_when_streamed(server):
+    parts = [{"type": "text", "text": "The cat "}, {"type": "text", "text": "sat down."}]
+    stream = client(server).chat.completions.create(
+        model="x", messages=ask("hi"), max_tokens=8, stream=True,
+        stream_options={"include_usage": True},
+        prediction={"type": "content", "content": parts},
+    )  # fmt: skip
+    chunks = list(stream)
+    details = chunks[-1].usage.completion_tokens_details
+    total = details.accepted_prediction_tokens + details.rejected_prediction_tokens
+    assert total > 0  # every token of the prediction is one or the other
+
+
+def test_speculation_can_be_turned_off_or_bounded_for_one_request(server):
+    body = {"model": "x", "messages": ask(PROMPTS[0]), "max_tokens": 24}
+    url = server["url"] + "/v1/chat/completions"
+    off = httpx.post(url, json={**body, "speculative": {"drafter": "none"}}).json()
+    assert off["timings"]["draft_n"] == 0
+    assert off["choices"][0]["message"]["content"] == server["expected"][PROMPTS[0]]
+    short = httpx.post(url, json={**body, "speculative.n_max": 1, "speculative.p_min": 0.9})
+    timings = short.json()["timings"]
+    assert timings["draft_n"] <= timings["target_passes"]  # at most one token a pass
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"prediction": "just text"}, "prediction"),
+        ({"prediction": {"type": "content", "content": [{"type": "image"}]}},
+         "prediction.content"),
+        ({"speculative": {"n_maxx": 4}}, "speculative.n_maxx"),
+        ({"speculative.drafter": "turbo"}, "speculative.drafter"),
+        ({"speculative": {"n_max": 0}}, "speculative.n_max"),
+        ({"speculative": {"n_max": 1000}}, "speculative.n_max"),
+        ({"speculative.p_min": 2}, "speculative.p_min"),
+        ({"speculative.n_min": 0}, "speculative.n_min"),
+        ({"speculative": "fast"}, "speculative"),
+    ],
+)  # fmt: skip
+def test_bad_prediction_or_speculation_gets_a_400_naming_the_field(server, extra, param):
+    body = {"model": "x", "messages": ask("hi"), **extra}
+    r = httpx.post(server["url"] + "/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_the_draft_model_asked_of_a_server_without_one_is_a_400():
+    from localspec.serve.app import ServerState, _check_drafter
+    from localspec.serve.openai_shapes import ApiError
+
+    params = GenerationParams(drafter="model")
+    with pytest.raises(ApiError) as err:
+        _check_drafter(ServerState(defaults=GenerationParams(), draft_id=None), params)
+    assert err.value.body["error"]["param"] == "speculative.drafter"
+    _check_drafter(ServerState(defaults=GenerationParams(), draft_id="draft"), params)
+
+
+def test_prediction_counts_match_the_two_token_lists_in_order():
+    from localspec.serve.openai_shapes import prediction_counts
+
+    assert prediction_counts([1, 2, 3, 4], [1, 2, 3, 4]) == (4, 0)
+    assert prediction_counts([1, 2, 3, 4], [0, 1, 2, 9, 4]) == (3, 1)
+    assert prediction_counts([1, 2, 3], []) == (0, 3)

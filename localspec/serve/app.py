@@ -48,6 +48,8 @@ from localspec.serve.openai_shapes import (
     completion_prompts,
     finish_reason,
     generation_params,
+    prediction_counts,
+    prediction_text,
     stream_flags,
     timings,
     usage,
@@ -79,12 +81,32 @@ class ServerState:
 
 @dataclass(frozen=True)
 class Asked:
-    """What a request asked for besides its prompts."""
+    """What a request asked for besides its prompts. ``predicted`` receives the tokens of
+    its prediction (if it gave one) once the worker has read it, for the usage's counts."""
 
     chat: bool
     stream: bool = False
     include_usage: bool = False
     n_prompts: int = 1
+    predicted: list[list[int]] = field(default_factory=list)
+
+
+def _with_prediction(
+    session: Any, params: GenerationParams, text: str | None, asked: Asked
+) -> GenerationParams:
+    """``params`` drafting from the request's prediction ``text`` (read with the target's
+    tokenizer, in the worker: the session is the worker's)."""
+    if text is None:
+        return params
+    tokens = session.plain_tokens(text)
+    asked.predicted.append(tokens)
+    return params.model_copy(update={"prediction": tuple(tokens)})
+
+
+def _check_drafter(state: ServerState, params: GenerationParams) -> None:
+    if params.drafter.needs_draft_model and state.draft_id is None:
+        raise ApiError(400, "speculative.drafter is model, but this server has no draft "
+                       "model: use auto or ngram", param="speculative.drafter")  # fmt: skip
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -141,12 +163,15 @@ def create_app(state: ServerState) -> FastAPI:
         body = await _read_json(state, request)
         messages = chat_messages(body)
         params = generation_params(body, state.defaults, state.max_tokens_limit)
+        _check_drafter(state, params)
+        predicted = prediction_text(body)
         stream, include_usage = stream_flags(body)
+        asked = Asked(chat=True, stream=stream, include_usage=include_usage)
 
         def start(session: Any, cancel: Any) -> Any:
-            return session.chat(messages, params, cancel)
+            chosen = _with_prediction(session, params, predicted, asked)
+            return session.chat(messages, chosen, cancel)
 
-        asked = Asked(chat=True, stream=stream, include_usage=include_usage)
         return await _answer(state, request, Job(start, params, client=client), asked)
 
     @app.post("/v1/completions")
@@ -169,9 +194,13 @@ def create_app(state: ServerState) -> FastAPI:
             )
         prompts = completion_prompts(body, session.target.n_vocab, infill=bool(suffix))
         params = generation_params(body, state.defaults, state.max_tokens_limit)
+        _check_drafter(state, params)
+        predicted = prediction_text(body)
         stream, include_usage = stream_flags(body)
+        asked = Asked(False, stream, include_usage, n_prompts=len(prompts))
 
         def start(session: Any, cancel: Any) -> Any:
+            chosen = _with_prediction(session, params, predicted, asked)
             token_lists = [
                 p if isinstance(p, list)
                 else session.infill_tokens(p, suffix) if suffix
@@ -179,10 +208,9 @@ def create_app(state: ServerState) -> FastAPI:
                 for p in prompts
             ]  # fmt: skip
             for tokens in token_lists:  # all fit (the engine's check) before the first runs
-                session.check_prompt(tokens, params)
-            return _in_turn(session, token_lists, params, cancel)
+                session.check_prompt(tokens, chosen)
+            return _in_turn(session, token_lists, chosen, cancel)
 
-        asked = Asked(False, stream, include_usage, n_prompts=len(prompts))
         return await _answer(state, request, Job(start, params, client=client), asked)
 
     return app
@@ -346,11 +374,19 @@ async def _whole(
         **head,
         "object": "chat.completion" if asked.chat else "text_completion",
         "choices": choices,
-        "usage": usage(stats),
+        "usage": usage(stats, _predicted(asked, finished)),
     }
     if state.timings:
         answer["timings"] = timings(stats, len(finished))
     return answer
+
+
+def _predicted(asked: Asked, finished: list[Finished]) -> tuple[int, int] | None:
+    """The prediction's accepted and rejected tokens over every answer, if it had one."""
+    if not asked.predicted:
+        return None
+    counts = [prediction_counts(asked.predicted[0], list(done.token_ids)) for done in finished]
+    return sum(a for a, _ in counts), sum(r for _, r in counts)
 
 
 def _sse(data: dict[str, Any]) -> bytes:
@@ -396,7 +432,8 @@ async def _stream(
                     if asked.include_usage:
                         last["usage"] = None
                         yield _sse(last)
-                        last = {**head, "object": kind, "choices": [], "usage": usage(stats)}
+                        shown = usage(stats, _predicted(asked, finished))
+                        last = {**head, "object": kind, "choices": [], "usage": shown}
                     if state.timings:
                         last["timings"] = timings(stats, len(finished))
                 yield _sse(last)

@@ -11,15 +11,25 @@ string, a list of strings, a list of token ids, a list of such lists), at most
 ``MAX_PROMPTS`` of them. ``usage`` and ``timings`` read a ``GenerationStats``: a request that
 had several prompts passes their sum (``GenerationStats.merged``), so one ``usage`` and one
 ``timings`` describe it.
+
+Predicted outputs (OpenAI's ``prediction``: ``{"type": "content", "content": ...}``, the
+content a string or a list of text parts) are read by ``prediction_text``; the usage then
+counts, as OpenAI defines them, the prediction's tokens that appear in the answer
+(``accepted_prediction_tokens``) and those that do not (``rejected_prediction_tokens``):
+``prediction_counts`` matches the two token lists in order. Speculation is set per request
+as llama.cpp's server takes it (``speculative.n_max``, ``n_min``, ``p_min``, as dotted
+top-level keys or a ``speculative`` object), plus ``speculative.drafter`` (``auto``,
+``none``, ``ngram``, ``model``); the server's options are the defaults.
 """
 
 from __future__ import annotations
 
+from difflib import SequenceMatcher
 from typing import Any
 
 from pydantic import ValidationError
 
-from localspec.core.params import GenerationParams
+from localspec.core.params import DrafterMode, GenerationParams
 from localspec.core.stats import GenerationStats
 
 MAX_PROMPTS = 16  # prompts in one /v1/completions request; each is generated in turn
@@ -99,14 +109,94 @@ def generation_params(
     stop = body.get("stop")
     if stop is not None:
         fields["stop"] = stop_strings(stop)
+    speculative = speculative_fields(body)
+    fields.update(speculative)
     try:
         return GenerationParams(**{**defaults.model_dump(), **fields})
     except ValidationError as err:
         first = err.errors()[0]
         where = str(first["loc"][0]) if first["loc"] else None
-        if where == "max_tokens":
-            where = name
+        where = {"max_tokens": name, **SPECULATIVE_PARAMS}.get(where or "", where)
         raise ApiError(400, f"invalid {where}: {first['msg']}", param=where) from None
+
+
+# speculative.* request fields (llama.cpp's server's names) -> GenerationParams fields
+SPECULATIVE_FIELDS = ("n_max", "n_min", "p_min", "drafter")
+SPECULATIVE_PARAMS = {
+    "draft_max": "speculative.n_max",
+    "ngram_draft_max": "speculative.n_max",
+    "draft_min": "speculative.n_min",
+    "p_min": "speculative.p_min",
+    "drafter": "speculative.drafter",
+}
+
+
+def speculative_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The ``GenerationParams`` fields a request's ``speculative`` settings give: a
+    ``speculative`` object, or llama.cpp's dotted top-level keys (``speculative.n_max``).
+    ``n_max`` bounds every drafter's drafts (the draft model's at most 64 tokens)."""
+    given = body.get("speculative")
+    if given is not None and not isinstance(given, dict):
+        raise ApiError(400, "speculative must be an object", param="speculative")
+    settings = dict(given or {})
+    for key, value in body.items():
+        if key.startswith("speculative."):
+            settings[key.removeprefix("speculative.")] = value
+    unknown = [k for k in settings if k not in SPECULATIVE_FIELDS]
+    if unknown:
+        raise ApiError(400, f"speculative.{unknown[0]} is not a setting: use "
+                       f"{', '.join('speculative.' + f for f in SPECULATIVE_FIELDS)}",
+                       param=f"speculative.{unknown[0]}")  # fmt: skip
+    fields: dict[str, Any] = {}
+    n_max = settings.get("n_max")
+    if n_max is not None:
+        if not _is_int(n_max) or n_max < 1:
+            raise ApiError(400, "speculative.n_max must be a whole number of 1 or more",
+                           param="speculative.n_max")  # fmt: skip
+        fields["ngram_draft_max"] = n_max
+        fields["draft_max"] = min(n_max, 64)
+    if settings.get("n_min") is not None:
+        fields["draft_min"] = settings["n_min"]
+    if settings.get("p_min") is not None:
+        fields["p_min"] = settings["p_min"]
+    drafter = settings.get("drafter")
+    if drafter is not None:
+        if drafter not in tuple(DrafterMode):
+            raise ApiError(400, f"speculative.drafter must be one of "
+                           f"{', '.join(DrafterMode)}, not {drafter!r}",
+                           param="speculative.drafter")  # fmt: skip
+        fields["drafter"] = DrafterMode(drafter)
+    return fields
+
+
+def prediction_text(body: dict[str, Any]) -> str | None:
+    """The text of a request's ``prediction`` (None without one)."""
+    prediction = body.get("prediction")
+    if prediction is None:
+        return None
+    if not isinstance(prediction, dict) or prediction.get("type") != "content":
+        raise ApiError(400, 'prediction must be {"type": "content", "content": ...}',
+                       param="prediction")  # fmt: skip
+    content = prediction.get("content")
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else None
+    if not parts or not all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in parts
+    ):
+        raise ApiError(400, "prediction.content must be a string or a list of text parts "
+                       '({"type": "text", "text": ...})', param="prediction.content")  # fmt: skip
+    return "".join(p["text"] for p in parts)
+
+
+def prediction_counts(prediction: list[int], answer: list[int]) -> tuple[int, int]:
+    """``(accepted, rejected)``: the prediction's tokens that appear in the answer, in
+    order, and the rest (OpenAI's ``accepted_prediction_tokens`` and
+    ``rejected_prediction_tokens``)."""
+    matcher = SequenceMatcher(None, prediction, answer, autojunk=False)
+    accepted = sum(block.size for block in matcher.get_matching_blocks())
+    return accepted, len(prediction) - accepted
 
 
 def _is_int(value: Any) -> bool:
@@ -144,13 +234,21 @@ def stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
     return bool(stream), bool(include)
 
 
-def usage(stats: GenerationStats) -> dict[str, int]:
+def usage(stats: GenerationStats, predicted: tuple[int, int] | None = None) -> dict[str, Any]:
+    """OpenAI's usage; ``predicted``: the request's ``prediction_counts``, if it had one."""
     prompt, completion = stats.prompt_tokens, stats.generated_tokens
-    return {
+    shown: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if predicted is not None:
+        accepted, rejected = predicted
+        shown["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": rejected,
+        }
+    return shown
 
 
 def timings(stats: GenerationStats, n_prompts: int = 1) -> dict[str, Any]:
