@@ -140,3 +140,35 @@ def test_sampled_output_with_a_prediction_keeps_the_targets_distribution():
         drafts += fin.stats.by_drafter.get("prediction") is not None
     assert drafts == n  # every first token was drafted from the prediction, then verified
     assert 0.5 * float(np.abs(counts / n - p).sum()) < 0.04
+
+
+def test_a_question_asked_again_is_drafted_from_its_earlier_answer(tiny_pair, monkeypatch):
+    """The history keeps each answer with the end of its prompt: the same prompt again
+    gets the earlier answer as its prediction (history on, auto), and no other does."""
+    from localspec.session.session import ModelOptions, open_session
+
+    target, draft, _ = tiny_pair
+    session = open_session(ModelOptions(target=str(target), draft=str(draft), n_ctx=256, threads=1))
+    given: list[GenerationParams] = []
+    generate = session.decoder.generate
+
+    def spy(tokens, params, cancel=None):
+        given.append(params)
+        return generate(tokens, params, cancel)
+
+    monkeypatch.setattr(session.decoder, "generate", spy)
+    params = GenerationParams(max_tokens=24)
+    question = "the cat sat on the mat and then " * 3  # longer than the kept prompt end
+    try:
+        first = run_to_completion(session.complete(question, params, raw=True))
+        again = run_to_completion(session.complete(question, params, raw=True))
+        other = run_to_completion(session.complete("the dog " * 8, params, raw=True))
+        ngram = GenerationParams(max_tokens=24, drafter="ngram")
+        fixed = run_to_completion(session.complete(question, ngram, raw=True))
+    finally:
+        session.close()
+    assert given[0].prediction == ()
+    assert given[1].prediction == first.token_ids  # the earlier answer, whole
+    assert again.token_ids == first.token_ids
+    assert given[2].prediction == () and given[3].prediction == ()  # another prompt; no auto
+    assert other.token_ids and fixed.token_ids

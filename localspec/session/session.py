@@ -314,12 +314,31 @@ class Session:
                 "pass --draft REF, or use --drafter ngram",
             )
         self._refresh_corpora()
+        if params.drafter.uses_cost_model and not params.prediction:
+            earlier = self._earlier_answer(tokens, params.max_tokens)
+            if earlier:
+                params = params.model_copy(update={"prediction": earlier})
         events = self.decoder.generate(tokens, params, cancel)
         if any(answers.keep for answers in self.answers):
             events = self._recording(events, tokens)
         if self.learning is None or not params.drafter.learns:
             return events
         return self._saving_learning(events, params)
+
+    def _earlier_answer(self, tokens: list[int], max_tokens: int) -> tuple[int, ...]:
+        """The answer the history kept for this very prompt (the same last
+        ``HISTORY_PROMPT_TOKENS`` tokens: the question asked again), if it drafts from the
+        history: the one kept most often (else the longest) is as good a prediction as an
+        editor's, drafted from its first token. Empty when there is none."""
+        tail = tokens[-HISTORY_PROMPT_TOKENS:]
+        for name, corpus in self.decoder.corpora:
+            if name != HISTORY:
+                continue
+            match = corpus.longest_match(tail, n_max=len(tail), n_min=len(tail))
+            runs = corpus.continuations(match, max_tokens) if match is not None else []
+            if runs:
+                return runs[0][0]
+        return ()
 
     def _recording(self, events: Iterator[Event], tokens: list[int]) -> Iterator[Event]:
         """Pass the events through; add a finished answer to the history store (before
