@@ -165,7 +165,12 @@ def test_a_prediction_is_drafted_from_and_changes_nothing_in_the_answer(tiny_pai
 
 @pytest.mark.parametrize(
     ("content", "needle"),
-    [(None, "prediction file not found"), ("  \n", "prediction file"), (b"\xff\xfe", "UTF-8")],
+    [
+        (None, "prediction file not found"),
+        ("  \n", "prediction file"),
+        (b"\xff\xfe", "UTF-8"),
+        ("text", "drafted from by --drafter auto"),
+    ],
 )
 def test_prediction_file_errors_are_clear(tiny_pair, tmp_path, content, needle):
     path = tmp_path / "prediction.txt"
@@ -173,6 +178,9 @@ def test_prediction_file_errors_are_clear(tiny_pair, tmp_path, content, needle):
         path.write_bytes(content)
     elif content is not None:
         path.write_text(content)
-    proc = localspec("complete", *pair_args(tiny_pair), "--prediction", str(path), stdin=b"hi")
+    mode = ["--drafter", "ngram"] if content == "text" else []
+    proc = localspec(
+        "complete", *pair_args(tiny_pair), "--prediction", str(path), *mode, stdin=b"hi"
+    )
     assert proc.returncode == 2
     assert_clean_error(proc, needle)

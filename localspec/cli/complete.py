@@ -244,6 +244,11 @@ def complete(
         system_prompt = read_system(system)
         if system_prompt and raw:
             raise UsageError("a system prompt needs the chat template", "drop --raw or --system")
+        if prediction and not params.drafter.uses_cost_model:
+            raise UsageError(
+                f"--prediction is drafted from by --drafter auto, not {params.drafter}",
+                "drop --drafter, or --prediction",
+            )
         prompt = read_prompt(file, input_limit(ctx))
         predicted = read_prediction(prediction, input_limit(ctx)) if prediction else None
         code = run_complete(
