@@ -38,6 +38,13 @@ PROMPTS = [
 NEAR_TIE = 1.0  # logits; batch-size differences measured here reach about 0.5
 
 
+def near_leaders(row: np.ndarray) -> list[int]:
+    """The tokens whose logit is within ``NEAR_TIE`` of the leader's (the leader first):
+    those another batch split (or another backend's kernels) may pick instead."""
+    order = np.argsort(-row)
+    return [int(t) for t in order[:8] if row[t] >= row[order[0]] - NEAR_TIE]
+
+
 @pytest.fixture(scope="module")
 def session(real_pair_home):
     from localspec.session.session import ModelOptions, open_session
@@ -75,18 +82,17 @@ def test_greedy_speculative_output_is_the_targets_own(session):
                 report.append((mode, "identical", len(plain)))
                 continue
             row = session.target.forward(tokens + plain[:i], 1)[0].astype(np.float64)
-            top2 = [int(t) for t in np.argsort(-row)[:2]]
-            gap = float(row[top2[0]] - row[top2[1]])
+            leaders = near_leaders(row)
+            gap = float(row[leaders[0]] - row[np.argsort(-row)[1]])
             report.append((mode, f"diverged at {i}, top-two gap {gap:.3f}", len(plain)))
             print(f"{mode}: diverged at token {i} of {len(plain)}, top-two gap {gap:.3f}")
-            # The two runs picked the two nearly tied leaders (which one leads depends on
-            # the batch split, so re-evaluating the context may order them either way).
-            # A run that ended there picked an end-of-generation token.
+            # Both runs picked nearly tied leaders (which one leads depends on the batch
+            # split, so re-evaluating the context may order them either way). A run that
+            # ended there picked an end-of-generation token.
             for run in (plain, spec):
                 chosen = run[i] if i < len(run) else None
-                ok = chosen in top2 or (chosen is None and any(map(session.target.is_eog, top2)))
-                assert ok, (mode, i, chosen, top2)
-            assert gap < NEAR_TIE, f"{mode} diverged at {i} where the gap is {gap:.3f}"
+                eog = chosen is None and any(map(session.target.is_eog, leaders))
+                assert chosen in leaders or eog, (mode, i, chosen, leaders)
     # How many runs stay identical depends on the CPU's kernels and on how the drafts split
     # the answer into batches, so only the divergences themselves are checked above.
     print("\n".join(f"{m:6} {r} ({n} tokens)" for m, r, n in report))

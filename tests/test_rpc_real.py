@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.test_real_pair import NEAR_TIE, first_divergence
+from tests.test_real_pair import first_divergence, near_leaders
 from tests.test_rpc import Worker, env_for, offloaded_to
 
 pytestmark = pytest.mark.slow
@@ -62,11 +62,9 @@ def test_real_pair_with_the_target_on_a_worker_matches_local(real_pair_home, tmp
                 )
             tokens = local_session.text_tokens(prompt, raw=False)
             row = local_session.target.forward(tokens + plain[:i], 1)[0].astype(np.float64)
-            top2 = [int(t) for t in np.argsort(-row)[:2]]
-            gap = float(row[top2[0]] - row[top2[1]])
-            print(f"diverged at token {i} of {len(plain)}, top-two gap {gap:.3f}")
-            assert plain[i] in top2 and (i >= len(spec) or spec[i] in top2), (i, top2)
-            assert gap < NEAR_TIE, f"diverged at {i} where the gap is {gap:.3f}"
+            leaders = near_leaders(row)  # within NEAR_TIE of the local leader
+            print(f"diverged at token {i} of {len(plain)}, near-tied leaders {leaders}")
+            assert plain[i] in leaders and (i >= len(spec) or spec[i] in leaders), (i, leaders)
     finally:
         worker.stop()
         if local_session is not None:
