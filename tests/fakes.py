@@ -80,6 +80,25 @@ class FakeModel(CachedModel):
         return token in self.eog
 
 
+class TimedFake(FakeModel):
+    """A scripted model whose evaluations advance a virtual clock (``core.replay``) as a
+    machine with ``costs`` would take them, so that the engine's choices, priced by what
+    rounds take, do not depend on how fast the test machine runs."""
+
+    def __init__(self, clock, costs, **kw) -> None:
+        super().__init__(**kw)
+        self.clock, self.costs = clock, costs
+
+    def _evaluate(self, tokens, n_logits):
+        if n_logits:
+            self.clock.now += self.costs.verify(n_logits - 1)
+        return super()._evaluate(tokens, n_logits)
+
+    def _evaluate_tree(self, start, last, tree):
+        self.clock.now += self.costs.verify(len(tree))
+        return super()._evaluate_tree(start, last, tree)
+
+
 def plain_greedy(model: FakeModel, prompt: list[int], n: int) -> list[int]:
     """Reference: the model's own greedy decoding, one token at a time, no cache."""
     ctx = list(prompt)

@@ -159,8 +159,15 @@ def test_a_prediction_is_drafted_from_and_changes_nothing_in_the_answer(tiny_pai
     proc = localspec(*args, "--prediction", str(tmp_path / "old.txt"), stdin=prompt)
     assert proc.returncode == 0, proc.stderr.decode()
     predicted = json.loads(proc.stdout)
-    assert predicted["token_ids"] == plain["token_ids"]
-    assert predicted["stats"]["tokens_by_origin"].get("prediction", 0) > 0
+    assert predicted["token_ids"] == plain["token_ids"]  # greedy: the target's own
+    # The whole answer was predicted (bar the joins of text tokenized apart); whether it
+    # was drafted from depends on this machine's costs and timings, which the bench shows.
+    used = predicted["prediction"]
+    assert used["accepted_prediction_tokens"] >= len(plain["token_ids"]) - 2
+    assert (
+        used["accepted_prediction_tokens"] + used["rejected_prediction_tokens"] == (used["tokens"])
+    )
+    assert "prediction" not in plain
 
 
 @pytest.mark.parametrize(

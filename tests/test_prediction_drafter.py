@@ -12,7 +12,8 @@ from localspec.core.drafting.base import NOT_CHOSEN, Outcome
 from localspec.core.drafting.prediction import PredictionDrafter
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.params import GenerationParams
-from tests.fakes import FakeModel, plain_greedy
+from localspec.core.replay import VirtualClock
+from tests.fakes import FakeModel, TimedFake, plain_greedy
 
 RNG = np.random.default_rng(0)
 PROMPT = [90, 91, 92]
@@ -111,7 +112,9 @@ def test_greedy_output_is_the_targets_own_with_any_prediction(follows):
     plain = plain_greedy(target, prompt, 80)
     prediction = plain if follows else [int(t) for t in RNG.integers(0, 24, 80)]
     params = GenerationParams(max_tokens=80, prediction=tuple(prediction))
-    fin = run_to_completion(SpecDecoder(target, None, COSTS).generate(prompt, params))
+    clock = VirtualClock()  # rounds priced at COSTS, whatever this machine's speed
+    timed = TimedFake(clock, COSTS, seed=4, window=3)
+    fin = run_to_completion(SpecDecoder(timed, None, COSTS, clock=clock).generate(prompt, params))
     assert list(fin.token_ids) == plain
     if follows:
         assert fin.stats.by_origin["prediction"] > 60

@@ -9,30 +9,13 @@ from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import RoundCompleted
 from localspec.core.params import GenerationParams
 from localspec.core.replay import VirtualClock, replay
-from tests.fakes import FakeModel, plain_greedy
+from tests.fakes import FakeModel, TimedFake, plain_greedy
 
 CPU = CostProfile(
     plain_s=0.036,
     verify_s={1: 0.082, 3: 0.104, 4: 0.116, 8: 0.2, 15: 0.212, 31: 0.457, 63: 0.45},
 )
 FLAT = CostProfile(plain_s=1.0, verify_s={1: 1.5, 8: 1.6, 16: 1.65, 32: 1.8, 64: 2.0})
-
-
-class TimedFake(FakeModel):
-    """A scripted target whose evaluations advance a virtual clock as a replay prices them."""
-
-    def __init__(self, clock: VirtualClock, costs: CostProfile, **kw) -> None:
-        super().__init__(**kw)
-        self.clock, self.costs = clock, costs
-
-    def _evaluate(self, tokens, n_logits):
-        if n_logits:
-            self.clock.now += self.costs.verify(n_logits - 1)
-        return super()._evaluate(tokens, n_logits)
-
-    def _evaluate_tree(self, start, last, tree):
-        self.clock.now += self.costs.verify(len(tree))
-        return super()._evaluate_tree(start, last, tree)
 
 
 def rounds_of(events) -> list[tuple]:

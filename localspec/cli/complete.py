@@ -50,11 +50,13 @@ from localspec.cli.common import (
     read_system,
     store_settings,
 )
+from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import EXIT_CANCELLED, InputError, UsageError
 from localspec.progress import Progress, ProgressKind
+from localspec.session.textfile import decode_utf8, read_bounded
 
 # A token is a few bytes of text: a prompt of more than this many bytes per token of context
 # cannot fit, so it is refused before it is read whole (or tokenized).
@@ -84,7 +86,7 @@ def read_prompt(file: str | None, limit: int = MIN_INPUT_LIMIT) -> str:
         data = sys.stdin.buffer.read(limit + 1)
         source = "stdin"
     else:
-        data, source = _read_file(Path(file), limit, "input"), str(file)
+        data, source = read_bounded(Path(file), limit, "input"), str(file)
     text = _decoded(data, source, limit)
     if not text.strip():
         raise InputError(f"the input from {source} is empty", "give a prompt on stdin or as a FILE")
@@ -93,7 +95,7 @@ def read_prompt(file: str | None, limit: int = MIN_INPUT_LIMIT) -> str:
 
 def read_prediction(file: str, limit: int = MIN_INPUT_LIMIT) -> str:
     """``--prediction``'s text: what the answer will mostly be (at most ``limit`` bytes)."""
-    text = _decoded(_read_file(Path(file), limit, "prediction"), file, limit)
+    text = _decoded(read_bounded(Path(file), limit, "prediction"), file, limit)
     if not text.strip():
         raise InputError(
             f"the prediction file {file} is empty", "give the text the answer will mostly copy"
@@ -101,29 +103,10 @@ def read_prediction(file: str, limit: int = MIN_INPUT_LIMIT) -> str:
     return text
 
 
-def _read_file(path: Path, limit: int, what: str) -> bytes:
-    """At most ``limit`` + 1 bytes of ``path`` (the ``what`` file, for messages)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(limit + 1)
-    except FileNotFoundError:
-        raise InputError(f"{what} file not found: {path}", "check the path") from None
-    except IsADirectoryError:
-        raise InputError(f"{what} is a directory: {path}", "pass a text file") from None
-    except OSError as err:
-        raise InputError(f"cannot read {path}: {err.strerror}", "check its permissions") from None
-
-
 def _decoded(data: bytes, source: str, limit: int) -> str:
     if len(data) > limit:
         raise _too_large(source, limit)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError(
-            f"{source} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})",
-            "convert it first, e.g. iconv -f latin1 -t utf-8",
-        ) from None
+    return decode_utf8(data, source)
 
 
 @contextmanager
@@ -324,9 +307,10 @@ def run_complete(
     totals = finished.stats if finished else running
     out = sys.stdout
     if json_out:
+        token_ids = list(finished.token_ids) if finished else running.token_ids
         record = {
             "text": finished.text if finished else running.text,
-            "token_ids": list(finished.token_ids) if finished else running.token_ids,
+            "token_ids": token_ids,
             "finish_reason": reason,
             "exact": options.exact,
             "stats": {
@@ -334,6 +318,13 @@ def run_complete(
                 **({"placement": placement.to_dict()} if placement else {}),
             },
         }
+        if params.prediction:  # as OpenAI's usage counts it
+            accepted, rejected = prediction_counts(params.prediction, token_ids)
+            record["prediction"] = {
+                "tokens": len(params.prediction),
+                "accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": rejected,
+            }
         out.write(json.dumps(record) + "\n")
     else:
         if finished and finished.tail:

@@ -37,6 +37,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
@@ -48,7 +49,6 @@ from localspec.serve.openai_shapes import (
     completion_prompts,
     finish_reason,
     generation_params,
-    prediction_counts,
     prediction_text,
     stream_flags,
     timings,

@@ -24,7 +24,6 @@ top-level keys or a ``speculative`` object), plus ``speculative.drafter`` (``aut
 
 from __future__ import annotations
 
-from difflib import SequenceMatcher
 from typing import Any
 
 from pydantic import ValidationError
@@ -188,15 +187,6 @@ def prediction_text(body: dict[str, Any]) -> str | None:
         raise ApiError(400, "prediction.content must be a string or a list of text parts "
                        '({"type": "text", "text": ...})', param="prediction.content")  # fmt: skip
     return "".join(p["text"] for p in parts)
-
-
-def prediction_counts(prediction: list[int], answer: list[int]) -> tuple[int, int]:
-    """``(accepted, rejected)``: the prediction's tokens that appear in the answer, in
-    order, and the rest (OpenAI's ``accepted_prediction_tokens`` and
-    ``rejected_prediction_tokens``)."""
-    matcher = SequenceMatcher(None, prediction, answer, autojunk=False)
-    accepted = sum(block.size for block in matcher.get_matching_blocks())
-    return accepted, len(prediction) - accepted
 
 
 def _is_int(value: Any) -> bool:

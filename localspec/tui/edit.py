@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.errors import InputError
+from localspec.session.textfile import decode_utf8, read_bounded
 
 COMMAND = "/edit"
 MAX_BYTES = 256 * 1024  # a file larger than this is not an edit a local chat answers whole
@@ -47,21 +48,10 @@ def parse_edit(text: str) -> EditRequest:
 
 
 def read_edited(path: Path, limit: int = MAX_BYTES) -> str:
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-    except FileNotFoundError:
-        raise InputError(f"file not found: {path}", "check the path") from None
-    except IsADirectoryError:
-        raise InputError(f"{path} is a directory", "give a text file") from None
-    except OSError as err:
-        raise InputError(f"cannot read {path}: {err.strerror}", "check its permissions") from None
+    data = read_bounded(path, limit, "edited")
     if len(data) > limit:
         raise InputError(f"{path} is larger than {limit // 1024} KiB", "edit a smaller file")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{path} is not UTF-8 text", "convert it first") from None
+    return decode_utf8(data, str(path))
 
 
 def edit_message(request: EditRequest, text: str) -> str:

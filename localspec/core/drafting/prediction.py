@@ -18,11 +18,14 @@ failed drafts, and on a machine where a failed draft costs many plain steps the 
 wait until the answer has followed the prediction for a few tokens. Without a prediction
 it offers nothing. Its q is one-hot, so greedy output is the target's own and sampling
 stays exact, as with every drafter.
+
+``prediction_counts`` says how much of a prediction an answer used, as OpenAI's usage does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from difflib import SequenceMatcher
 
 from localspec.core.drafting.base import Resources
 from localspec.core.drafting.copying import CopyOffer, CopyPricing
@@ -82,3 +85,12 @@ def build(params: GenerationParams, resources: Resources) -> PredictionDrafter:
     return PredictionDrafter(
         resources.target.is_eog, resources.target.n_vocab, limit=params.ngram_draft_max
     )
+
+
+def prediction_counts(prediction: Sequence[int], answer: Sequence[int]) -> tuple[int, int]:
+    """``(accepted, rejected)``: the prediction's tokens that appear in the answer, in
+    order, and the rest (OpenAI's ``accepted_prediction_tokens`` and
+    ``rejected_prediction_tokens``)."""
+    matcher = SequenceMatcher(None, list(prediction), list(answer), autojunk=False)
+    accepted = sum(block.size for block in matcher.get_matching_blocks())
+    return accepted, len(prediction) - accepted
