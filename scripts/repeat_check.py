@@ -21,26 +21,14 @@ import argparse
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from complete_check import private_home  # this folder's: run as python scripts/...
+
 from localspec.bench.runner import load_prompt_file
-from localspec.models.paths import cache_root
-
-
-def private_home(directory: Path) -> Path:
-    """A localspec home with this machine's models (linked) and calibration (copied)."""
-    real = cache_root()
-    home = directory / "home"
-    home.mkdir()
-    if (real / "models").is_dir():
-        (home / "models").symlink_to(real / "models", target_is_directory=True)
-    if (real / "calibration").is_dir():
-        shutil.copytree(real / "calibration", home / "calibration")
-    return home
 
 
 def complete(prompt: str, extra: list[str], args: argparse.Namespace, home: Path) -> dict:
