@@ -342,12 +342,20 @@ def test_an_unknown_drafter_is_a_usage_error_that_lists_the_modes():
         parse_generation("magic", {})
     error = caught.value
     assert error.message == "invalid --drafter 'magic'"
-    assert error.hint == "use auto, model, ngram or none" and error.exit_code == 2
+    assert error.hint == "use auto, model, ngram, self, lookahead or none"
+    assert error.exit_code == 2
 
 
 @pytest.mark.parametrize(
     "mode, use_draft, calibrate",
-    [("auto", True, True), ("model", True, False), ("ngram", False, False), ("none", False, False)],
+    [
+        ("auto", True, True),
+        ("model", True, False),
+        ("ngram", False, False),
+        ("none", False, False),
+        ("self", True, False),
+        ("lookahead", False, True),
+    ],  # fmt: skip
 )
 def test_the_drafter_decides_what_is_loaded_and_measured(mode, use_draft, calibrate):
     from localspec.cli.common import parse_generation
@@ -355,3 +363,13 @@ def test_the_drafter_decides_what_is_loaded_and_measured(mode, use_draft, calibr
     params, options = parse_generation(mode, {})
     assert params.drafter == mode
     assert (options.use_draft, options.calibrate) == (use_draft, calibrate)
+    assert (options.draft == "self") == (mode == "self")  # self drafts with a derived draft
+
+
+def test_drafter_self_with_another_draft_is_a_usage_error():
+    from localspec.cli.common import parse_generation
+    from localspec.errors import UsageError
+
+    with pytest.raises(UsageError, match="--drafter self drafts with the target's own layers"):
+        parse_generation("self", {"draft": "other.gguf"})
+    assert parse_generation("self", {"draft": "self"})[1].draft == "self"

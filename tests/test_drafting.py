@@ -135,7 +135,7 @@ def test_learned_state_round_trips_discounted_and_the_texts_copy_odds_start_afre
     for _ in range(10):
         model.estimate.observe(4, 3)
     saved = planner.learned()
-    assert set(saved["drafters"]) == {"ngram", "prediction", "store", "model"}
+    assert set(saved["drafters"]) == {"ngram", "prediction", "store", "model", "lookahead"}
     assert ngram.copies.odds > COPY_ODDS  # this text copied at length
     fresh, fresh_drafters = ngram_auto()
     restore_drafters(fresh_drafters, saved, keep=1.0)
@@ -212,21 +212,28 @@ def test_the_draft_models_offer_prices_its_own_steps_and_catching_up():
 def test_the_registry_builds_each_modes_drafters_with_their_limits():
     costs = LiveCosts(CPU)
     resources = Resources(costs, FakeModel(), FakeModel(), lambda: ())
-    assert [r.name for r in REGISTRY] == ["ngram", "prediction", "store", "model"]
+    assert [r.name for r in REGISTRY] == ["ngram", "prediction", "store", "model", "lookahead"]
 
     def built(**kw):
         drafters = build_drafters(GenerationParams(**kw), resources)
         return {name: d.limit for name, d in drafters.items()}
 
-    assert built() == {"ngram": 64, "prediction": 64, "store": 64, "model": 16}
+    assert built() == {"ngram": 64, "prediction": 64, "store": 64, "model": 16, "lookahead": 16}
     assert built(draft_max=6, ngram_draft_max=40) == {
-        "ngram": 40, "prediction": 40, "store": 40, "model": 6,
+        "ngram": 40, "prediction": 40, "store": 40, "model": 6, "lookahead": 6,
     }  # fmt: skip
     assert built(drafter="ngram", draft_max=6) == {"ngram": 6}  # fixed: llama.cpp's limit
     assert built(drafter="model") == {"model": 16}
+    assert built(drafter="lookahead") == {"lookahead": 16}
     assert built(drafter="none") == {}
     no_draft = Resources(costs, FakeModel(), None, lambda: ())
-    assert set(build_drafters(GenerationParams(), no_draft)) == {"ngram", "prediction", "store"}
+    assert set(build_drafters(GenerationParams(), no_draft)) == {
+        "ngram", "prediction", "store", "lookahead",
+    }  # fmt: skip
+    # A draft derived from the target drafts under its own name, in self mode and in auto.
+    derived = Resources(costs, FakeModel(), FakeModel(), lambda: (), draft_name="self")
+    assert set(build_drafters(GenerationParams(drafter="self"), derived)) == {"self"}
+    assert "self" in build_drafters(GenerationParams(), derived)
 
 
 def test_outcomes_reach_only_the_drafter_that_drafted():

@@ -40,7 +40,7 @@ def test_greedy_output_is_plain_decodings_in_every_drafter_mode(real_pair_home, 
             "bench",
             "--exact",
             "--modes",
-            "none,ngram,model,auto",
+            "none,ngram,model,lookahead,auto",
             "--max-tokens",
             str(NEW_TOKENS),
             "--limit",
@@ -63,8 +63,61 @@ def test_greedy_output_is_plain_decodings_in_every_drafter_mode(real_pair_home, 
         runs[f"{record['category']}/{record['prompt_id']}"][record["mode"]] = record["token_ids"]
     assert len(runs) == 6 * PROMPTS_PER_CATEGORY
     for prompt, by_mode in runs.items():
-        assert set(by_mode) == {"none", "ngram", "model", "auto"}, prompt
-        for mode in ("ngram", "model", "auto"):
+        assert set(by_mode) == {"none", "ngram", "model", "lookahead", "auto"}, prompt
+        for mode in ("ngram", "model", "lookahead", "auto"):
             assert by_mode[mode] == by_mode["none"], f"{prompt}: {mode} parted from plain"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["meta"]["exact"] is True
+
+
+def _localspec(args: list[str], home, timeout: int = 3600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "localspec.cli.app", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "LOCALSPEC_HOME": str(home)},
+    )
+
+
+def test_a_draft_of_the_targets_own_layers_leaves_greedy_output_plain_decodings(
+    real_pair_home, tmp_path
+):
+    """``--draft self`` with a derived draft (half the layers, the first and last quarter:
+    which to keep is measured by the command itself, tested on tiny models), drafting alone
+    (``self``) and in ``auto``, in exact mode on a prompt of every category."""
+    home, _, _ = real_pair_home
+    derived = _localspec(["models", "derive-draft", "--layers", "0-6,21-27", "--quiet"], home)
+    assert derived.returncode == 0, derived.stderr[-3000:]
+    assert derived.stdout.strip().endswith(".gguf")
+    out = tmp_path / "bench"
+    proc = _localspec(
+        [
+            "bench",
+            "--exact",
+            "--draft",
+            "self",
+            "--modes",
+            "none,self,auto",
+            "--max-tokens",
+            "128",
+            "--limit",
+            "1",
+            "--threads",
+            "2",
+            "--out",
+            str(out),
+            "--no-chart",
+        ],  # fmt: skip
+        home,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs: dict[str, dict[str, dict]] = defaultdict(dict)
+    for line in (out / "records.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        runs[f"{record['category']}/{record['prompt_id']}"][record["mode"]] = record
+    assert len(runs) == 6
+    for prompt, by_mode in runs.items():
+        for mode in ("self", "auto"):
+            assert by_mode[mode]["token_ids"] == by_mode["none"]["token_ids"], (prompt, mode)
+        assert by_mode["self"]["by_drafter"]["self"]["drafted"] > 0, prompt  # it drafted

@@ -115,7 +115,7 @@ def test_a_second_session_starts_from_what_the_first_learned(tiny_options, isola
     second = open_session(tiny_options)
     try:
         assert second.decoder.restored == saved
-        assert set(saved["drafters"]) == {"ngram", "prediction", "store", "model"}
+        assert set(saved["drafters"]) == {"ngram", "prediction", "store", "model", "lookahead"}
         learned = second.decoder.learned(params)["drafters"]
         assert learned["ngram"]["streaks"].keys() == saved["drafters"]["ngram"]["streaks"].keys()
         assert second.learning is not None

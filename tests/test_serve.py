@@ -632,6 +632,13 @@ def test_the_draft_model_asked_of_a_server_without_one_is_a_400():
         _check_drafter(ServerState(defaults=GenerationParams(), draft_id=None), params)
     assert err.value.body["error"]["param"] == "speculative.drafter"
     _check_drafter(ServerState(defaults=GenerationParams(), draft_id="draft"), params)
+    # A draft of the target's own layers only where the server was started with one.
+    mine = GenerationParams(drafter="self")
+    with pytest.raises(ApiError, match="--draft self"):
+        _check_drafter(ServerState(defaults=GenerationParams(), draft_id="draft"), mine)
+    derived = ServerState(defaults=GenerationParams(), draft_id="t-self", derived_draft=True)
+    _check_drafter(derived, mine)
+    _check_drafter(derived, GenerationParams(drafter="lookahead"))
 
 
 def test_prediction_counts_match_the_two_token_lists_in_order():

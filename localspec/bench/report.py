@@ -196,7 +196,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
     meta = summary.get("meta", {})
     lines = ["# localspec bench", ""]
     for key, value in meta.items():
-        lines.append(f"- {key}: {value}")
+        if not isinstance(value, dict):  # the measured costs stay in summary.json
+            lines.append(f"- {key}: {value}")
     lines += [
         "",
         "tokens/run: generated tokens per run. decode tok/s: generated tokens over decode "

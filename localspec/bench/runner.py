@@ -83,6 +83,10 @@ STORE_CATEGORIES = ("repo_code",)
 # thousand tokens and more, so run only when asked for by name.
 PREDICTION_CATEGORIES = ("apply",)
 ENGINE_MODES = ("none", "ngram", "model", "auto")
+# Drafters that need no second model, run when named: lookahead (the target's own rows), and
+# self, the draft model when it was derived from the target (``--draft self``).
+SELF_MODE, LOOKAHEAD_MODE = "self", "lookahead"
+MORE_ENGINE_MODES = (SELF_MODE, LOOKAHEAD_MODE)
 STORE_MODE = "auto-store"  # auto with the session's datastores (``--store``); auto has none
 CHAINS_MODE = "auto-chains"  # auto without draft trees: single draft chains only
 # auto with each prompt's prediction: the one it gives, else its first code block
@@ -307,7 +311,10 @@ def loads_draft_model(mode: str) -> bool:
 def parse_modes(text: str) -> tuple[str, ...]:
     """``"none,ngram"`` -> ``("none", "ngram")``; ``none`` is always included, first."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    valid = (*ENGINE_MODES, STORE_MODE, CHAINS_MODE, PREDICTION_MODE, *NATIVE_MODES)
+    valid = (
+        *ENGINE_MODES, *MORE_ENGINE_MODES, STORE_MODE, CHAINS_MODE, PREDICTION_MODE,
+        *NATIVE_MODES,
+    )  # fmt: skip
     bad = [m for m in modes if m not in valid]
     if bad or not modes:
         raise UsageError(
@@ -343,6 +350,11 @@ class BenchRunner:
             engine = mode not in NATIVE_MODES
             if engine and drafter_mode(mode).needs_draft_model and session.draft is None:
                 raise UsageError(f"mode {mode} needs a draft model", "drop it from --modes")
+        if SELF_MODE in config.modes and session.decoder.draft_name != SELF_MODE:
+            raise UsageError(
+                f"mode {SELF_MODE} drafts with a draft derived from the target",
+                "pass --draft self (auto and model then draft with it too)",
+            )
         if STORE_MODE in config.modes and not session.store_corpora:
             raise UsageError(
                 f"mode {STORE_MODE} needs a datastore",
@@ -673,7 +685,8 @@ def _native_ratios(mode: str, records: list[Record], refs: _References) -> dict[
     speculative modes against native-none (their speedup in llama.cpp's own terms), and
     native-none against native-bench (what the example's loop costs over bare decoding)."""
     out: dict[str, Any] = {}
-    if (mode in ENGINE_MODES or mode in AUTO_MODES) and refs.best_native:
+    engine = mode in ENGINE_MODES or mode in MORE_ENGINE_MODES or mode in AUTO_MODES
+    if engine and refs.best_native:
         out["ratio_to_best_native"] = _ratio_to(records, refs.best_native)
     if (mode == BASELINE or mode in NATIVE_SPEC_MODES) and refs.native_none:
         out["ratio_to_native_none"] = _ratio_to(records, refs.native_none)

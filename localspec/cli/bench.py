@@ -415,6 +415,8 @@ def _meta(
         "exact": args.exact,
         "rpc": [str(e) for e in session.rpc.endpoints] if session.rpc is not None else [],
         "min_ratio_tokens": bench.MIN_RATIO_TOKENS,
+        # The costs the cost model started from (scripts/break_even.py prices drafters by them).
+        "costs": session.costs.to_dict() if session.costs is not None else None,
         "localspec": __version__,
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
     }

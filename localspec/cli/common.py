@@ -76,7 +76,11 @@ def cli_errors(interrupted: str = "\ninterrupted") -> Iterator[None]:
 
 
 DrafterOpt = Annotated[
-    str, typer.Option(help="auto (cost model), model, ngram, or none (plain decoding)")
+    str,
+    typer.Option(
+        help="auto (cost model), model, ngram, self (a draft of the target's own layers), "
+        "lookahead (the target's own guesses; exact when sampling), or none (plain decoding)"
+    ),
 ]
 # Options shared by complete, chat and bench.
 TemperatureOpt = Annotated[float, typer.Option(help="0 is greedy")]
@@ -94,7 +98,12 @@ NoTreesOpt = Annotated[
     ),
 ]
 TargetOpt = Annotated[str | None, typer.Option(help="target: path, catalog name or repo:file")]
-DraftOpt = Annotated[str | None, typer.Option(help="draft: path, catalog name or repo:file")]
+DraftOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="draft: path, catalog name or repo:file; self: derived from the target's layers"
+    ),
+]
 ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads (default: all cores)")]
 CtxOpt = Annotated[int, typer.Option(help="context size in tokens")]
 GpuLayersOpt = Annotated[
@@ -271,12 +280,20 @@ def build_params(**kwargs: Any) -> GenerationParams:
 
 
 def model_options(drafter: DrafterMode, **kwargs: Any):  # -> ModelOptions
-    from localspec.session.session import ModelOptions
+    from localspec.session.session import SELF_DRAFT, ModelOptions
 
+    if drafter.derives_draft:
+        if kwargs.get("draft") not in (None, SELF_DRAFT):
+            raise UsageError(
+                f"--drafter self drafts with the target's own layers, not --draft "
+                f"{kwargs['draft']}",
+                "leave out --draft, or use --drafter model to draft with that model",
+            )
+        kwargs["draft"] = SELF_DRAFT
     try:
         return ModelOptions(
             use_draft=drafter.loads_draft_model,
-            calibrate=drafter.uses_cost_model,
+            calibrate=drafter.calibrates,
             **kwargs,
         )
     except ValidationError as err:

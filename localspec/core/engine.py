@@ -25,7 +25,8 @@ count every node of the tree as drafted.
 The engine prints nothing and imports no UI: front ends render the events it yields.
 Cancellation is cooperative (a ``threading.Event`` checked between rounds). After a round,
 drafters with the ``Warns`` capability (``drafting.base``) have their warnings yielded as
-``EngineWarning`` events.
+``EngineWarning`` events. Drafters that draft from the target's own rows (``Watching``, the
+lookahead drafter) are shown every pass's rows, chain or tree, before they are released.
 
 Short steps. On a GPU a target step takes a few milliseconds, so a round's own work must
 not grow with the context: the target is given only the round's new tokens while its cache
@@ -56,6 +57,7 @@ from localspec.core.drafting.base import (
     Offer,
     Outcome,
     Resources,
+    Watching,
 )
 from localspec.core.drafting.registry import build_drafters
 from localspec.core.events import (
@@ -73,6 +75,7 @@ from localspec.core.planner import RESTORE_KEEP, Planner, restore_drafters
 from localspec.core.sampling import warp
 from localspec.core.stats import GenerationStats
 from localspec.core.text import TextAssembler
+from localspec.core.tree import ROOT, DraftTree
 from localspec.core.tree_round import tree_shape, verify_branches
 from localspec.core.verify import Verdict, verify_greedy, verify_sampled
 from localspec.errors import ContextOverflowError
@@ -145,6 +148,7 @@ class SpecDecoder:
         self._planners: dict[tuple, Planner] = {}
         self.restored: dict | None = None  # learned state to start every new planner from
         self.corpora: list[tuple[str, Corpus]] = []  # what the datastore drafter looks up
+        self.draft_name = "model"  # its drafter's name: "self" for a draft of the target's layers
 
     def controllers(self) -> list[Controller]:
         return [planner.controller for planner in self._planners.values()]
@@ -156,7 +160,9 @@ class SpecDecoder:
         self.restored = None
 
     def _drafters(self, params: GenerationParams, costs: LiveCosts) -> dict[str, Drafter]:
-        resources = Resources(costs, self.target, self.draft, lambda: self.corpora, self.clock)
+        resources = Resources(
+            costs, self.target, self.draft, lambda: self.corpora, self.clock, self.draft_name
+        )
         return build_drafters(params, resources)
 
     def planner_for(self, params: GenerationParams) -> Planner:
@@ -320,6 +326,12 @@ class SpecDecoder:
                 yield run.emit(EngineWarning(pending.pop(0)))
 
     @staticmethod
+    def _watchers(run: _Run) -> list[Watching]:
+        """The drafters that read the target's rows this round (``Watching``)."""
+        found = (getattr(d, "watching", None) for d in run.drafters.values())
+        return [w for w in found if w is not None]
+
+    @staticmethod
     def _offers(run: _Run, remaining: int) -> dict[str, Offer]:
         """What every drafter could draft this round, up to its limit."""
         offers: dict[str, Offer] = {}
@@ -351,7 +363,13 @@ class SpecDecoder:
         if not branches:  # nothing to draft after all: a plain step
             return self._chain_round(run, Plan(None, 0, 0.0, plan.reason))
         t_verify = self.clock()
-        tried = verify_branches(self.target, run.committed, branches)
+        watchers = self._watchers(run)
+
+        def watch(tree: DraftTree, rows: np.ndarray) -> None:
+            for watcher in watchers:
+                watcher.watch(tree.tokens, tree.parents, rows)
+
+        tried = verify_branches(self.target, run.committed, branches, watch if watchers else None)
         t_done = self.clock()
         run.target_changes = self.target.changes
         drafter.take(tried.taken)
@@ -390,6 +408,11 @@ class SpecDecoder:
             rows = self.target.forward([*committed[:-1], *batch], len(batch), borrow=True)
         # The rows are borrowed: consumed here, before the target evaluates anything else.
         verdict = self._verify(rows, draft, run.params, run.rng)
+        watchers = self._watchers(run)
+        if watchers:
+            chain = list(range(ROOT, len(draft.tokens) - 1))  # node i's parent is i - 1
+            for watcher in watchers:
+                watcher.watch(draft.tokens, chain, rows)
         self.target.truncate(len(committed) + verdict.accepted)
         run.target_changes = self.target.changes
         return verdict

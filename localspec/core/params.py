@@ -1,8 +1,10 @@
 """Generation parameters shared by the engine, the CLI, the TUI and the benchmark.
 
 ``DrafterMode`` is the user's choice of policy (``auto`` chooses per round from measured
-costs among every drafter, ``model`` and ``ngram`` use one drafter as llama.cpp does,
-``none`` is plain decoding), and answers what it needs; which drafters each mode drafts with
+costs among every drafter; ``model``, ``ngram``, ``self`` (a draft derived from the
+target's own layers, loaded as the draft model) and ``lookahead`` (the target's own rows)
+use one drafter each with a fixed policy, as llama.cpp does; ``none`` is plain decoding),
+and answers what it needs; which drafters each mode drafts with
 is the registry's (``core.drafting.registry``).
 
 ``GenerationParams`` is validated once (pydantic) so the core can trust its values:
@@ -21,17 +23,31 @@ class DrafterMode(StrEnum):
     AUTO = "auto"
     MODEL = "model"
     NGRAM = "ngram"
+    SELF = "self"
+    LOOKAHEAD = "lookahead"
     NONE = "none"
 
     @property
     def loads_draft_model(self) -> bool:
         """Whether this mode uses the draft model when one is there (so it is loaded)."""
-        return self in (DrafterMode.AUTO, DrafterMode.MODEL)
+        return self in (DrafterMode.AUTO, DrafterMode.MODEL, DrafterMode.SELF)
 
     @property
     def needs_draft_model(self) -> bool:
         """Whether this mode cannot run without a draft model."""
-        return self is DrafterMode.MODEL
+        return self in (DrafterMode.MODEL, DrafterMode.SELF)
+
+    @property
+    def derives_draft(self) -> bool:
+        """Whether its draft model is derived from the target's own layers
+        (``localspec models derive-draft``), whatever draft the target is paired with."""
+        return self is DrafterMode.SELF
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether it prices drafts with this machine's measured costs (so the pair is
+        calibrated): the cost model, and lookahead's draft length."""
+        return self in (DrafterMode.AUTO, DrafterMode.LOOKAHEAD)
 
     @property
     def uses_cost_model(self) -> bool:

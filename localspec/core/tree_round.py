@@ -16,8 +16,10 @@ sequences (``tree_seqs``) and the whole tree one batch with the last committed t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from localspec.core.cached_model import TargetModel
 from localspec.core.tree import MAX_BRANCHES, TREE_MAX_NODES, DraftTree, verify_tree_greedy
@@ -42,13 +44,19 @@ def taken_branch(branches: Sequence[Sequence[int]], path: Sequence[int]) -> int:
 
 
 def verify_branches(
-    target: TargetModel, committed: list[int], branches: list[list[int]]
+    target: TargetModel,
+    committed: list[int],
+    branches: list[list[int]],
+    watch: Callable[[DraftTree, np.ndarray], None] | None = None,
 ) -> TreeVerified:
     """Verify ``branches`` after ``committed`` in one target pass; afterwards the target's
-    cache holds ``committed`` plus the accepted tokens, as after a chain round."""
+    cache holds ``committed`` plus the accepted tokens, as after a chain round. ``watch``
+    is shown the tree and its rows before anything else is evaluated."""
     tree = DraftTree.from_branches(branches)
     rows = target.forward_tree(committed, tree)
     found = verify_tree_greedy(rows, tree)
+    if watch is not None:
+        watch(tree, rows)
     target.keep_path(found.path)
     taken = taken_branch(branches, [tree.tokens[i] for i in found.path])
     return TreeVerified(taken, Verdict(found.accepted, found.token), len(tree))

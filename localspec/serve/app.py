@@ -71,6 +71,7 @@ class ServerState:
     worker: GenerationWorker | None = None
     model_id: str = "localspec"
     draft_id: str | None = None
+    derived_draft: bool = False  # the draft was derived from the target (--draft self)
     placement: dict[str, Any] | None = None  # where each model runs (session/placement.py)
     load_error: str | None = None
     loading: bool = False  # the pair is being loaded (cli/serve.py's loader thread)
@@ -105,8 +106,13 @@ def _with_prediction(
 
 def _check_drafter(state: ServerState, params: GenerationParams) -> None:
     if params.drafter.needs_draft_model and state.draft_id is None:
-        raise ApiError(400, "speculative.drafter is model, but this server has no draft "
-                       "model: use auto or ngram", param="speculative.drafter")  # fmt: skip
+        raise ApiError(400, f"speculative.drafter is {params.drafter}, but this server has no "
+                       "draft model: use auto, ngram or lookahead",
+                       param="speculative.drafter")  # fmt: skip
+    if params.drafter.derives_draft and not state.derived_draft:
+        raise ApiError(400, "speculative.drafter is self, but this server's draft was not "
+                       "derived from the target (serve --draft self): use auto or model",
+                       param="speculative.drafter")  # fmt: skip
 
 
 def create_app(state: ServerState) -> FastAPI:

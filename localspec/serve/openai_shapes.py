@@ -19,7 +19,8 @@ counts, as OpenAI defines them, the prediction's tokens that appear in the answe
 ``prediction_counts`` matches the two token lists in order. Speculation is set per request
 as llama.cpp's server takes it (``speculative.n_max``, ``n_min``, ``p_min``, as dotted
 top-level keys or a ``speculative`` object), plus ``speculative.drafter`` (``auto``,
-``none``, ``ngram``, ``model``); the server's options are the defaults.
+``none``, ``ngram``, ``model``, ``lookahead``, ``self``: a mode of ``core.params.DrafterMode``);
+the server's options are the defaults.
 """
 
 from __future__ import annotations

@@ -81,6 +81,8 @@ class ModelOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     target: str | None = None  # path, catalog name or repo_id:filename; None = default
+    # A path, catalog name or repo_id:filename; "self" (SELF_DRAFT): a draft derived from the
+    # target's own layers (localspec models derive-draft), derived on first use and cached.
     draft: str | None = None
     use_draft: bool = True  # False skips loading the draft model (drafter none / ngram)
     threads: int | None = Field(None, ge=1)
@@ -445,6 +447,8 @@ def resolve_pair(
     draft = None
     if options.use_draft:
         ref = options.draft if options.draft else _paired_draft(options.target)
+        if ref == SELF_DRAFT:
+            return target, _self_draft(target, options, on_progress)
         if ref is not NO_DRAFT:
             tell(on_progress, "locating the draft model (fetched on first use)")
             draft = resolve_model(ref, "draft", progress=shown)
@@ -452,6 +456,17 @@ def resolve_pair(
 
 
 NO_DRAFT = ""  # a target whose model family has no draft: auto drafts by copying alone
+SELF_DRAFT = "self"  # --draft self: a draft of the target's own layers
+
+
+def _self_draft(target: Path, options: ModelOptions, on_progress: OnProgress | None) -> Path:
+    """The target's derived draft: cached, or measured and written now (once per target)."""
+    from localspec.models.selfdraft import cached_derived, derived_draft
+
+    if cached_derived(target) is None:
+        tell(on_progress, "deriving a draft from the target's own layers (once per target; "
+             "measures which layers to keep, about two minutes)")  # fmt: skip
+    return derived_draft(target, threads=options.threads, on_progress=on_progress).path
 
 
 def _paired_draft(target: str | None) -> str | None:
@@ -542,6 +557,8 @@ def open_session(
             draft.close()
         raise
     session = Session(target, draft, costs, costs_file, rpc=rpc, placement=placement)
+    if draft is not None and options.draft == SELF_DRAFT:
+        session.decoder.draft_name = SELF_DRAFT  # its drafts are labelled as the target's own
     if options.calibrate and options.learn:
         _restore_learning(session, target_path, draft_path, on_progress)
     try:

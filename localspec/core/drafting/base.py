@@ -27,6 +27,10 @@ outside its control (a datastore on disk) keeps a ``warnings`` list; the engine 
 line as an ``EngineWarning`` after the round and empties it, so a drafter never has to fail
 a generation to say that it had to leave something out.
 
+Optional capability ``Watching``: a drafter that drafts from what the target computed
+(lookahead) exposes ``watching`` (None while it has no use for them); the engine shows it
+every target pass's logits rows, read before they are released, as a tree of nodes.
+
 The loop never asks which kind of drafter it holds: names (``Drafter.name``) only label
 stats, events and token origins. ``Resources`` is what the registry builds drafters from.
 """
@@ -108,6 +112,14 @@ class Warns(Protocol):
     warnings: list[str]  # lines for the engine to yield after the round, then emptied
 
 
+class Watching(Protocol):
+    def watch(self, tokens: Sequence[int], parents: Sequence[int], rows: np.ndarray) -> None:
+        """A target pass: ``rows[0]`` after the last committed token, ``rows[1 + i]`` after
+        node ``i`` (``tokens[i]``, child of node ``parents[i]``; ``core.tree.ROOT`` is the
+        last committed token; a chain's node i is the child of i - 1). The rows are
+        borrowed: read them now, keep none."""
+
+
 class Previewing(Protocol):
     def preview(self, k: int) -> list[int]:
         """Up to ``k`` tokens ``propose`` would draft now, without drafting them."""
@@ -153,11 +165,12 @@ class Corpus(Protocol):
 class Resources:
     """What drafters are built from: the live costs they price with (shared with the
     controller), the target (its vocabulary and end of generation), the draft model if one
-    is loaded, the named corpora to draft from as they are when an answer begins, and the
-    clock a drafter that times its own work reads (the engine's)."""
+    is loaded (and its drafter's name), the named corpora to draft from as they are when an
+    answer begins, and the clock a drafter that times its own work reads (the engine's)."""
 
     costs: LiveCosts
     target: TargetModel
     draft_model: CachedModel | None = None
     corpora: Callable[[], Sequence[tuple[str, Corpus]]] = lambda: ()
     clock: Callable[[], float] = time.perf_counter
+    draft_name: str = "model"  # the draft model's drafter: "self" for a derived draft

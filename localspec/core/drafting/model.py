@@ -81,7 +81,6 @@ class DraftCosts:
 class ModelDrafter:
     """Autoregressive drafting with a small model that shares the target's vocabulary."""
 
-    name = NAME
     branching: Branching | None = None  # it drafts one continuation: chains only
 
     def __init__(
@@ -94,10 +93,13 @@ class ModelDrafter:
         limit: int = 16,
         fixed: bool = False,
         clock: Callable[[], float] = time.perf_counter,
+        name: str = NAME,
     ) -> None:
-        """``vocab``: the target's vocabulary size; ids at or past it are never drafted
-        (vocabularies may differ in size by up to 128 tokens). ``fixed``: a fixed policy
-        (``--drafter model``), which stops at llama.cpp's confidence cut-off."""
+        """``name``: how its drafts are labelled (``self`` for a draft derived from the
+        target's layers). ``vocab``: the target's vocabulary size; ids at or past it are
+        never drafted (vocabularies may differ in size by up to 128 tokens). ``fixed``: a
+        fixed policy (``--drafter model``), which stops at llama.cpp's confidence cut-off."""
+        self.name = name
         self.model = model
         self.is_eog = is_eog
         self.vocab = vocab
@@ -229,4 +231,5 @@ def build(params: GenerationParams, resources: Resources) -> ModelDrafter | None
         limit=params.draft_max,
         fixed=not params.drafter.uses_cost_model,
         clock=resources.clock,
+        name=resources.draft_name,
     )

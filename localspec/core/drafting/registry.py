@@ -4,7 +4,9 @@
 ``params.drafter`` drafts with that can be built from ``resources`` (a draft model's
 drafter needs a draft model). The order is the order offers are weighed in (a tie goes to
 the first). Adding a drafter is one module with a ``build(params, resources)`` function and
-one line here; the engine and the controller do not change.
+one line here; the engine and the controller do not change. Drafters are keyed by their own
+``name``: the draft model's drafter is named ``self`` when the draft model was derived from
+the target (``Resources.draft_name``).
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localspec.core.drafting import model, ngram, prediction, store
+from localspec.core.drafting import lookahead, model, ngram, prediction, store
 from localspec.core.drafting.base import Drafter, Resources
 from localspec.core.params import DrafterMode, GenerationParams
 
 AUTO, MODEL, NGRAM = DrafterMode.AUTO, DrafterMode.MODEL, DrafterMode.NGRAM
+SELF, LOOKAHEAD = DrafterMode.SELF, DrafterMode.LOOKAHEAD
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,8 @@ REGISTRY = (
     Registration(ngram.NAME, ngram.build, (AUTO, NGRAM)),
     Registration(prediction.NAME, prediction.build, (AUTO,)),
     Registration(store.NAME, store.build, (AUTO,)),
-    Registration(model.NAME, model.build, (AUTO, MODEL)),
+    Registration(model.NAME, model.build, (AUTO, MODEL, SELF)),
+    Registration(lookahead.NAME, lookahead.build, (AUTO, LOOKAHEAD)),
 )
 
 
@@ -40,7 +44,7 @@ def build_drafters(params: GenerationParams, resources: Resources) -> dict[str, 
         if params.drafter in entry.modes:
             drafter = entry.build(params, resources)
             if drafter is not None:
-                drafters[entry.name] = drafter
+                drafters[drafter.name] = drafter  # the draft model's may be "self"
     return drafters
 
 
