@@ -8,13 +8,14 @@ candidate subset is derived into a file (``derive``), loaded, and measured on th
   calibration text, teacher-forced in one batch. The text is the target's own greedy
   continuation of two short prompts (code and prose), so α is the greedy acceptance rate
   per drafted token on the model's own distribution;
-- step_ratio: its one-token step over the target's (medians of a few steps each).
+- step_ratio: its one-token step over the target's, timed right after it (medians of a few
+  steps each).
 
 The target's verify batches of k+1 tokens are timed too, as ``verify_ratio[k]`` (over its
 plain step). ``expected_speedup`` turns these into tokens per unit of plain-decoding time
-(pure, no I/O); ``pick`` keeps the best candidate. Contract of ``choose_layers``: loads
-nothing but the target and, one at a time, each candidate (derived into a temporary
-directory, deleted after); returns every candidate's numbers and the chosen one's.
+(pure, no I/O); ``pick`` keeps the best candidate. Contract of ``choose_layers``: keeps the
+target loaded and loads each candidate in turn (derived into a temporary directory, each
+file deleted once measured); returns every candidate's numbers and the chosen one's.
 """
 
 from __future__ import annotations
@@ -195,23 +196,19 @@ def choose_layers(
         context = texts[0][0]
         target_step = _step_seconds(model, context)
         verify = _verify_ratios(model, context, target_step)
+        rated = []
+        with tempfile.TemporaryDirectory(prefix="selfdraft-", dir=workdir) as tmp:
+            for i, (label, layers) in enumerate(pool, start=1):
+                what = f"{label} (layers {compact_layers(layers)})"
+                tell(on_progress, f"candidate {i}/{len(pool)}: {what}")
+                path = write_derived(source, layers, Path(tmp) / f"layers-{i}.gguf")
+                try:
+                    agreement, ratio = _measure_draft(path, model, texts, options)
+                finally:
+                    path.unlink()
+                rated.append(rate(layers, label, agreement, ratio, verify))
     finally:
         model.close()
-    rated = []
-    with tempfile.TemporaryDirectory(prefix="selfdraft-", dir=workdir) as tmp:
-        for i, (label, layers) in enumerate(pool, start=1):
-            tell(
-                on_progress, f"candidate {i}/{len(pool)}: {label} (layers {compact_layers(layers)})"
-            )
-            path = write_derived(source, layers, Path(tmp) / f"layers-{i}.gguf")
-            draft = load_derived(path, options, str(target))
-            try:
-                agreement = _agreement(draft, texts)
-                ratio = _step_seconds(draft, context) / target_step
-            finally:
-                draft.close()
-                path.unlink()
-            rated.append(rate(layers, label, agreement, ratio, verify))
     return Choice(
         n_layers=source.n_layers,
         chosen=pick(rated),
@@ -221,6 +218,22 @@ def choose_layers(
         calibration_tokens=sum(len(seq) - start for seq, start in texts),
         seconds=time.perf_counter() - started,
     )
+
+
+def _measure_draft(
+    path: Path, target: LlamaModel, texts: list[tuple[list[int], int]], options: LoadOptions
+) -> tuple[float, float]:
+    """``(agreement, step ratio)`` of the derived file at ``path``. The target's step is
+    timed again right after the draft's, so a change in the machine's load between
+    candidates does not favour one of them."""
+    draft = load_derived(path, options, str(target.path))
+    try:
+        agreement = _agreement(draft, texts)
+        context = texts[0][0]
+        draft_step = _step_seconds(draft, context)
+    finally:
+        draft.close()
+    return agreement, draft_step / _step_seconds(target, context)
 
 
 def _calibration(
