@@ -285,7 +285,8 @@ def test_given_layers_are_cached_and_the_second_call_does_no_work(tiny4, monkeyp
     def no_work(*args, **kwargs):
         raise AssertionError("worked again")
 
-    monkeypatch.setattr(selfdraft, "derive_gguf", no_work)
+    monkeypatch.setattr(selfdraft, "write_derived", no_work)
+    monkeypatch.setattr(selfdraft, "open_source", no_work)
     monkeypatch.setattr(selfdraft, "choose_layers", no_work)
     assert derived_draft(tiny4, threads=1, layers=[0, 1]) == first
     assert derived_draft(tiny4, threads=1) == first  # the recorded choice
@@ -334,7 +335,7 @@ def test_a_changed_target_gets_a_folder_of_its_own(tmp_path):
 
 
 def test_a_derived_file_llama_cpp_refuses_is_not_cached(tiny4, monkeypatch):
-    real = selfdraft.derive_gguf
+    real = selfdraft.write_derived
 
     def dropping(source, layers, dest):
         real(source, layers, dest)
@@ -342,7 +343,7 @@ def test_a_derived_file_llama_cpp_refuses_is_not_cached(tiny4, monkeypatch):
         os.replace(dest.with_suffix(".tmp"), dest)
         return dest
 
-    monkeypatch.setattr(selfdraft, "derive_gguf", dropping)
+    monkeypatch.setattr(selfdraft, "write_derived", dropping)
     with pytest.raises(ModelFileError) as err:
         derived_draft(tiny4, threads=1, layers=[0, 2])
     assert "derived draft" in err.value.message and "--refresh" in err.value.hint

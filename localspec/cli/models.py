@@ -267,12 +267,12 @@ def _show_derived(found: Derived) -> None:
             title=f"self-draft candidates ({found.n_layers} target layers; * chosen)",
             title_justify="left",
         )
-        for col in ("", "candidate", "layers kept", "agreement", "draft step", "speedup", "k"):
-            table.add_column(
-                col,
-                no_wrap=True,
-                justify="left" if col in ("candidate", "layers kept") else "right",
-            )
+        # Fits 80 columns (a pipe's width): long layer lists fold onto more lines.
+        table.add_column("", no_wrap=True)
+        table.add_column("candidate", no_wrap=True)
+        table.add_column("layers kept", overflow="fold", ratio=1)
+        for col in ("agree", "step", "speedup", "k"):
+            table.add_column(col, no_wrap=True, justify="right")
         for c in found.candidates:
             table.add_row(
                 "*" if c.layers == found.layers else "",
@@ -285,8 +285,9 @@ def _show_derived(found: Derived) -> None:
             )
         out.print(table)
         out.print(
-            "agreement: drafts the target accepts (greedy); draft step: its cost in target "
-            "steps; speedup: expected over plain decoding at the best k drafts per round"
+            "agree: share of drafts the target accepts (greedy); step: a draft step in target "
+            "steps; speedup: expected over plain decoding, at the best k drafts per round",
+            soft_wrap=True,
         )
     typer.echo(f"layers kept: {compact_layers(found.layers)} of {found.n_layers}")
     typer.echo(_verdict(found))

@@ -32,7 +32,7 @@ import numpy as np
 from localspec.backend.llama import LlamaModel, LoadOptions
 from localspec.core.cached_model import CachedModel
 from localspec.errors import ModelFileError, UsageError
-from localspec.models.derive import compact_layers, open_source, write_derived
+from localspec.models.derive import Source, compact_layers, open_source, write_derived
 from localspec.progress import OnProgress, ProgressKind, tell
 
 DRAFT_LENGTHS = (1, 2, 4, 8, 16)  # k whose verify batch (k+1 tokens) is timed
@@ -171,11 +171,13 @@ def choose_layers(
     calibration_tokens: int = CALIBRATION_TOKENS,
     prompts: Sequence[str] = CALIBRATION_PROMPTS,
     workdir: Path | None = None,
+    source: Source | None = None,
 ) -> Choice:
     """Measure each subset (default ``candidate_subsets``) against ``target``; see the
-    module docstring. ``workdir`` holds the candidates' temporary files."""
+    module docstring. ``workdir`` holds the candidates' temporary files; ``source`` is
+    ``target`` already parsed, if the caller has it."""
     started = time.perf_counter()
-    source = open_source(target)
+    source = source or open_source(target)
     pool = list(subsets) if subsets is not None else candidate_subsets(source.n_layers)
     if not pool:
         raise UsageError(f"{target.name} has too few layers ({source.n_layers}) to leave any out")

@@ -35,7 +35,7 @@ from filelock import FileLock, Timeout
 
 from localspec.backend.llama import LoadOptions
 from localspec.errors import LocalspecError, ModelFileError
-from localspec.models.derive import check_layers, compact_layers, derive_gguf
+from localspec.models.derive import Source, check_layers, compact_layers, open_source, write_derived
 from localspec.models.gguf import check_gguf, read_metadata
 from localspec.models.layerchoice import (
     Candidate,
@@ -124,18 +124,19 @@ def derived_draft(
         if record is not None and wanted in (None, record.layers):
             if not record.path.is_file():
                 tell(on_progress, f"deriving {record.path.name} again from {target.name}")
-                _derive_checked(target, record.layers, record.path)
+                _derive_checked(open_source(target), record.layers, record.path)
             return record
+        source = open_source(target)  # parsed once: a large vocabulary takes seconds
         if wanted is None:
             choice = choose_layers(
-                target, threads=threads, on_progress=on_progress, workdir=directory
+                target, threads=threads, on_progress=on_progress, workdir=directory, source=source
             )
             found = _from_choice(directory, choice)
         else:
             earlier = _read_choice(directory)
             found = _given(directory, wanted, n_layers, earlier.candidates if earlier else ())
         tell(on_progress, f"deriving {found.path.name} from {target.name}")
-        _derive_checked(target, found.layers, found.path)
+        _derive_checked(source, found.layers, found.path)
         _write_choice(directory, found, target, choice)
         _remove_others(directory, found.path)
         return found
@@ -188,11 +189,11 @@ def _given(
     )
 
 
-def _derive_checked(target: Path, layers: Sequence[int], dest: Path) -> None:
+def _derive_checked(source: Source, layers: Sequence[int], dest: Path) -> None:
     """Derive ``dest`` and make sure llama.cpp loads it; a refused file is removed."""
-    derive_gguf(target, layers, dest)  # written 0600, as a temporary file is
+    write_derived(source, layers, dest)  # written 0600, as a temporary file is
     try:
-        load_derived(dest, CHECK_OPTIONS, str(target)).close()
+        load_derived(dest, CHECK_OPTIONS, str(source.path)).close()
     except BaseException:
         dest.unlink(missing_ok=True)
         raise
