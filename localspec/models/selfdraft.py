@@ -12,9 +12,9 @@ Contract:
   is gone.
 - Files: ``cache_root()/derived/<target stem>-<hash of its size and mtime>/`` holds
   ``layers-<list>.gguf`` and ``choice.json`` (every candidate's numbers), so a changed
-  target is derived again. Both are written under temporary names and renamed; the folder
-  is private (0700) and its files 0600, as the models' are. A lock keeps two processes
-  from deriving the same target at once.
+  target is derived again. Both are written under temporary names and renamed; the files
+  are 0600, as the models' are, in a 0700 folder. A lock keeps two processes from deriving
+  the same target at once; only the recorded choice's file is kept.
 - ``load_derived`` loads a derived file; llama.cpp's refusal is a ``ModelFileError`` whose
   hint says how to derive it again.
 """
