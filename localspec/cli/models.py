@@ -1,4 +1,5 @@
-"""``localspec models ...``: list, pull, remove, locate, check and requantize models.
+"""``localspec models ...``: list, pull, remove, locate, check, requantize models and derive
+self-drafts from a target's own layers.
 
 Contract: ``models_app`` is a Typer sub-app. Every command turns a ``LocalspecError`` into
 ``error: <message>`` and ``hint: <hint>`` on stderr and exits with the error's
@@ -11,16 +12,21 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from localspec.cli.common import cli_errors
+from localspec.cli.common import ThreadsOpt, cli_errors, echo_progress
 from localspec.errors import ModelNotFoundError
 from localspec.models import catalog, fetch, paths
+from localspec.models.derive import compact_layers, parse_layers
 from localspec.models.resources import human
+from localspec.progress import Progress, ProgressKind
+
+if TYPE_CHECKING:  # the module itself loads llama.cpp: only when the command runs
+    from localspec.models.selfdraft import Derived
 
 models_app = typer.Typer(
     name="models",
@@ -207,6 +213,102 @@ def optimize(
         catalog.register_local(new_name, dst, base=base, quant=qtype.upper())
         typer.echo(f"{new_name}: {dst} ({human(dst.stat().st_size)})")
         typer.echo(f"it now resolves by name: {new_name}", err=True)
+
+
+@models_app.command("derive-draft")
+def derive_draft(
+    target: Annotated[
+        str | None,
+        typer.Argument(help="catalog name, local name or file (default: the default target)"),
+    ] = None,
+    layers: Annotated[
+        str | None,
+        typer.Option(help="derive exactly these layers, e.g. 0-7,20-27 (no measurement)"),
+    ] = None,
+    refresh: Annotated[bool, typer.Option("--refresh", help="measure and derive again")] = False,
+    threads: ThreadsOpt = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="print only the derived file's path")
+    ] = False,
+) -> None:
+    """Derive a draft from the target's own layers (a self-draft), measuring which to keep.
+
+    Each candidate subset of layers is derived, loaded and measured against the target on
+    this machine; the best is kept in localspec's cache and its path printed last on
+    stdout. Measured once per target; --refresh measures again.
+    """
+    with _cli_errors():
+        from localspec.models.selfdraft import derived_draft
+
+        wanted = parse_layers(layers) if layers is not None else None
+        path = catalog.resolve_model(target, "target")
+        if not quiet:
+            typer.echo(f"target: {path}", err=True)
+        shown = _quiet_progress if quiet else echo_progress
+        found = derived_draft(
+            path, threads=threads, on_progress=shown, layers=wanted, refresh=refresh
+        )
+        if not quiet:
+            _show_derived(found)
+        typer.echo(str(found.path))
+
+
+def _quiet_progress(progress: Progress) -> None:
+    """A quiet run still says why it waits (the measurement), on stderr."""
+    if progress.kind in (ProgressKind.WAIT, ProgressKind.WARNING):
+        echo_progress(progress)
+
+
+def _show_derived(found: Derived) -> None:
+    """The candidates as measured, the chosen one marked, and whether drafting pays."""
+    out = Console(highlight=False, soft_wrap=False)
+    if found.candidates:
+        table = Table(
+            title=f"self-draft candidates ({found.n_layers} target layers; * chosen)",
+            title_justify="left",
+        )
+        # Fits 80 columns (a pipe's width): long layer lists fold onto more lines.
+        table.add_column("", no_wrap=True)
+        table.add_column("candidate", no_wrap=True)
+        table.add_column("layers kept", overflow="fold", ratio=1)
+        for col in ("agree", "step", "speedup", "k"):
+            table.add_column(col, no_wrap=True, justify="right")
+        for c in found.candidates:
+            table.add_row(
+                "*" if c.layers == found.layers else "",
+                c.label,
+                f"{compact_layers(c.layers)} ({len(c.layers)})",
+                f"{c.agreement:.0%}",
+                f"{c.step_ratio:.2f}",
+                f"{c.expected_speedup:.2f}x",
+                str(c.draft_length),
+            )
+        out.print(table)
+        out.print(
+            "agree: share of drafts the target accepts (greedy); step: a draft step in target "
+            "steps; speedup: expected over plain decoding, at the best k drafts per round",
+            soft_wrap=True,
+        )
+    typer.echo(f"layers kept: {compact_layers(found.layers)} of {found.n_layers}")
+    typer.echo(_verdict(found))
+
+
+def _verdict(found: Derived) -> str:
+    if found.expected_speedup is None:
+        return (
+            "not measured (--layers given): run without --layers to see whether a "
+            "self-draft can pay on this machine"
+        )
+    if found.expected_speedup > 1:
+        return (
+            f"a self-draft can pay on this machine: expected {found.expected_speedup:.2f}x "
+            f"plain decoding with {found.draft_length} draft(s) per round"
+        )
+    return (
+        f"a self-draft is not expected to pay on this machine: at best "
+        f"{found.expected_speedup:.2f}x plain decoding (its steps and the target's verify "
+        "batches cost more than its agreement wins back)"
+    )
 
 
 def main() -> None:  # pragma: no cover - for `python -m localspec.cli.models`
