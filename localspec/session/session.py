@@ -538,7 +538,13 @@ def open_session(
             assert draft_place is not None
             where = f" onto {draft_place.summary()}" if draft_place.on_gpu else ""
             tell(on_progress, f"loading draft {draft_path.name}{where}")
-            draft = LlamaModel(draft_path, replace(load, n_gpu_layers=draft_place.n_gpu_layers))
+            draft_load = replace(load, n_gpu_layers=draft_place.n_gpu_layers)
+            if options.draft == SELF_DRAFT:  # a file localspec wrote: its hint says re-derive
+                from localspec.models.selfdraft import load_derived
+
+                draft = load_derived(draft_path, draft_load, str(target_path))
+            else:
+                draft = LlamaModel(draft_path, draft_load)
             tell(on_progress, "checking that the draft's vocabulary fits the target's")
             report = check_vocabularies(target, draft)
             if not report.compatible:
