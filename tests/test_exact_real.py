@@ -21,6 +21,16 @@ PROMPTS_PER_CATEGORY = int(os.environ.get("LOCALSPEC_EXACT_PROMPTS", "1"))
 NEW_TOKENS = 256
 
 
+def _localspec(args: list[str], home, timeout: int = 3600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "localspec.cli.app", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "LOCALSPEC_HOME": str(home)},
+    )
+
+
 def test_real_target_logits_are_the_same_alone_and_in_any_batch(real_pair_home):
     _, target, _ = real_pair_home
     # Past 512 cached cells, where a lone query row would take another attention kernel.
@@ -32,11 +42,8 @@ def test_real_target_logits_are_the_same_alone_and_in_any_batch(real_pair_home):
 def test_greedy_output_is_plain_decodings_in_every_drafter_mode(real_pair_home, tmp_path):
     home, _, _ = real_pair_home
     out = tmp_path / "bench"
-    proc = subprocess.run(
+    proc = _localspec(
         [
-            sys.executable,
-            "-m",
-            "localspec.cli.app",
             "bench",
             "--exact",
             "--modes",
@@ -51,10 +58,7 @@ def test_greedy_output_is_plain_decodings_in_every_drafter_mode(real_pair_home, 
             str(out),
             "--no-chart",
         ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        env={**os.environ, "LOCALSPEC_HOME": str(home)},
+        home,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs: dict[str, dict[str, list[int]]] = defaultdict(dict)
@@ -68,16 +72,6 @@ def test_greedy_output_is_plain_decodings_in_every_drafter_mode(real_pair_home, 
             assert by_mode[mode] == by_mode["none"], f"{prompt}: {mode} parted from plain"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["meta"]["exact"] is True
-
-
-def _localspec(args: list[str], home, timeout: int = 3600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "localspec.cli.app", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "LOCALSPEC_HOME": str(home)},
-    )
 
 
 def test_a_draft_of_the_targets_own_layers_leaves_greedy_output_plain_decodings(
