@@ -5,7 +5,7 @@ retrieval drafter makes them: ``longest_match`` of a 32-token context, then ``co
 of 16 tokens over the drafter's sample of occurrences. Contexts are taken from the store
 itself (every lookup matches, the longest walk), then made of random token ids (most
 lookups end after a token or two). A lookup should cost well under a tenth of a plain
-target step (57 ms on the 2-core machine of the README).
+target step (57 ms on the 2-core machine of docs/datastore.md).
 
 With ``--target``, the corpus is this repository's files (as ``localspec datastore add``
 would read them) through that model's tokenizer, repeated until it is large enough; without

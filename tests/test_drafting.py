@@ -245,7 +245,7 @@ def test_outcomes_reach_only_the_drafter_that_drafted():
 
 
 class EchoDrafter:
-    """The README's example drafter, as written there: drafts the last token again."""
+    """The example drafter of docs/development.md, as written there: drafts the last token again."""
 
     name, branching = "echo", None
 

@@ -130,7 +130,7 @@ def serve(
             "--store",
             metavar="NAME",
             help="draft every client's answers from this datastore too (repeatable; every "
-            "client can probe it through timings: see the README's Security)",
+            "client can probe it through timings: see docs/serve.md, Security)",
         ),
     ] = None,
     no_store: Annotated[bool, typer.Option("--no-store", hidden=True)] = False,  # the default

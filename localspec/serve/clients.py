@@ -7,8 +7,8 @@ starts the drafters again from what the session restored at start (nothing learn
 another client's answers carries over), and gives the client its own history of answers
 when the server keeps them (``--history``): ``history/<fingerprint>-<client>`` in the
 datastores, kept and drafted from by that client alone. Histories the server was told to
-share (``--store history``) stay attached for every client: the README says that every
-client can then probe them through its timings.
+share (``--store history``) stay attached for every client: docs/serve.md (Security) says
+that every client can then probe them through its timings.
 """
 
 from __future__ import annotations
