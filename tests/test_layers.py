@@ -2,8 +2,9 @@
 
 Layers, lowest first: ``errors`` and ``progress`` (values every layer may use); ``core``;
 ``backend``; ``models`` (which uses the backend only to measure drafts it derives from a
-target; the backend never imports it); ``session``; the front ends ``bench``, ``tui`` and
-``serve`` (none imports another); ``cli``, which mounts them all.
+target; the backend never imports it); ``session``; the front ends ``api`` (the Python API,
+one module), ``bench``, ``tui`` and ``serve`` (none imports another); ``cli``, which mounts
+them all.
 Every import in every module counts, including the ones inside functions. The core also
 stays free of I/O-heavy and UI libraries, checked both in its source and in a fresh
 interpreter.
@@ -26,6 +27,7 @@ RANK = {
     "backend": 2,
     "models": 3,
     "session": 4,
+    "api": 5,
     "bench": 5,
     "tui": 5,
     "serve": 5,
@@ -37,6 +39,8 @@ FORBIDDEN = {
     "backend": {"textual", "typer", "huggingface_hub"},
     "models": {"textual", "typer", "llama_cpp"},
     "session": {"textual", "typer"},
+    # A script's API draws nothing on the terminal.
+    "api": {"textual", "typer", "rich"},
 }
 MODULES = sorted(
     p.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
@@ -102,6 +106,24 @@ def test_the_checker_catches_a_leak(tmp_path, monkeypatch):
     found = violations("core.leaky")
     assert any("localspec.tui.app" in v for v in found)
     assert any("llama_cpp" in v for v in found)
+
+
+def test_the_api_is_a_front_end_below_the_cli(tmp_path, monkeypatch):
+    """``localspec/api.py`` is a layer of its own: it may use the session, not the CLI's
+    helpers (typer) nor another front end."""
+    assert layer_of("api") == "api"
+    fake = tmp_path / "localspec"
+    fake.mkdir()
+    (fake / "api.py").write_text(
+        "import typer\nfrom localspec.session.session import open_session\n"
+        "from localspec.cli.common import parse_generation\nfrom localspec.serve import app\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    found = violations("api")
+    assert len(found) == 3
+    assert any("localspec.cli.common" in v for v in found)
+    assert any("localspec.serve" in v for v in found)
+    assert any("typer" in v for v in found)
 
 
 def test_core_loads_no_front_end_or_backend_library():

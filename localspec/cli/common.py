@@ -11,20 +11,26 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
 from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
 from localspec.backend.rpc import parse_endpoints
-from localspec.core.params import DrafterMode, GenerationParams
+from localspec.core.params import GenerationParams
 from localspec.errors import (
     EXIT_CANCELLED,
     InputError,
     LocalspecError,
     UsageError,
     describe,
-    validation_problem,
 )
 from localspec.progress import Progress, ProgressKind
+from localspec.session.options import (
+    build_params,
+    command_line,
+    drafter_mode,
+    invalid_value,
+    model_options,
+    parse_shares,
+)
 
 
 def echo_error(error: BaseException) -> int:
@@ -57,10 +63,7 @@ def fail(error: LocalspecError) -> typer.Exit:
 
 def usage_from(error: Any, command: str = "complete") -> UsageError:
     """A pydantic ``ValidationError`` of option values as a ``UsageError``."""
-    where, msg = validation_problem(error)
-    return UsageError(
-        f"invalid --{where.replace('_', '-')}: {msg}", f"see localspec {command} --help"
-    )
+    return invalid_value(error, command_line(command))
 
 
 @contextlib.contextmanager
@@ -238,17 +241,8 @@ def pair_settings(
         exact=exact,
         rpc=tuple(map(str, parse_endpoints(rpc))) if rpc else (),
         rpc_timeout=rpc_timeout,
-        rpc_split=_shares(rpc_split),
+        rpc_split=parse_shares(rpc_split),
     )
-
-
-def _shares(text: str | None) -> tuple[float, ...]:
-    if not text:
-        return ()
-    try:
-        return tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise UsageError(f"invalid --rpc-split {text!r}", "write numbers, e.g. 3,1") from None
 
 
 def parse_generation(
@@ -258,43 +252,3 @@ def parse_generation(
     ``sampling`` holds the GenerationParams fields (max_tokens, temperature, ...)."""
     mode = drafter_mode(drafter)
     return build_params(drafter=mode, **sampling), model_options(mode, **models)
-
-
-def drafter_mode(value: str) -> DrafterMode:
-    """``--drafter``'s value as a mode; a ``UsageError`` that lists the modes otherwise. (A
-    saved chat's settings give the value as text too, so it is checked here, not by typer.)"""
-    try:
-        return DrafterMode(value)
-    except ValueError:
-        *first, last = (mode.value for mode in DrafterMode)
-        raise UsageError(
-            f"invalid --drafter {value!r}", f"use {', '.join(first)} or {last}"
-        ) from None
-
-
-def build_params(**kwargs: Any) -> GenerationParams:
-    try:
-        return GenerationParams(**{k: v for k, v in kwargs.items() if v is not None})
-    except ValidationError as err:
-        raise usage_from(err) from None
-
-
-def model_options(drafter: DrafterMode, **kwargs: Any):  # -> ModelOptions
-    from localspec.session.session import SELF_DRAFT, ModelOptions
-
-    if drafter.derives_draft:
-        if kwargs.get("draft") not in (None, SELF_DRAFT):
-            raise UsageError(
-                f"--drafter self drafts with the target's own layers, not --draft "
-                f"{kwargs['draft']}",
-                "leave out --draft, or use --drafter model to draft with that model",
-            )
-        kwargs["draft"] = SELF_DRAFT
-    try:
-        return ModelOptions(
-            use_draft=drafter.loads_draft_model,
-            calibrate=drafter.calibrates,
-            **kwargs,
-        )
-    except ValidationError as err:
-        raise usage_from(err) from None
