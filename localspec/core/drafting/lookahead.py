@@ -125,7 +125,7 @@ class LookaheadDrafter:
 
     def offer(self, committed: Sequence[int], limit: int) -> Offer | None:
         self._before = len(committed)
-        self._previewed = []
+        self._previewed, self._last_candidates = [], []
         if not self._active or limit <= 0:
             return None
         candidates = self._candidates(committed, limit)
@@ -148,7 +148,12 @@ class LookaheadDrafter:
         params: GenerationParams,
         rng: np.random.Generator,
     ) -> Draft:
-        candidates = self._candidates(committed, k)
+        # The round's offer found the candidates after this same text, up to its limit (at
+        # least k); their first k tokens are what a search up to k would give.
+        if len(committed) == self._before and self._last_candidates:
+            candidates = self._last_candidates
+        else:
+            candidates = self._candidates(committed, k)
         return Draft(NAME, list(candidates[0][:k]) if candidates else [])
 
     def alternatives(self, k: int, m: int) -> list[list[int]]:
