@@ -31,6 +31,19 @@ def _localspec(args: list[str], home, timeout: int = 3600) -> subprocess.Complet
     )
 
 
+def _exact_bench(home, out, args: list[str]) -> dict[str, dict[str, dict]]:
+    """Run ``localspec bench --exact`` with ``args``; its records by prompt, then by mode."""
+    proc = _localspec(
+        ["bench", "--exact", *args, "--threads", "2", "--out", str(out), "--no-chart"], home
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs: dict[str, dict[str, dict]] = defaultdict(dict)
+    for line in (out / "records.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        runs[f"{record['category']}/{record['prompt_id']}"][record["mode"]] = record
+    return runs
+
+
 def test_real_target_logits_are_the_same_alone_and_in_any_batch(real_pair_home):
     _, target, _ = real_pair_home
     # Past 512 cached cells, where a lone query row would take another attention kernel.
@@ -42,34 +55,18 @@ def test_real_target_logits_are_the_same_alone_and_in_any_batch(real_pair_home):
 def test_greedy_output_is_plain_decodings_in_every_drafter_mode(real_pair_home, tmp_path):
     home, _, _ = real_pair_home
     out = tmp_path / "bench"
-    proc = _localspec(
-        [
-            "bench",
-            "--exact",
-            "--modes",
-            "none,ngram,model,lookahead,auto",
-            "--max-tokens",
-            str(NEW_TOKENS),
-            "--limit",
-            str(PROMPTS_PER_CATEGORY),
-            "--threads",
-            "2",
-            "--out",
-            str(out),
-            "--no-chart",
-        ],  # fmt: skip
+    runs = _exact_bench(
         home,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    runs: dict[str, dict[str, list[int]]] = defaultdict(dict)
-    for line in (out / "records.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        runs[f"{record['category']}/{record['prompt_id']}"][record["mode"]] = record["token_ids"]
+        out,
+        ["--modes", "none,ngram,model,lookahead,auto", "--max-tokens", str(NEW_TOKENS),
+         "--limit", str(PROMPTS_PER_CATEGORY)],
+    )  # fmt: skip
     assert len(runs) == 6 * PROMPTS_PER_CATEGORY
     for prompt, by_mode in runs.items():
         assert set(by_mode) == {"none", "ngram", "model", "lookahead", "auto"}, prompt
         for mode in ("ngram", "model", "lookahead", "auto"):
-            assert by_mode[mode] == by_mode["none"], f"{prompt}: {mode} parted from plain"
+            same = by_mode[mode]["token_ids"] == by_mode["none"]["token_ids"]
+            assert same, f"{prompt}: {mode} parted from plain"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["meta"]["exact"] is True
 
@@ -85,31 +82,11 @@ def test_a_draft_of_the_targets_own_layers_leaves_greedy_output_plain_decodings(
     assert derived.returncode == 0, derived.stderr[-3000:]
     assert derived.stdout.strip().endswith(".gguf")
     out = tmp_path / "bench"
-    proc = _localspec(
-        [
-            "bench",
-            "--exact",
-            "--draft",
-            "self",
-            "--modes",
-            "none,self,auto",
-            "--max-tokens",
-            "128",
-            "--limit",
-            "1",
-            "--threads",
-            "2",
-            "--out",
-            str(out),
-            "--no-chart",
-        ],  # fmt: skip
+    runs = _exact_bench(
         home,
+        out,
+        ["--draft", "self", "--modes", "none,self,auto", "--max-tokens", "128", "--limit", "1"],
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    runs: dict[str, dict[str, dict]] = defaultdict(dict)
-    for line in (out / "records.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        runs[f"{record['category']}/{record['prompt_id']}"][record["mode"]] = record
     assert len(runs) == 6
     for prompt, by_mode in runs.items():
         for mode in ("self", "auto"):
