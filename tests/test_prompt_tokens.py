@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from localspec.errors import InputError
-from localspec.session.session import ModelOptions, open_session
+from localspec.session.open import open_session
+from localspec.session.pair import ModelOptions
 
 EOS = 2  # "</s>" in the tiny vocabulary, a control token
 
@@ -37,7 +38,7 @@ def test_template_text_keeps_its_control_tokens(session):
 
 def test_a_template_that_reshapes_text_refuses_control_tokens(session, monkeypatch):
     upper = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"
-    monkeypatch.setattr(session, "_template", upper)
+    monkeypatch.setattr(session.prompts, "_template", upper)
     assert session.chat_tokens([{"role": "user", "content": "the cat"}])
     with pytest.raises(InputError, match="control tokens"):
         session.chat_tokens([{"role": "user", "content": "the </s>"}])

@@ -437,7 +437,7 @@ async def test_chat_keeps_its_history_when_the_workers_are_lost() -> None:
         assert (turns[1].answer, turns[1].finish) == ("one two", "error")
         assert any(title == lost and sev == "error" for _, title, sev in seen)
         # the autosaved conversation holds the cut answer too
-        from localspec.session.conversations import read_conversation
+        from localspec.storage.conversations import read_conversation
 
         assert app.autosave_file is not None
         saved = read_conversation(app.autosave_file)
