@@ -268,7 +268,8 @@ def run_complete(
     prediction: str | None = None,
 ) -> int:
     """``prediction``: the text the answer will mostly be, drafted from (``--prediction``)."""
-    from localspec.session.open import exit_on_lost, open_session
+    from localspec.errors import WorkersLostError, exit_with
+    from localspec.session.open import open_session
 
     running = _Running()
 
@@ -284,7 +285,7 @@ def run_complete(
                 "stats": running.to_dict(),
             }
             sys.stdout.write(json.dumps(record) + "\n")
-        exit_on_lost(message)
+        exit_with(WorkersLostError(message))
 
     session = open_session(options, on_progress=print_warnings, on_lost=lost)
     placement = session.placement

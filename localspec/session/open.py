@@ -11,13 +11,12 @@ or foreign state file is ignored with a warning), and attach the user's datastor
 with the target's tokenizer and the history of answers (``storage``; a damaged store is
 left out with a warning). A model loaded before a step fails is freed before the error goes
 on. RPC workers lost mid-evaluation are reported to ``on_lost`` from another thread; by
-default that ends the process (``exit_on_lost``).
+default that ends the process with a ``WorkersLostError``, reported as every error is
+(``errors.exit_with``).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from localspec.backend.devices import gpu_devices, gpu_hardware
 from localspec.backend.llama import LlamaModel, LoadOptions, exact_kernels
 from localspec.backend.rpc import RpcLink, attach, parse_endpoints
 from localspec.core.costs import CostProfile
-from localspec.errors import EXIT_FAILURE, IncompatibleModelsError, UsageError
+from localspec.errors import IncompatibleModelsError, UsageError, WorkersLostError, exit_with
 from localspec.models.resources import footprint
 from localspec.progress import OnProgress, ProgressKind, tell
 from localspec.session.calibrate import file_identity, machine_key
@@ -43,19 +42,17 @@ from localspec.storage.store import STATE_ERRORS
 LostHandler = Callable[[str], None]
 
 
-def exit_on_lost(message: str) -> None:
+def _exit_on_loss(message: str) -> None:
     """The default answer to lost RPC workers: the evaluation waiting on them never returns,
-    so say why and end the process (what was streamed stays written)."""
-    sys.stdout.flush()
-    sys.stderr.write(f"error: {message}\n  hint: check the worker, then run again\n")
-    sys.stderr.flush()
-    os._exit(EXIT_FAILURE)
+    so report the loss as any error is reported and end the process (what was streamed
+    stays written)."""
+    exit_with(WorkersLostError(message))
 
 
 def open_session(
     options: ModelOptions,
     on_progress: OnProgress | None = None,
-    on_lost: LostHandler = exit_on_lost,
+    on_lost: LostHandler = _exit_on_loss,
 ) -> Session:
     """Load the pair, telling ``on_progress`` each step, wait and warning (``Progress``
     values, see localspec/progress.py). With ``options.rpc``, the target's layers go to
