@@ -41,6 +41,12 @@ class InputError(LocalspecError):
     exit_code = 2
 
 
+def empty_input() -> InputError:
+    """A prompt with nothing in it: no tokens (the engine's check), or blank text (where
+    text becomes tokens)."""
+    return InputError("the input is empty", "give the prompt on stdin or as a file")
+
+
 class ModelFileError(LocalspecError):
     """A model file is missing, unreadable, not GGUF, truncated or fails to load."""
 

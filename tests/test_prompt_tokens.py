@@ -42,3 +42,19 @@ def test_a_template_that_reshapes_text_refuses_control_tokens(session, monkeypat
     assert session.chat_tokens([{"role": "user", "content": "the cat"}])
     with pytest.raises(InputError, match="control tokens"):
         session.chat_tokens([{"role": "user", "content": "the </s>"}])
+
+
+def test_a_prompt_that_cannot_run_is_refused_before_the_first_event(session):
+    """The engine's one check runs when the session is asked, not when its stream is read:
+    a front end can offer to trim a conversation before anything was generated."""
+    from localspec.core.params import GenerationParams
+    from localspec.errors import ContextOverflowError
+
+    too_long = [{"role": "user", "content": "the cat " * 400}]
+    with pytest.raises(ContextOverflowError) as overflow:
+        session.chat(too_long, GenerationParams(drafter="none"))
+    assert overflow.value.n_ctx == 256 and overflow.value.n_tokens > 256
+    with pytest.raises(InputError, match="needs a draft model, and none is loaded"):
+        session.complete("the cat", GenerationParams(drafter="model"))
+    with pytest.raises(InputError, match="the input is empty"):
+        session.complete("  \n", GenerationParams(drafter="none"))

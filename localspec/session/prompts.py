@@ -14,7 +14,7 @@ target without FIM tokens an ``UnsupportedByModelError``.
 from __future__ import annotations
 
 from localspec.backend.llama import LlamaModel
-from localspec.errors import InputError, UnsupportedByModelError, UsageError
+from localspec.errors import InputError, UnsupportedByModelError, UsageError, empty_input
 from localspec.session.chat_template import render_chat
 
 
@@ -86,7 +86,7 @@ class Prompts:
         """The prompt's tokens: ``text`` as one user message (after ``system``, if any)
         through the chat template, or as is with ``raw``."""
         if not text.strip():
-            raise InputError("the input is empty", "give the prompt on stdin or as a file")
+            raise empty_input()
         if raw:
             if system:
                 raise UsageError(

@@ -33,7 +33,6 @@ from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import Event, Finished, FinishReason
 from localspec.core.params import GenerationParams
-from localspec.errors import ContextOverflowError, InputError
 from localspec.session.placement import Placement
 from localspec.session.prompts import Prompts
 from localspec.storage.answers import KeptAnswers
@@ -151,11 +150,9 @@ class Session:
     def generate(
         self, tokens: list[int], params: GenerationParams, cancel: threading.Event | None = None
     ) -> Iterator[Event]:
-        if params.drafter.needs_draft_model and self.draft is None:
-            raise InputError(
-                f"--drafter {params.drafter} needs a draft model, and none is loaded",
-                "pass --draft REF, or use --drafter ngram",
-            )
+        # Checked now, before the first event: a front end can offer to trim a conversation
+        # that does not fit.
+        self.decoder.check(tokens, params)
         self._refresh_corpora()
         if params.drafter.uses_cost_model and not params.prediction:
             earlier = self._earlier_answer(tokens, params.max_tokens)
@@ -232,16 +229,7 @@ class Session:
         params: GenerationParams,
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
-        tokens = self.chat_tokens(messages)
-        # Checked here, before the first event, so a front end can offer to trim history.
-        if len(tokens) >= self.n_ctx:
-            raise ContextOverflowError(
-                f"the conversation has {len(tokens)} tokens but the context holds {self.n_ctx}",
-                "start a new conversation or drop the oldest turns",
-                n_tokens=len(tokens),
-                n_ctx=self.n_ctx,
-            )
-        return self.generate(tokens, params, cancel)
+        return self.generate(self.chat_tokens(messages), params, cancel)
 
     def forget_learning(self) -> None:
         """The next generation starts cold: no acceptance learned in this process or saved
