@@ -59,6 +59,7 @@ from localspec.core.params import DrafterMode, GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import ContextOverflowError, InputError, UsageError
 from localspec.progress import OnProgress, Progress, ProgressKind
+from localspec.session.open import open_session
 from localspec.session.options import (
     Spelling,
     build_params,
@@ -67,7 +68,7 @@ from localspec.session.options import (
     parse_shares,
 )
 from localspec.session.placement import Placement, parse_layers
-from localspec.session.session import Session, open_session
+from localspec.session.session import Session
 
 # How this front end names an option in an error, and where its options are described.
 LOAD = Spelling("", "_", "see help(localspec.load)")

@@ -1,12 +1,18 @@
 """Typed errors. The library raises these; only the CLI and the TUI turn them into text.
 
 Every error carries a one-line ``hint`` that says what to do next, so a front end can show
-``message`` and ``hint`` without knowing where the error came from.
+``message`` and ``hint`` without knowing where the error came from. ``describe`` gives any
+exception's message, hint and exit code; ``error_lines`` words them as every front end
+writes them (``error:`` and ``hint:`` lines); ``exit_with`` writes those lines and ends the
+process at once, for an error met on a thread that cannot hand it to the front end (RPC
+workers lost while an evaluation waits on them).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import sys
+from typing import Any, NoReturn
 
 
 class LocalspecError(Exception):
@@ -33,6 +39,12 @@ class InputError(LocalspecError):
     """The prompt itself is unusable: empty, not UTF-8, unreadable."""
 
     exit_code = 2
+
+
+def empty_input() -> InputError:
+    """A prompt with nothing in it: no tokens (the engine's check), or blank text (where
+    text becomes tokens)."""
+    return InputError("the input is empty", "give the prompt on stdin or as a file")
 
 
 class ModelFileError(LocalspecError):
@@ -72,6 +84,14 @@ class BackendError(LocalspecError):
     """llama.cpp refused an operation (decode failure, out of memory for the KV cache)."""
 
 
+class WorkersLostError(LocalspecError):
+    """The RPC workers running the target's layers failed mid-evaluation: the evaluation
+    waiting on them never returns (see backend/rpc.py)."""
+
+    def __init__(self, message: str, hint: str = "check the worker, then run again") -> None:
+        super().__init__(message, hint)
+
+
 # Exit codes every front end uses.
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -89,6 +109,24 @@ def describe(error: BaseException) -> tuple[str, str, int]:
     text = str(error).strip()
     message = f"internal error: {type(error).__name__}" + (f": {text}" if text else "")
     return message, BUG_HINT, EXIT_INTERNAL
+
+
+def error_lines(error: BaseException) -> tuple[list[str], int]:
+    """The lines a front end writes for ``error`` (``error: message``, then ``hint: hint``
+    if there is one) and the exit code."""
+    message, hint, code = describe(error)
+    return [f"error: {message}", *([f"hint: {hint}"] if hint else [])], code
+
+
+def exit_with(error: BaseException) -> NoReturn:
+    """Write ``error_lines`` on stderr and end the process now, without unwinding: a thread
+    still waits on what failed, and the interpreter would wait for it at exit. What was
+    written on stdout stays written."""
+    lines, code = error_lines(error)
+    sys.stdout.flush()
+    sys.stderr.write("".join(f"{line}\n" for line in lines))
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def validation_problem(error: Any) -> tuple[str, str]:

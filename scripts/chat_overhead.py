@@ -31,7 +31,8 @@ PROMPTS = [
 
 async def _chat_once(prompt: str, max_tokens: int) -> dict:
     from localspec.core.params import GenerationParams
-    from localspec.session.session import ModelOptions, open_session
+    from localspec.session.open import open_session
+    from localspec.session.pair import ModelOptions
     from localspec.tui.app import ChatApp
 
     options = ModelOptions(use_draft=False, calibrate=True, show_download_progress=False)

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from localspec.core.drafting.store import EXAMINED
-from localspec.session.datastore import DamagedIndex, TokenIndex
-from localspec.session.indexing import time_lookups
-from localspec.session.library import disk_bytes
-from localspec.session.sources import scan
+from localspec.storage.datastore import DamagedIndex, TokenIndex
+from localspec.storage.indexing import time_lookups
+from localspec.storage.library import disk_bytes
+from localspec.storage.sources import scan
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 151_936  # Qwen2.5's, for random documents

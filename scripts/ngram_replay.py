@@ -33,7 +33,8 @@ from localspec.core.controller import SPECULATE_MARGIN
 from localspec.core.costs import CostProfile
 from localspec.core.params import GenerationParams
 from localspec.core.replay import replay as replay_engine
-from localspec.session.session import ModelOptions, open_session
+from localspec.session.open import open_session
+from localspec.session.pair import ModelOptions
 
 
 def replay(

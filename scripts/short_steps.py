@@ -176,7 +176,8 @@ def ngram_types(args: argparse.Namespace) -> list[str]:
 def native_prompt(args: argparse.Namespace, prompt: str) -> tuple[int, str]:
     """The prompt as `localspec complete` tokenizes it (its length), and that token
     sequence as text with special tokens spelled out, as llama.cpp's tools read it."""
-    from localspec.session.session import ModelOptions, open_session
+    from localspec.session.open import open_session
+    from localspec.session.pair import ModelOptions
 
     options = ModelOptions(
         target=str(args.target_path), use_draft=False, calibrate=False, learn=False,

@@ -518,7 +518,7 @@ def test_ctrl_c_keeps_the_runs_already_recorded(tmp_path):
 
 def test_auto_store_drafts_from_the_sessions_stores_and_auto_beside_it_does_not():
     from localspec.core.engine import run_to_completion
-    from localspec.session.datastore import TokenIndex
+    from localspec.storage.datastore import TokenIndex
 
     session = FakeBenchSession()
     prompt = fake_prompts()[2]

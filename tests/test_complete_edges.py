@@ -11,7 +11,7 @@ from localspec.cli import complete as complete_cli
 from localspec.core.events import TARGET, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.errors import BackendError, InputError
-from localspec.session import session as session_module
+from localspec.session import open as open_module
 from tests.test_cli import assert_clean_error, localspec, pair_args
 
 
@@ -42,7 +42,7 @@ def stub(monkeypatch):
             made.append(StubSession(then))
             return made[-1]
 
-        monkeypatch.setattr(session_module, "open_session", open_session)
+        monkeypatch.setattr(open_module, "open_session", open_session)
         return made
 
     return open_with

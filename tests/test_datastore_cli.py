@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from localspec.cli.app import app
-from localspec.session.library import Library
+from localspec.storage.library import Library
 
 runner = CliRunner()
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.session import datastore
-from localspec.session.datastore import DamagedIndex, Match, TokenIndex
+from localspec.storage import datastore
+from localspec.storage.datastore import DamagedIndex, Match, TokenIndex
 
 CORPUS = [
     [10, 11, 12, 13, 14, 15],

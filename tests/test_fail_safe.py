@@ -18,12 +18,12 @@ from filelock import FileLock
 
 from localspec.core.params import GenerationParams
 from localspec.errors import DatastoreError, InputError
-from localspec.session.answers import KeptAnswers
-from localspec.session.datastore import _full_crc, _sample_crc
-from localspec.session.history import History, read_records
-from localspec.session.indexing import add_files
-from localspec.session.library import Library
-from localspec.session.sources import SKIP_OUTSIDE, scan
+from localspec.storage.answers import KeptAnswers
+from localspec.storage.datastore import _full_crc, _sample_crc
+from localspec.storage.history import History, read_records
+from localspec.storage.indexing import add_files
+from localspec.storage.library import Library
+from localspec.storage.sources import SKIP_OUTSIDE, scan
 
 FP = "ab" * 16
 
@@ -48,7 +48,8 @@ def tree(root: Path, files: dict[str, str]) -> Path:
 
 @pytest.fixture
 def session(tiny_pair):
-    from localspec.session.session import ModelOptions, open_session
+    from localspec.session.open import open_session
+    from localspec.session.pair import ModelOptions
 
     target, draft, _ = tiny_pair
     session = open_session(ModelOptions(target=str(target), draft=str(draft), n_ctx=256,
@@ -298,8 +299,8 @@ CRAFTED = {
 @pytest.mark.parametrize("kind", sorted(CRAFTED))
 def test_crafted_state_files_are_ignored_with_a_warning(tmp_path, kind):
     from localspec.session.calibrate import CostCache
-    from localspec.session.fingerprint import _read_checked
-    from localspec.session.learning import LearningStore
+    from localspec.storage.fingerprint import _read_checked
+    from localspec.storage.learning import LearningStore
 
     big = "1" + "0" * 400
     costs = CRAFTED[kind] or f'{{"plain_s": {big}, "verify_s": {{"1": {big}}}}}'

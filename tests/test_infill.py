@@ -7,7 +7,8 @@ import pytest
 
 from localspec.backend.llama import FimTokens, LlamaModel, LoadOptions
 from localspec.errors import UnsupportedByModelError
-from localspec.session.session import ModelOptions, open_session
+from localspec.session.open import open_session
+from localspec.session.pair import ModelOptions
 from tests.tiny_gguf import QWEN_FIM, tiny_vocab, write_tiny_llama
 
 BOS = 1

@@ -2,7 +2,9 @@
 
 Layers, lowest first: ``errors`` and ``progress`` (values every layer may use); ``core``;
 ``backend``; ``models`` (which uses the backend only to measure drafts it derives from a
-target; the backend never imports it); ``session``; the front ends ``api`` (the Python API,
+target; the backend never imports it); ``storage`` (what is kept on disk: datastores, the
+history of answers, learned state, conversations; nothing in it needs a loaded model);
+``session``; the front ends ``api`` (the Python API,
 one module), ``bench``, ``tui`` and ``serve`` (none imports another); ``cli``, which mounts
 them all.
 Every import in every module counts, including the ones inside functions. The core also
@@ -26,18 +28,20 @@ RANK = {
     "core": 1,
     "backend": 2,
     "models": 3,
-    "session": 4,
-    "api": 5,
-    "bench": 5,
-    "tui": 5,
-    "serve": 5,
-    "cli": 6,
+    "storage": 4,
+    "session": 5,
+    "api": 6,
+    "bench": 6,
+    "tui": 6,
+    "serve": 6,
+    "cli": 7,
 }
 # Third-party libraries a layer must not import.
 FORBIDDEN = {
     "core": {"textual", "typer", "rich", "llama_cpp", "huggingface_hub", "jinja2"},
     "backend": {"textual", "typer", "huggingface_hub"},
     "models": {"textual", "typer", "llama_cpp"},
+    "storage": {"textual", "typer", "llama_cpp"},
     "session": {"textual", "typer"},
     # A script's API draws nothing on the terminal.
     "api": {"textual", "typer", "rich"},
@@ -115,7 +119,7 @@ def test_the_api_is_a_front_end_below_the_cli(tmp_path, monkeypatch):
     fake = tmp_path / "localspec"
     fake.mkdir()
     (fake / "api.py").write_text(
-        "import typer\nfrom localspec.session.session import open_session\n"
+        "import typer\nfrom localspec.session.open import open_session\n"
         "from localspec.cli.common import parse_generation\nfrom localspec.serve import app\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)

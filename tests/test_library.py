@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from localspec.errors import DatastoreError, InputError, UsageError
-from localspec.session import fingerprint as fp_module
-from localspec.session import history as history_module
-from localspec.session.answers import KeptAnswers
-from localspec.session.history import History, read_records
-from localspec.session.indexing import add_files, default_name
-from localspec.session.library import Library, vocabulary_fingerprint
-from localspec.session.sources import scan
+from localspec.storage import fingerprint as fp_module
+from localspec.storage import history as history_module
+from localspec.storage.answers import KeptAnswers
+from localspec.storage.history import History, read_records
+from localspec.storage.indexing import add_files, default_name
+from localspec.storage.library import Library, vocabulary_fingerprint
+from localspec.storage.sources import scan
 
 FP = "ab" * 16
 OTHER = "cd" * 16
@@ -141,7 +141,7 @@ def test_interrupted_add_leaves_the_store_as_it_was(tmp_path):
 
 
 def test_interrupted_swap_puts_the_old_store_back(tmp_path, monkeypatch):
-    from localspec.session import indexing
+    from localspec.storage import indexing
 
     root = project(tmp_path, {"a.py": "first"})
     library = Library()
@@ -328,7 +328,8 @@ def vocab_model(tiny_pair):
 def test_the_session_records_answers_unless_turned_off(
     vocab_model, monkeypatch, options, env, setting, records
 ):
-    from localspec.session.session import ModelOptions, _open_stores
+    from localspec.session.open import _open_stores
+    from localspec.session.pair import ModelOptions
 
     if env is not None:
         monkeypatch.setenv("LOCALSPEC_HISTORY", env)
@@ -344,7 +345,8 @@ def test_the_session_records_answers_unless_turned_off(
 
 
 def test_the_session_drafts_from_the_stores_of_its_tokenizer(vocab_model, tmp_path):
-    from localspec.session.session import ModelOptions, _open_stores
+    from localspec.session.open import _open_stores
+    from localspec.session.pair import ModelOptions
 
     key = vocabulary_fingerprint(vocab_model)
     library = Library()

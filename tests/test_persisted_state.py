@@ -12,7 +12,7 @@ from localspec.core.engine import run_to_completion
 from localspec.core.params import GenerationParams
 from localspec.progress import Progress, ProgressKind
 from localspec.session.calibrate import CostCache, fastest_of
-from localspec.session.learning import FORMAT, LearningStore
+from localspec.storage.learning import FORMAT, LearningStore
 
 PROFILE = CostProfile(plain_s=0.04, verify_s={1: 0.07, 15: 0.3}, draft_step_s=0.02)
 
@@ -95,14 +95,14 @@ def test_the_previous_formats_file_is_read_into_one_entry_per_drafter(tmp_path):
 
 @pytest.fixture
 def tiny_options(tiny_pair):
-    from localspec.session.session import ModelOptions
+    from localspec.session.pair import ModelOptions
 
     target, draft, _ = tiny_pair
     return ModelOptions(target=str(target), draft=str(draft), n_ctx=256, threads=1)
 
 
 def test_a_second_session_starts_from_what_the_first_learned(tiny_options, isolated_home):
-    from localspec.session.session import open_session
+    from localspec.session.open import open_session
 
     params = GenerationParams(max_tokens=24, drafter="auto")
     first = open_session(tiny_options)
@@ -151,7 +151,7 @@ def test_a_second_session_starts_from_what_the_first_learned(tiny_options, isola
 
 
 def test_a_damaged_learning_file_is_ignored_with_a_warning(tiny_options, isolated_home):
-    from localspec.session.session import open_session
+    from localspec.session.open import open_session
 
     first = open_session(tiny_options)
     run_to_completion(first.complete("the cat", GenerationParams(max_tokens=4), raw=True))
@@ -196,7 +196,7 @@ def test_concurrent_saves_never_mix_or_leave_temporary_files(tmp_path):
     import json
     import threading
 
-    from localspec.session.store import write_json
+    from localspec.storage.store import write_json
 
     path = tmp_path / "costs" / "pair.json"
     errors: list[str] = []

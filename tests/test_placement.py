@@ -145,14 +145,15 @@ def test_footprint_reads_layers_and_kv_from_the_file(tiny_pair):
 
 
 def _fake_devices(monkeypatch, found, hardware=None):
-    from localspec.session import session as session_module
+    from localspec.session import open as open_module
 
-    monkeypatch.setattr(session_module, "gpu_devices", lambda: [d for d in found if d.is_gpu])
-    monkeypatch.setattr(session_module, "gpu_hardware", lambda: hardware)
+    monkeypatch.setattr(open_module, "gpu_devices", lambda: [d for d in found if d.is_gpu])
+    monkeypatch.setattr(open_module, "gpu_hardware", lambda: hardware)
 
 
 def test_plan_placement_uses_the_devices_and_rpc_keeps_the_draft_here(monkeypatch, tiny_pair):
-    from localspec.session.session import ModelOptions, plan_placement
+    from localspec.session.open import plan_placement
+    from localspec.session.pair import ModelOptions
 
     target, draft, _ = tiny_pair
     _fake_devices(monkeypatch, [gpu(4)])
@@ -164,7 +165,8 @@ def test_plan_placement_uses_the_devices_and_rpc_keeps_the_draft_here(monkeypatc
 
 
 def test_costs_are_kept_per_placement_and_cpu_keys_do_not_move(monkeypatch, tiny_pair):
-    from localspec.session.session import ModelOptions, costs_key
+    from localspec.session.costcache import costs_key
+    from localspec.session.pair import ModelOptions
 
     target, draft, _ = tiny_pair
     options = ModelOptions()
@@ -174,8 +176,7 @@ def test_costs_are_kept_per_placement_and_cpu_keys_do_not_move(monkeypatch, tiny
     keys = {costs_key(options, p, target, draft) for p in (cpu, on_gpu, draft_here)}
     assert len(keys) == 3
     # The key a CPU-only pair had before placement existed (0 layers offloaded).
-    from localspec.session.calibrate import file_identity, machine_key
-    from localspec.session.session import DRAFT_SIZES
+    from localspec.session.calibrate import DRAFT_SIZES, file_identity, machine_key
 
     threads = os.cpu_count()
     legacy = machine_key(
@@ -185,7 +186,8 @@ def test_costs_are_kept_per_placement_and_cpu_keys_do_not_move(monkeypatch, tiny
 
 
 def test_a_session_on_the_cpu_says_why_and_warns_only_when_a_gpu_is_idle(monkeypatch, tiny_pair):
-    from localspec.session.session import ModelOptions, open_session
+    from localspec.session.open import open_session
+    from localspec.session.pair import ModelOptions
 
     target, draft, _ = tiny_pair
     options = ModelOptions(target=str(target), draft=str(draft), n_ctx=256, calibrate=False)
@@ -204,7 +206,8 @@ def test_a_session_on_the_cpu_says_why_and_warns_only_when_a_gpu_is_idle(monkeyp
 
 
 def test_asking_for_layers_no_gpu_can_take_fails_before_any_load(monkeypatch, tiny_pair):
-    from localspec.session.session import ModelOptions, open_session
+    from localspec.session.open import open_session
+    from localspec.session.pair import ModelOptions
 
     target, draft, _ = tiny_pair
     _fake_devices(monkeypatch, [])
@@ -280,7 +283,8 @@ def test_bad_gpu_layers_on_the_command_line_is_a_usage_error(tiny_pair):
 
 @pytest.mark.gpu
 def test_auto_offloads_a_real_model_to_the_gpu(tiny_pair):
-    from localspec.session.session import ModelOptions, open_session
+    from localspec.session.open import open_session
+    from localspec.session.pair import ModelOptions
 
     target, draft, _ = tiny_pair
     session = open_session(
@@ -299,7 +303,7 @@ def test_auto_offloads_a_real_model_to_the_gpu(tiny_pair):
 
 def test_a_catalog_target_gets_its_own_familys_draft_or_none(monkeypatch, tmp_path):
     from localspec.models import catalog
-    from localspec.session import session as session_module
+    from localspec.session import pair as pair_module
 
     resolved: list[tuple[str | None, str]] = []
 
@@ -308,12 +312,12 @@ def test_a_catalog_target_gets_its_own_familys_draft_or_none(monkeypatch, tmp_pa
         return tmp_path / f"{ref or 'default-' + role}.gguf"
 
     monkeypatch.setattr(catalog, "resolve_model", fake_resolve)
-    options = session_module.ModelOptions
-    _, draft = session_module.resolve_pair(options(target="llama-3.1-8b"))
+    options = pair_module.ModelOptions
+    _, draft = pair_module.resolve_pair(options(target="llama-3.1-8b"))
     assert resolved[-1] == ("llama-3.2-1b", "draft") and draft.name == "llama-3.2-1b.gguf"
-    _, draft = session_module.resolve_pair(options(target="smollm2-135m"))
+    _, draft = pair_module.resolve_pair(options(target="smollm2-135m"))
     assert draft is None and resolved[-1] == ("smollm2-135m", "target")
-    session_module.resolve_pair(options(target="/models/any.gguf"))
+    pair_module.resolve_pair(options(target="/models/any.gguf"))
     assert resolved[-1] == (None, "draft")  # a file: the catalog's default draft
-    session_module.resolve_pair(options(target="smollm2-135m", draft="qwen2.5-coder-0.5b"))
+    pair_module.resolve_pair(options(target="smollm2-135m", draft="qwen2.5-coder-0.5b"))
     assert resolved[-1] == ("qwen2.5-coder-0.5b", "draft")  # --draft always wins

@@ -148,7 +148,8 @@ def test_sampled_output_with_a_prediction_keeps_the_targets_distribution():
 def test_a_question_asked_again_is_drafted_from_its_earlier_answer(tiny_pair, monkeypatch):
     """The history keeps each answer with the end of its prompt: the same prompt again
     gets the earlier answer as its prediction (history on, auto), and no other does."""
-    from localspec.session.session import ModelOptions, open_session
+    from localspec.session.open import open_session
+    from localspec.session.pair import ModelOptions
 
     target, draft, _ = tiny_pair
     session = open_session(ModelOptions(target=str(target), draft=str(draft), n_ctx=256, threads=1))

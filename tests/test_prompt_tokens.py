@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from localspec.errors import InputError
-from localspec.session.session import ModelOptions, open_session
+from localspec.session.open import open_session
+from localspec.session.pair import ModelOptions
 
 EOS = 2  # "</s>" in the tiny vocabulary, a control token
 
@@ -37,7 +38,23 @@ def test_template_text_keeps_its_control_tokens(session):
 
 def test_a_template_that_reshapes_text_refuses_control_tokens(session, monkeypatch):
     upper = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"
-    monkeypatch.setattr(session, "_template", upper)
+    monkeypatch.setattr(session.prompts, "_template", upper)
     assert session.chat_tokens([{"role": "user", "content": "the cat"}])
     with pytest.raises(InputError, match="control tokens"):
         session.chat_tokens([{"role": "user", "content": "the </s>"}])
+
+
+def test_a_prompt_that_cannot_run_is_refused_before_the_first_event(session):
+    """The engine's one check runs when the session is asked, not when its stream is read:
+    a front end can offer to trim a conversation before anything was generated."""
+    from localspec.core.params import GenerationParams
+    from localspec.errors import ContextOverflowError
+
+    too_long = [{"role": "user", "content": "the cat " * 400}]
+    with pytest.raises(ContextOverflowError) as overflow:
+        session.chat(too_long, GenerationParams(drafter="none"))
+    assert overflow.value.n_ctx == 256 and overflow.value.n_tokens > 256
+    with pytest.raises(InputError, match="needs a draft model, and none is loaded"):
+        session.complete("the cat", GenerationParams(drafter="model"))
+    with pytest.raises(InputError, match="the input is empty"):
+        session.complete("  \n", GenerationParams(drafter="none"))

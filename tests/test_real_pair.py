@@ -47,7 +47,8 @@ def near_leaders(row: np.ndarray) -> list[int]:
 
 @pytest.fixture(scope="module")
 def session(real_pair_home):
-    from localspec.session.session import ModelOptions, open_session
+    from localspec.session.open import open_session
+    from localspec.session.pair import ModelOptions
 
     _, target, draft = real_pair_home
     s = open_session(

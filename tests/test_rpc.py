@@ -437,7 +437,7 @@ async def test_chat_keeps_its_history_when_the_workers_are_lost() -> None:
         assert (turns[1].answer, turns[1].finish) == ("one two", "error")
         assert any(title == lost and sev == "error" for _, title, sev in seen)
         # the autosaved conversation holds the cut answer too
-        from localspec.session.conversations import read_conversation
+        from localspec.storage.conversations import read_conversation
 
         assert app.autosave_file is not None
         saved = read_conversation(app.autosave_file)
@@ -451,3 +451,32 @@ async def test_chat_keeps_its_history_when_the_workers_are_lost() -> None:
         assert len(session.calls) == calls and len(app.conversation.turns) == 2
         assert seen[-1][1] == lost
         session.release.set()  # let the held fake thread end before the app exits
+
+
+def test_lost_workers_are_reported_as_every_error_and_end_the_process() -> None:
+    """The loss is a ``WorkersLostError``: the same ``error:``/``hint:`` lines as any other
+    error, exit status 1, and what was already written on stdout stays written."""
+    code = (
+        "import sys\n"
+        "from localspec.errors import WorkersLostError, exit_with\n"
+        "sys.stdout.write('partial answer')\n"
+        "exit_with(WorkersLostError('lost RPC worker 127.0.0.1:50052'))\n"
+        "print('not reached')\n"
+    )
+    root = Path(__file__).resolve().parent.parent  # this checkout's localspec
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 1
+    assert proc.stdout == "partial answer"
+    assert proc.stderr == (
+        "error: lost RPC worker 127.0.0.1:50052\nhint: check the worker, then run again\n"
+    )
+
+
+def test_the_cli_words_a_lost_worker_as_exit_with_does(capsys) -> None:
+    from localspec.cli.common import echo_error
+    from localspec.errors import WorkersLostError, error_lines
+
+    lost = WorkersLostError("the RPC workers (127.0.0.1:50052) did not answer for 2 s")
+    assert echo_error(lost) == 1
+    lines, code = error_lines(lost)
+    assert capsys.readouterr().err.splitlines() == lines and code == 1

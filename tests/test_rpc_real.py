@@ -55,7 +55,8 @@ def test_real_pair_with_the_target_on_a_worker_matches_local(real_pair_home, tmp
             if i is None:
                 continue
             if local_session is None:
-                from localspec.session.session import ModelOptions, open_session
+                from localspec.session.open import open_session
+                from localspec.session.pair import ModelOptions
 
                 local_session = open_session(
                     ModelOptions(target=str(target), use_draft=False, calibrate=False, n_ctx=2048)

@@ -23,7 +23,8 @@ from localspec.serve.access import Access
 from localspec.serve.app import ServerState, create_app
 from localspec.serve.openai_shapes import timings, usage
 from localspec.serve.worker import GenerationWorker, Job
-from localspec.session.session import ModelOptions, open_session
+from localspec.session.open import open_session
+from localspec.session.pair import ModelOptions
 
 PROMPTS = [f"the cat {i} sat on the mat" for i in range(8)]
 MAX = 24
@@ -519,7 +520,7 @@ def test_cors_preflight_is_allowed_for_the_named_origin_only():
 
 def test_loading_answers_503_until_the_pair_is_loaded(server, monkeypatch):
     from localspec.cli.serve import load_into
-    from localspec.session import session as session_module
+    from localspec.session import open as open_module
 
     loaded = threading.Event()  # the fake load finishes only when the test says so
 
@@ -527,7 +528,7 @@ def test_loading_answers_503_until_the_pair_is_loaded(server, monkeypatch):
         assert loaded.wait(10)
         return server["session"]
 
-    monkeypatch.setattr(session_module, "open_session", slow_open)
+    monkeypatch.setattr(open_module, "open_session", slow_open)
     state = ServerState(defaults=GenerationParams(max_tokens=4, drafter="model"),
                         access=Access(allowed_hosts=TESTSERVER))  # fmt: skip
     loader = threading.Thread(target=load_into, args=(state, server["options"], 4), daemon=True)

@@ -17,8 +17,9 @@ import pytest
 
 from localspec.core.params import GenerationParams
 from localspec.serve.access import Access
-from localspec.session.library import Library
-from localspec.session.session import ModelOptions, open_session
+from localspec.session.open import open_session
+from localspec.session.pair import ModelOptions
+from localspec.storage.library import Library
 from tests.serving import serving
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")

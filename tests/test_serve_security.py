@@ -20,8 +20,9 @@ import pytest
 
 from localspec.core.params import GenerationParams
 from localspec.serve.access import Access, host_name
-from localspec.session.library import Library
-from localspec.session.session import ModelOptions, open_session
+from localspec.session.open import open_session
+from localspec.session.pair import ModelOptions
+from localspec.storage.library import Library
 from tests.serving import serving, slowed
 
 CHAT = "/v1/chat/completions"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from localspec.errors import InputError
-from localspec.session import sources
-from localspec.session.sources import scan
+from localspec.storage import sources
+from localspec.storage.sources import scan
 
 
 def write(root: Path, files: dict[str, str | bytes]) -> None:

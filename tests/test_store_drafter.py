@@ -15,7 +15,7 @@ from localspec.core.drafting.store import STORE_COPY_ODDS, StoreDrafter
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.params import GenerationParams
 from localspec.core.planner import restore_drafters
-from localspec.session.datastore import TokenIndex
+from localspec.storage.datastore import TokenIndex
 from tests.fakes import FakeModel, plain_greedy
 
 COSTS = CostProfile(plain_s=1.0, verify_s={k: 1.0 + 0.04 * k for k in range(1, 65)})

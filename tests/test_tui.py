@@ -561,7 +561,8 @@ async def test_the_overflow_dialog_names_the_real_option() -> None:
 
 
 def real_factory(target: Path, draft: Path) -> Callable[..., object]:
-    from localspec.session.session import ModelOptions, open_session
+    from localspec.session.open import open_session
+    from localspec.session.pair import ModelOptions
 
     options = ModelOptions(target=str(target), draft=str(draft), n_ctx=256, calibrate=False)
     return lambda on_progress, on_lost: open_session(options, on_progress, on_lost)
@@ -594,7 +595,7 @@ async def test_real_session_answers_and_counts(tiny_pair) -> None:  # type: igno
 async def test_real_session_regenerates_and_resumes_from_the_kv_cache(tiny_pair) -> None:  # type: ignore[no-untyped-def]
     """With real models: Ctrl+R evaluates nothing before sampling again; a resumed
     conversation evaluates its earlier prefix once, then only new tokens."""
-    from localspec.session.conversations import read_conversation
+    from localspec.storage.conversations import read_conversation
 
     target, draft, _ = tiny_pair
     params = GenerationParams(max_tokens=8, temperature=0.8, seed=1)
@@ -830,7 +831,7 @@ def test_snapshot_markdown_toggled_to_origin_colours(snap_compare) -> None:  # t
 
 
 def saved_conversation(system: str | None = "Be brief.", **settings: object):  # type: ignore[no-untyped-def]
-    from localspec.session.conversations import ChatSettings, SavedConversation, SavedMessage
+    from localspec.storage.conversations import ChatSettings, SavedConversation, SavedMessage
 
     messages = [
         SavedMessage(role="user", content="What is 2 + 2?"),
@@ -881,7 +882,7 @@ def test_snapshot_resumed_conversation(snap_compare, tmp_path) -> None:  # type:
 async def test_save_then_resume_evaluates_the_prefix_once_then_only_new_tokens(
     tmp_path: Path, isolated_home: Path
 ) -> None:
-    from localspec.session.conversations import read_conversation
+    from localspec.storage.conversations import read_conversation
     from tests.fake_session import fake_tokens
 
     first = FakeSession([spec_answer(), ScriptedAnswer.plain("Four.")])
@@ -942,7 +943,7 @@ async def test_save_then_resume_evaluates_the_prefix_once_then_only_new_tokens(
 
 @pytest.mark.asyncio
 async def test_resumed_system_prompt_is_shown_sent_and_kept(isolated_home: Path) -> None:
-    from localspec.session.conversations import autosave_path, read_conversation
+    from localspec.storage.conversations import autosave_path, read_conversation
 
     saved = saved_conversation(system="Answer in [bold] French.")
     path = autosave_path(FIXED_NOW)
@@ -988,7 +989,7 @@ async def test_resuming_with_another_model_warns_and_goes_on(tmp_path: Path) -> 
 async def test_stop_and_quit_keep_every_finished_turn_in_the_autosave(
     isolated_home: Path,
 ) -> None:
-    from localspec.session.conversations import read_conversation
+    from localspec.storage.conversations import read_conversation
 
     session = FakeSession([ScriptedAnswer.plain("One."), spec_answer()], hold_after=None)
     app = make_app(session)
@@ -1024,7 +1025,7 @@ def test_conversation_file_round_trip_and_refusals(tmp_path: Path) -> None:
     import json
 
     from localspec.errors import InputError
-    from localspec.session.conversations import read_conversation, write_conversation
+    from localspec.storage.conversations import read_conversation, write_conversation
 
     path = tmp_path / "c.json"
     assert write_conversation(path, saved_conversation()) == ""

@@ -258,7 +258,7 @@ def _load_prompts(args: BenchArgs) -> list:
 
 def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
     from localspec.bench import runner as bench
-    from localspec.session.session import ModelOptions
+    from localspec.session.pair import ModelOptions
 
     try:
         config = bench.BenchConfig(
@@ -336,7 +336,7 @@ def _ceiling(session: Any, prompt: str, raw: bool) -> dict[str, Any]:
 def _bench(args: BenchArgs) -> int:
     from localspec.bench import report as bench_report
     from localspec.bench import runner as bench
-    from localspec.session.session import open_session
+    from localspec.session.open import open_session
 
     chosen, native_args = _choose_modes(args)
     prompts = _load_prompts(args)

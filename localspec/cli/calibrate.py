@@ -53,12 +53,9 @@ def calibrate_command(
     with cli_errors():
         from localspec.models.paths import cache_root
         from localspec.session.calibrate import CostCache
-        from localspec.session.session import (
-            ModelOptions,
-            cached_costs,
-            learning_store,
-            open_session,
-        )
+        from localspec.session.costcache import cached_costs
+        from localspec.session.open import learning_store, open_session
+        from localspec.session.pair import ModelOptions
 
         try:
             options = ModelOptions(

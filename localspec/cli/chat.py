@@ -89,7 +89,7 @@ def chat(
     ] = False,
 ) -> None:
     """Chat in the terminal, with live acceptance stats and tokens coloured by origin."""
-    from localspec.session.conversations import read_conversation, resolve_resume
+    from localspec.storage.conversations import read_conversation, resolve_resume
 
     if recent:
         print_recent()
@@ -144,7 +144,7 @@ def chat(
         system_prompt = read_system(system)
         if saved is not None and system is None:
             system_prompt = saved.system
-    from localspec.session.session import open_session
+    from localspec.session.open import open_session
     from localspec.tui import run_chat
 
     raise typer.Exit(
@@ -170,7 +170,7 @@ def print_recent() -> None:
     """The recent conversations, newest first: number (for --resume), last update, turns,
     the first message (cut) and the file."""
     from localspec.models.paths import conversations_dir
-    from localspec.session.conversations import recent
+    from localspec.storage.conversations import recent
 
     found = recent()
     if not found:

@@ -20,7 +20,7 @@ from localspec.errors import (
     InputError,
     LocalspecError,
     UsageError,
-    describe,
+    error_lines,
 )
 from localspec.progress import Progress, ProgressKind
 from localspec.session.options import (
@@ -35,10 +35,9 @@ from localspec.session.options import (
 
 def echo_error(error: BaseException) -> int:
     """Print ``error:`` and ``hint:`` lines on stderr; return the exit code to use."""
-    message, hint, code = describe(error)
-    typer.echo(f"error: {message}", err=True)
-    if hint:
-        typer.echo(f"hint: {hint}", err=True)
+    lines, code = error_lines(error)
+    for line in lines:
+        typer.echo(line, err=True)
     return code
 
 

@@ -56,7 +56,7 @@ from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import EXIT_CANCELLED, InputError, UsageError
 from localspec.progress import Progress, ProgressKind
-from localspec.session.textfile import decode_utf8, read_bounded
+from localspec.storage.textfile import decode_utf8, read_bounded
 
 # A token is a few bytes of text: a prompt of more than this many bytes per token of context
 # cannot fit, so it is refused before it is read whole (or tokenized).
@@ -268,7 +268,8 @@ def run_complete(
     prediction: str | None = None,
 ) -> int:
     """``prediction``: the text the answer will mostly be, drafted from (``--prediction``)."""
-    from localspec.session.session import exit_on_lost, open_session
+    from localspec.errors import WorkersLostError, exit_with
+    from localspec.session.open import open_session
 
     running = _Running()
 
@@ -284,7 +285,7 @@ def run_complete(
                 "stats": running.to_dict(),
             }
             sys.stdout.write(json.dumps(record) + "\n")
-        exit_on_lost(message)
+        exit_with(WorkersLostError(message))
 
     session = open_session(options, on_progress=print_warnings, on_lost=lost)
     placement = session.placement

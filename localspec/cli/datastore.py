@@ -23,8 +23,8 @@ from rich.text import Text
 from localspec.cli.common import TargetOpt, cli_errors, echo_progress
 from localspec.errors import DatastoreError, LocalspecError, UsageError
 from localspec.models.resources import human
-from localspec.session.indexing import MAX_ADD_TOKENS
-from localspec.session.library import (
+from localspec.storage.indexing import MAX_ADD_TOKENS
+from localspec.storage.library import (
     FINGERPRINTS_FILE,
     HISTORY,
     HISTORY_ENV,
@@ -62,8 +62,8 @@ def add(
     with cli_errors("\ninterrupted; the store is as it was"):
         from localspec.backend.llama import LlamaModel
         from localspec.models.catalog import resolve_model
-        from localspec.session.indexing import add_files, default_name, describe_skipped
-        from localspec.session.sources import scan
+        from localspec.storage.indexing import add_files, default_name, describe_skipped
+        from localspec.storage.sources import scan
 
         found = scan(paths, max_file_size)
         store = name if name is not None else default_name(found.roots[0])
@@ -153,7 +153,7 @@ def _target_fingerprint(target: str | None) -> tuple[str | None, str]:
     tokenizer column compares with. Never fetches a model."""
     from localspec.backend.llama import LlamaModel
     from localspec.models.catalog import locate_model
-    from localspec.session.fingerprint import cached_fingerprint
+    from localspec.storage.fingerprint import cached_fingerprint
 
     try:
         path = locate_model(target, "target")
@@ -193,7 +193,7 @@ def stats(
 ) -> None:
     """Documents, tokens, size, and the time of a drafter's lookup in each store."""
     with cli_errors():
-        from localspec.session.indexing import time_lookups
+        from localspec.storage.indexing import time_lookups
 
         library = Library()
         chosen = _indexes(library, name)

@@ -42,7 +42,7 @@ def doctor(
 
     with cli_errors():
         from localspec.session.doctor import diagnose
-        from localspec.session.session import ModelOptions
+        from localspec.session.pair import ModelOptions
 
         try:
             options = ModelOptions(

@@ -250,7 +250,7 @@ def _log_to_stderr() -> None:
 def load_into(state, options, queue_size: int, history: bool = False) -> None:  # noqa: ANN001
     from localspec.serve.clients import keep_apart
     from localspec.serve.worker import GenerationWorker
-    from localspec.session.session import open_session
+    from localspec.session.open import open_session
 
     try:
         session = open_session(options, on_progress=echo_progress)

@@ -23,6 +23,8 @@ branch the target took (``take``): the same tokens emitted, the same bookkeeping
 count every node of the tree as drafted.
 
 The engine prints nothing and imports no UI: front ends render the events it yields.
+``check`` is the one place a prompt that cannot run is refused (no tokens, more than the
+context holds, a drafter without its draft model), with a typed ``localspec.errors`` error.
 Cancellation is cooperative (a ``threading.Event`` checked between rounds). After a round,
 drafters with the ``Warns`` capability (``drafting.base``) have their warnings yielded as
 ``EngineWarning`` events. Drafters that draft from the target's own rows (``Watching``, the
@@ -78,7 +80,7 @@ from localspec.core.text import TextAssembler
 from localspec.core.tree import ROOT, DraftTree
 from localspec.core.tree_round import tree_shape, verify_branches
 from localspec.core.verify import Verdict, verify_greedy, verify_sampled
-from localspec.errors import ContextOverflowError
+from localspec.errors import ContextOverflowError, InputError, empty_input
 
 # Used when no calibration is given: batch costs typical of a small CPU (see the design note).
 DEFAULT_COSTS = CostProfile(
@@ -200,10 +202,11 @@ class SpecDecoder:
 
     def check(self, prompt: list[int], params: GenerationParams) -> None:
         """Raise what ``generate`` would raise for this prompt before its first event
-        (``ContextOverflowError`` for a prompt the context cannot hold), without running it."""
+        (``ContextOverflowError`` for a prompt the context cannot hold, ``InputError`` for
+        an empty one or a drafter without its draft model), without running it."""
         n_ctx = self.target.n_ctx
         if not prompt:
-            raise ValueError("empty prompt")
+            raise empty_input()
         if len(prompt) >= n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt)} tokens but the context holds {n_ctx} "
@@ -213,7 +216,10 @@ class SpecDecoder:
                 n_ctx=n_ctx,
             )
         if params.drafter.needs_draft_model and self.draft is None:
-            raise ValueError("the model drafter needs a draft model")
+            raise InputError(
+                f"--drafter {params.drafter} needs a draft model, and none is loaded",
+                "pass --draft REF, or use --drafter ngram",
+            )
 
     def generate(
         self,

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from localspec.serve.worker import OnClient
-from localspec.session.answers import KeptAnswers
-from localspec.session.library import Library, vocabulary_fingerprint
+from localspec.storage.answers import KeptAnswers
+from localspec.storage.library import Library, vocabulary_fingerprint
 
 KEYLESS = "local"  # the history's name for the clients of a server without keys
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from localspec.core.cached_model import CachedModel
 from localspec.core.costs import CostProfile
 from localspec.models.resources import cpu_name
-from localspec.session.store import STATE_ERRORS, read_json, remove_json, write_json
+from localspec.storage.store import STATE_ERRORS, read_json, remove_json, write_json
 
 
 def _timed(fn: Callable[[], object]) -> float:

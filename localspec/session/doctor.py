@@ -105,7 +105,8 @@ def _build(report: Diagnosis) -> bool:
 def _pair(report: Diagnosis, options: Any) -> None:
     """Where each model of the pair would run, for the files already on disk."""
     from localspec.models.catalog import default_name, locate_model
-    from localspec.session.session import cached_costs, plan_placement
+    from localspec.session.costcache import cached_costs
+    from localspec.session.open import plan_placement
 
     paths: dict[str, Path | None] = {}
     for role, ref in (("target", options.target), ("draft", options.draft)):

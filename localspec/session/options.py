@@ -89,7 +89,7 @@ def build_params(*, spelling: Spelling = COMMAND_LINE, **fields: Any) -> Generat
 def model_options(drafter: DrafterMode, *, spelling: Spelling = COMMAND_LINE, **fields: Any):
     """The ``ModelOptions`` of a pair that runs ``drafter``; ``use_draft`` and ``calibrate``
     follow from the drafter unless ``fields`` set them."""
-    from localspec.session.session import SELF_DRAFT, ModelOptions
+    from localspec.session.pair import SELF_DRAFT, ModelOptions
 
     if drafter.derives_draft:
         if fields.get("draft") not in (None, SELF_DRAFT):

@@ -45,9 +45,9 @@ from textual.widgets import Footer, Header, Static
 from localspec.core.events import EngineWarning, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
-from localspec.errors import InputError
+from localspec.errors import InputError, WorkersLostError, exit_with
 from localspec.models.paths import conversations_dir
-from localspec.session.conversations import (
+from localspec.storage.conversations import (
     SavedConversation,
     autosave_path,
     write_conversation,
@@ -694,9 +694,7 @@ def run_chat(
     if app.workers_lost:
         # A thread still waits on the lost workers, and the interpreter would wait for it
         # at exit: the terminal is restored, so end the process here, as the CLI does.
-        from localspec.session.session import exit_on_lost  # loads llama.cpp: only now
-
-        exit_on_lost(app.workers_lost)
+        exit_with(WorkersLostError(app.workers_lost))
     if app.return_code:
         return app.return_code
     return result if isinstance(result, int) else 0

@@ -23,7 +23,7 @@ from markdown_it import MarkdownIt
 
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
-from localspec.session.conversations import (
+from localspec.storage.conversations import (
     ChatSettings,
     SavedConversation,
     SavedMessage,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.errors import InputError
-from localspec.session.textfile import decode_utf8, read_bounded
+from localspec.storage.textfile import decode_utf8, read_bounded
 
 COMMAND = "/edit"
 MAX_BYTES = 256 * 1024  # a file larger than this is not an edit a local chat answers whole

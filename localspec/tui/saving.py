@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from localspec.core.params import GenerationParams
-from localspec.session.conversations import ChatSettings
+from localspec.storage.conversations import ChatSettings
 from localspec.tui.worker import ChatSession
 
 

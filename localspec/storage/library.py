@@ -5,14 +5,14 @@ Everything lives under ``cache_root()/datastores/`` (``Library(root)`` for anoth
 - ``<name>/``: one store. ``store.json`` (format version, name, tokenizer fingerprint, the
   model file it was tokenized with, sources as absolute paths, file and token counts,
   created and updated times), ``documents.json`` (each document's source file, in index
-  order) and the ``TokenIndex`` files (session/datastore.py). session/indexing.py writes
+  order) and the ``TokenIndex`` files (storage/datastore.py). storage/indexing.py writes
   them.
-- ``history/<fingerprint>/``: the answers kept with one tokenizer (session/history.py):
+- ``history/<fingerprint>/``: the answers kept with one tokenizer (storage/history.py):
   answers of another tokenizer are never mixed in, and going back to a model finds its own.
   ``history/<fingerprint>-<client>/``: those of one client of ``localspec serve --history``
   (``client`` names its API key, see serve/access.py), which no other client drafts from.
 - ``settings.json`` (``{"history": false}`` once turned off) and ``fingerprints.json``
-  (tokenizer fingerprints per model file, see session/fingerprint.py).
+  (tokenizer fingerprints per model file, see storage/fingerprint.py).
 
 Every directory here is mode 0700 and every file 0600: they hold the user's text. The
 history is on unless ``localspec datastore history off`` saved it off or the environment
@@ -20,7 +20,7 @@ has ``LOCALSPEC_HISTORY=0``; the setting is read at each use (``history_setting`
 running process follows it. A settings file that cannot be read counts as off, with a
 warning: failing safe means keeping nothing the user may have asked not to keep. ``open``
 opens the named stores (or every one built with the tokenizer); the history is drafted
-from through session/answers.py. Nothing here reads or writes anything but these files.
+from through storage/answers.py. Nothing here reads or writes anything but these files.
 
 Errors: a store the user names that does not exist, or was built with another tokenizer,
 is a ``UsageError``; a damaged store is a ``DatastoreError`` where it must be read
@@ -41,10 +41,10 @@ from typing import Any
 
 from localspec.errors import DatastoreError, UsageError
 from localspec.models.paths import cache_root
-from localspec.session import fingerprint
-from localspec.session.datastore import DamagedIndex, TokenIndex
-from localspec.session.history import History
-from localspec.session.store import private_dir, read_json, write_json
+from localspec.storage import fingerprint
+from localspec.storage.datastore import DamagedIndex, TokenIndex
+from localspec.storage.history import History
+from localspec.storage.store import private_dir, read_json, write_json
 
 FORMAT_VERSION = 1
 HISTORY = "history"
@@ -201,7 +201,7 @@ class Library:
         """The stores built with this tokenizer (``names``: those; None: every one). A
         named store that does not exist or has another tokenizer is a ``UsageError``; a
         damaged one is skipped with a warning. ``history`` among ``names`` is left to
-        session/answers.py, which drafts from the history."""
+        storage/answers.py, which drafts from the history."""
         opened = Opened()
         chosen = self.names() if names is None else [n for n in dict.fromkeys(names)
                                                     if n != HISTORY]  # fmt: skip

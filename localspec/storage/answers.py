@@ -2,7 +2,7 @@
 at each use.
 
 ``KeptAnswers(library, fingerprint, client, keep=..., draft=..., named=...)`` is one
-history (session/library.py: one per tokenizer, and per client of a server):
+history (storage/library.py: one per tokenizer, and per client of a server):
 
 - ``corpora()``: what to draft from for the answer about to begin. None while the history
   is off (``datastore history off``, ``LOCALSPEC_HISTORY=0``) unless ``named`` (a command's
@@ -21,8 +21,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from localspec.session.history import LOG_FILE, History
-from localspec.session.library import HISTORY, Library
+from localspec.storage.history import LOG_FILE, History
+from localspec.storage.library import HISTORY, Library
 
 Corpora = list[tuple[str, Any]]
 

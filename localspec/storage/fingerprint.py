@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from localspec.session.store import read_json, write_json
+from localspec.storage.store import read_json, write_json
 
 VERSION = "v1"  # of what is hashed: a new one makes every cached fingerprint stale
 CACHE_ENTRIES = 32

@@ -7,7 +7,7 @@ One directory (``Library`` picks one per tokenizer fingerprint) holds:
   Before it writes, it cuts away a torn record at the log's end (a write the disk ran out
   of room for, a crash): appended after it, every later answer would be hidden behind it
   and dropped by the next compaction. A write that fails is cut away at once.
-- The ``TokenIndex`` files (session/datastore.py) of the log's first ``log_bytes`` bytes,
+- The ``TokenIndex`` files (storage/datastore.py) of the log's first ``log_bytes`` bytes,
   and ``state.json``: that size, the log file's inode, and the index's document count.
 
 ``open()`` returns the corpora to draft from: the saved index and, when answers were
@@ -17,7 +17,7 @@ rebuilds: it reads the log's valid records (a torn or damaged record ends the lo
 keeps the newest ``max_tokens`` tokens, writes the log back compacted (temporary file and
 atomic rename) when anything was dropped, and saves a new index. A file lock keeps one
 process from appending while another compacts. Files are created mode 0600 (the caller
-makes the directory private: session/library.py). Failures are ``OSError`` or
+makes the directory private: storage/library.py). Failures are ``OSError`` or
 ``filelock.Timeout``, for the caller to report; damage is repaired, never raised.
 """
 
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from localspec.session.datastore import MAX_TOKEN, DamagedIndex, TokenIndex
-from localspec.session.store import open_private, read_json, write_json
+from localspec.storage.datastore import MAX_TOKEN, DamagedIndex, TokenIndex
+from localspec.storage.store import open_private, read_json, write_json
 
 FORMAT_VERSION = 1
 LOG_FILE = "log.bin"

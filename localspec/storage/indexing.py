@@ -2,7 +2,7 @@
 ``time_lookups`` measures what a lookup in a store costs.
 
 ``add_files(library, name, fingerprint, model_file, scan, tokenize)`` tokenizes every file
-the scan yields (session/sources.py), each one document, and writes the store anew from
+the scan yields (storage/sources.py), each one document, and writes the store anew from
 its old documents (read back from its index, their source paths from ``documents.json``)
 and the new ones: a file the store already holds is replaced by its new content, and a file
 under an added directory that no longer exists on disk is dropped. The new store is written
@@ -42,8 +42,8 @@ from filelock import FileLock, Timeout
 from localspec.core.drafting.store import EXAMINED
 from localspec.errors import DatastoreError, InputError, UsageError
 from localspec.progress import OnProgress, tell
-from localspec.session.datastore import SEPARATOR, TokenIndex
-from localspec.session.library import (
+from localspec.storage.datastore import SEPARATOR, TokenIndex
+from localspec.storage.library import (
     DOCUMENTS_FILE,
     FORMAT_VERSION,
     RESERVED,
@@ -52,8 +52,8 @@ from localspec.session.library import (
     check_name,
     damaged,
 )
-from localspec.session.sources import Scan
-from localspec.session.store import open_private, private_dir, read_json
+from localspec.storage.sources import Scan
+from localspec.storage.store import open_private, private_dir, read_json
 
 PROGRESS_EVERY_S = 2.0
 MAX_ADD_TOKENS = 100_000_000  # about 400 MB of text; the index needs 8-12 bytes a token

@@ -1,0 +1,306 @@
+"""The composition root: ``open_session(options, on_progress, on_lost)`` loads a
+target/draft pair and returns the ``Session`` around it.
+
+It reads as its steps: resolve the model references (``pair.resolve_pair``: paths, catalog
+names, Hub references; the default pair when none is given), connect to the RPC workers if
+any, plan where each model runs (``plan_placement``), load both models with the same
+context size, check that the draft's vocabulary fits the target's (llama.cpp's rules),
+calibrate (this machine's costs, measured once per pair and cached on disk:
+``costcache``), restore what ``auto`` learned for the pair (``storage.learning``; a damaged
+or foreign state file is ignored with a warning), and attach the user's datastores built
+with the target's tokenizer and the history of answers (``storage``; a damaged store is
+left out with a warning). A model loaded before a step fails is freed before the error goes
+on. RPC workers lost mid-evaluation are reported to ``on_lost`` from another thread; by
+default that ends the process with a ``WorkersLostError``, reported as every error is
+(``errors.exit_with``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from localspec.backend.compat import check_vocabularies
+from localspec.backend.devices import gpu_devices, gpu_hardware
+from localspec.backend.llama import LlamaModel, LoadOptions, exact_kernels
+from localspec.backend.rpc import RpcLink, attach, parse_endpoints
+from localspec.core.costs import CostProfile
+from localspec.errors import IncompatibleModelsError, UsageError, WorkersLostError, exit_with
+from localspec.models.resources import footprint
+from localspec.progress import OnProgress, ProgressKind, tell
+from localspec.session.calibrate import file_identity, machine_key
+from localspec.session.costcache import step_costs
+from localspec.session.pair import SELF_DRAFT, ModelOptions, resolve_pair
+from localspec.session.placement import ALL, ModelPlace, Placement, place
+from localspec.session.session import Session
+from localspec.storage.answers import KeptAnswers
+from localspec.storage.learning import LearningStore
+from localspec.storage.library import HISTORY, Library, vocabulary_fingerprint
+from localspec.storage.store import STATE_ERRORS
+
+LostHandler = Callable[[str], None]
+
+
+def _exit_on_loss(message: str) -> None:
+    """The default answer to lost RPC workers: the evaluation waiting on them never returns,
+    so report the loss as any error is reported and end the process (what was streamed
+    stays written)."""
+    exit_with(WorkersLostError(message))
+
+
+def open_session(
+    options: ModelOptions,
+    on_progress: OnProgress | None = None,
+    on_lost: LostHandler = _exit_on_loss,
+) -> Session:
+    """Load the pair, telling ``on_progress`` each step, wait and warning (``Progress``
+    values, see localspec/progress.py). With ``options.rpc``, the target's layers go to
+    those workers; ``on_lost`` is called (from another thread) if they fail mid-evaluation,
+    which then never returns: see backend/rpc.py."""
+    if options.calibrate and options.stores:
+        Library().check_exist(options.stores)  # a misspelt --store fails before any load
+    target_path, draft_path = resolve_pair(options, on_progress)
+    rpc = _connect(options, on_lost, on_progress)
+    placement = plan_placement(options, target_path, draft_path)
+    _warn_before_loading(options, placement, rpc, target_path, draft_path, on_progress)
+    target, draft, costs, costs_file = _load_pair(
+        options, placement, rpc, target_path, draft_path, on_progress
+    )
+    session = Session(target, draft, costs, costs_file, rpc=rpc, placement=placement)
+    if draft is not None and options.draft == SELF_DRAFT:
+        session.decoder.draft_name = SELF_DRAFT  # its drafts are labelled as the target's own
+    if options.calibrate and options.learn:
+        _restore_learning(session, target_path, draft_path, on_progress)
+    try:
+        _open_stores(session, options, on_progress)
+    except BaseException:  # a --store that names nothing: the models are not kept loaded
+        session.close()
+        raise
+    return session
+
+
+def _connect(
+    options: ModelOptions, on_lost: LostHandler, on_progress: OnProgress | None
+) -> RpcLink | None:
+    """The link to the RPC workers the target's layers go to; None without ``--rpc``."""
+    if not options.rpc:
+        return None
+    endpoints = parse_endpoints(list(options.rpc))
+    tell(on_progress, f"connecting to RPC workers {', '.join(map(str, endpoints))}")
+    return attach(endpoints, options.rpc_timeout, on_lost)
+
+
+def _warn_before_loading(
+    options: ModelOptions,
+    placement: Placement,
+    rpc: RpcLink | None,
+    target_path: Path,
+    draft_path: Path | None,
+    on_progress: OnProgress | None,
+) -> None:
+    for notice in placement.notices:
+        tell(on_progress, notice, ProgressKind.WARNING)
+    if not rpc and not placement.target.on_gpu:
+        memory_warning = _memory_warning(target_path, draft_path, options.n_ctx)
+        if memory_warning:  # said before loading, which may be what runs out of memory
+            tell(on_progress, memory_warning, ProgressKind.WARNING)
+
+
+def _load_pair(
+    options: ModelOptions,
+    placement: Placement,
+    rpc: RpcLink | None,
+    target_path: Path,
+    draft_path: Path | None,
+    on_progress: OnProgress | None,
+) -> tuple[LlamaModel, LlamaModel | None, CostProfile | None, Path | None]:
+    """Both models loaded, the draft checked against the target, and their costs; what was
+    loaded is freed again if a later step fails."""
+    load = LoadOptions(
+        n_ctx=options.n_ctx,
+        n_threads=options.threads,
+        n_gpu_layers=placement.target.n_gpu_layers,
+        flash_attn=options.flash_attn,
+    )
+    target_load = _target_load(options, load)
+    if options.exact:
+        exact_kernels()  # process-wide, so before either model evaluates anything
+    target = _load_target(options, target_load, placement, rpc, target_path, on_progress)
+    draft = None
+    try:
+        if draft_path is not None:
+            draft = _load_draft(options, load, placement, draft_path, target_path, on_progress)
+            _check_vocabularies(target, draft, target_path, draft_path, on_progress)
+        costs, costs_file = step_costs(
+            options, placement, target, draft, target_path, draft_path, on_progress
+        )
+    except BaseException:
+        target.close()
+        if draft is not None:
+            draft.close()
+        raise
+    return target, draft, costs, costs_file
+
+
+def _target_load(options: ModelOptions, load: LoadOptions) -> LoadOptions:
+    """The target's load options: with ``--rpc-split``, its layers shared among the workers
+    as told (one non-negative share per worker, else a ``UsageError``)."""
+    if not options.rpc_split:
+        return load
+    if len(options.rpc_split) != len(options.rpc) or min(options.rpc_split) < 0:
+        raise UsageError(
+            f"--rpc-split gives {len(options.rpc_split)} shares for {len(options.rpc)} worker(s)",
+            "give one non-negative share per --rpc worker, e.g. --rpc-split 3,1",
+        )
+    return replace(load, tensor_split=options.rpc_split)
+
+
+def _load_target(
+    options: ModelOptions,
+    load: LoadOptions,
+    placement: Placement,
+    rpc: RpcLink | None,
+    target_path: Path,
+    on_progress: OnProgress | None,
+) -> LlamaModel:
+    where = f" onto {len(options.rpc)} RPC worker(s)" if rpc else ""
+    if not rpc and placement.target.on_gpu:
+        where = f" onto {placement.target.summary()}"
+    tell(on_progress, f"loading target {target_path.name}{where}")
+    # Only the target needs batch-invariant kernels: what the draft proposes never changes
+    # what the target accepts, so the draft keeps the fast ones.
+    target = LlamaModel(target_path, replace(load, exact=options.exact))
+    if rpc is not None:
+        rpc.watch(target)
+    return target
+
+
+def _load_draft(
+    options: ModelOptions,
+    load: LoadOptions,
+    placement: Placement,
+    draft_path: Path,
+    target_path: Path,
+    on_progress: OnProgress | None,
+) -> LlamaModel:
+    draft_place = placement.draft
+    assert draft_place is not None
+    where = f" onto {draft_place.summary()}" if draft_place.on_gpu else ""
+    tell(on_progress, f"loading draft {draft_path.name}{where}")
+    draft_load = replace(load, n_gpu_layers=draft_place.n_gpu_layers)
+    if options.draft == SELF_DRAFT:  # a file localspec wrote: its hint says re-derive
+        from localspec.models.selfdraft import load_derived
+
+        return load_derived(draft_path, draft_load, str(target_path))
+    return LlamaModel(draft_path, draft_load)
+
+
+def _check_vocabularies(
+    target: LlamaModel,
+    draft: LlamaModel,
+    target_path: Path,
+    draft_path: Path,
+    on_progress: OnProgress | None,
+) -> None:
+    tell(on_progress, "checking that the draft's vocabulary fits the target's")
+    report = check_vocabularies(target, draft)
+    if not report.compatible:
+        raise IncompatibleModelsError(
+            f"draft {draft_path.name} cannot draft for target {target_path.name}: "
+            + report.summary(),
+            "pick a draft of the target's model family (localspec models list), "
+            "or run without one: --drafter ngram",
+        )
+
+
+def _open_stores(session: Session, options: ModelOptions, on_progress: OnProgress | None) -> None:
+    """Attach the datastores auto may draft from, and the history answers are kept in and
+    drafted from (whether it is on is read at each answer). The tokenizer's fingerprint is
+    computed only when a store or the history needs it."""
+    library = Library()
+    names = options.stores
+    drafting = options.calibrate and names != ()  # calibrate: auto may run
+    named_history = names is not None and HISTORY in names
+    store_names = None if names is None else tuple(n for n in names if n != HISTORY)
+    # Named stores are always opened, so that a name that does not exist is an error.
+    stores = drafting and (bool(store_names) or (store_names is None and bool(library.names())))
+    history = drafting and (names is None or named_history)
+    if not (options.history or history or stores):
+        return
+
+    def warn(text: str) -> None:
+        tell(on_progress, text, ProgressKind.WARNING)
+
+    fingerprint = vocabulary_fingerprint(session.target, warn)
+    session.answers = [
+        KeptAnswers(library, fingerprint, keep=options.history, draft=history, named=named_history)
+    ]
+    if stores:
+        opened = library.open(fingerprint, store_names)
+        for warning in opened.warnings:
+            warn(warning)
+        if opened.stores:
+            session.attach_stores(opened.stores)
+
+
+def learning_store() -> LearningStore:
+    from localspec.models.paths import cache_root
+
+    return LearningStore(cache_root() / "learning")
+
+
+def plan_placement(options: ModelOptions, target_path: Path, draft_path: Path | None) -> Placement:
+    """Where each model of the pair will run, from the devices this build sees now (see
+    session/placement.py). With RPC workers the target goes to them (all its layers unless
+    told otherwise) and the draft stays on this machine's CPU: its steps are many and
+    small, and a network round trip for each would cost more than the step."""
+    target = footprint(target_path, options.n_ctx)
+    draft = footprint(draft_path, options.n_ctx) if draft_path is not None else None
+    if options.rpc:
+        request = ALL if options.n_gpu_layers is None else options.n_gpu_layers
+        layers = target.layers if request == ALL else min(request, target.layers)
+        return Placement(
+            ModelPlace(layers, target.layers, "RPC workers" if layers else "CPU"),
+            ModelPlace(0, draft.layers, "CPU") if draft else None,
+            "--rpc: the target's layers run on the workers, the draft on this machine",
+        )
+    return place(
+        options.n_gpu_layers, options.draft_gpu_layers, target, draft, gpu_devices(),
+        gpu_hardware(),
+    )  # fmt: skip
+
+
+def _restore_learning(
+    session: Session, target_path: Path, draft_path: Path | None, on_progress: OnProgress | None
+) -> None:
+    """Start the auto controller from what earlier sessions learned for this pair, where
+    it runs now: the same laptop with and without its GPU keeps two."""
+    store = learning_store()
+    where = session.placement.key() if session.placement else ()
+    key = machine_key(file_identity(target_path), file_identity(draft_path), *where)
+    session.learning = (store, key)
+    learned, problem = store.load(key)
+    if problem:
+        tell(on_progress, problem, ProgressKind.WARNING)
+    if learned is None:
+        return
+    try:
+        session.decoder.check_learned(learned)
+    except STATE_ERRORS as err:  # crafted values: a number too large for a float ...
+        tell(on_progress, f"ignoring malformed learned state ({err})", ProgressKind.WARNING)
+        return
+    session.decoder.restored = learned
+
+
+def _memory_warning(target: Path, draft: Path | None, n_ctx: int) -> str | None:
+    from localspec.models.resources import estimate_memory
+
+    needed, available = estimate_memory(target, draft, n_ctx)
+    if available is None or needed <= available:
+        return None
+    gib = 1024**3
+    return (
+        f"the models and their KV caches need about {needed / gib:.1f} GiB, "
+        f"but only {available / gib:.1f} GiB of memory is available"
+    )

@@ -1,0 +1,98 @@
+"""Which pair to load: ``ModelOptions`` (the model references and how to load them) and
+``resolve_pair``, which turns the references into files.
+
+``resolve_pair(options, on_progress)`` resolves paths, catalog names and Hub references (the
+default pair when none is given; fetched on first use), picks the draft a catalog target
+is paired with when no ``--draft`` is given (``NO_DRAFT`` where its family has none), and
+derives the target's own draft for ``SELF_DRAFT`` (once per target, then cached). Nothing
+is loaded here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from localspec.backend.rpc import DEFAULT_TIMEOUT
+from localspec.progress import OnProgress, tell
+
+
+class ModelOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target: str | None = None  # path, catalog name or repo_id:filename; None = default
+    # A path, catalog name or repo_id:filename; "self" (SELF_DRAFT): a draft derived from the
+    # target's own layers (localspec models derive-draft), derived on first use and cached.
+    draft: str | None = None
+    use_draft: bool = True  # False skips loading the draft model (drafter none / ngram)
+    threads: int | None = Field(None, ge=1)
+    n_ctx: int = Field(4096, ge=64)
+    # The target's layers on the GPU: None is auto (all where they fit, see
+    # session/placement.py; with rpc, all on the workers), -1 all, n that many.
+    n_gpu_layers: int | None = Field(None, ge=-1)
+    # The draft's: None follows the target's policy in the room it leaves; with rpc the
+    # draft stays on this machine's CPU.
+    draft_gpu_layers: int | None = Field(None, ge=-1)
+    flash_attn: bool = True
+    # llama.cpp RPC workers ("host:port") that run the target's offloaded layers; the draft
+    # stays on this machine's CPU. An evaluation waiting longer than rpc_timeout is a loss.
+    rpc: tuple[str, ...] = ()
+    rpc_timeout: float = Field(DEFAULT_TIMEOUT, gt=0)
+    rpc_split: tuple[float, ...] = ()  # share of the layers per worker; () by their memory
+    # Batch-invariant target kernels: greedy output identical to plain decoding's, token
+    # for token, whatever was drafted (slower; see backend.llama.exact_kernels).
+    exact: bool = False
+    calibrate: bool = True  # measure (or load cached) step costs for the controller
+    recalibrate: bool = False  # measure even when a cached profile exists
+    learn: bool = True  # restore and save what auto learned, per pair (with calibrate)
+    # Datastores auto drafts from: None, every store built with the target's tokenizer
+    # (the history of answers included); (), none; else those names ("history" included).
+    stores: tuple[str, ...] | None = None
+    history: bool = True  # add each finished answer to the history store (if it is on)
+    show_download_progress: bool = True
+
+
+def resolve_pair(
+    options: ModelOptions, on_progress: OnProgress | None = None
+) -> tuple[Path, Path | None]:
+    from localspec.models.catalog import resolve_model
+
+    # A front end that draws its own screen (no rich bars) gets a fetch's notes and shares.
+    shown = True if options.show_download_progress else (on_progress or False)
+    tell(on_progress, "locating the target model (fetched on first use, which can take minutes)")
+    target = resolve_model(options.target, "target", progress=shown)
+    draft = None
+    if options.use_draft:
+        ref = options.draft if options.draft else _paired_draft(options.target)
+        if ref == SELF_DRAFT:
+            return target, _self_draft(target, options, on_progress)
+        if ref is not NO_DRAFT:
+            tell(on_progress, "locating the draft model (fetched on first use)")
+            draft = resolve_model(ref, "draft", progress=shown)
+    return target, draft
+
+
+NO_DRAFT = ""  # a target whose model family has no draft: auto drafts by copying alone
+SELF_DRAFT = "self"  # --draft self: a draft of the target's own layers
+
+
+def _self_draft(target: Path, options: ModelOptions, on_progress: OnProgress | None) -> Path:
+    """The target's derived draft: cached, or measured and written now (once per target)."""
+    from localspec.models.selfdraft import cached_derived, derived_draft
+
+    if cached_derived(target) is None:
+        tell(on_progress, "deriving a draft from the target's own layers (once per target; "
+             "measures which layers to keep, about two minutes)")  # fmt: skip
+    return derived_draft(target, threads=options.threads, on_progress=on_progress).path
+
+
+def _paired_draft(target: str | None) -> str | None:
+    """The draft for a target named without ``--draft``: a catalog target's (or a model
+    optimized from one) recommended draft, ``NO_DRAFT`` where its family has none; None
+    (the catalog's default draft) for the default target, a file or a Hub reference."""
+    from localspec.models.catalog import load_catalog, load_registry, pair_for
+
+    if not target or (load_catalog().get(target) is None and target not in load_registry()):
+        return None
+    return pair_for(target) or NO_DRAFT
