@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.backend.llama import FimTokens, LlamaModel, LoadOptions
+from localspec.backend.llama import LlamaModel, LoadOptions
+from localspec.backend.vocab import FimTokens
 from localspec.errors import UnsupportedByModelError
 from localspec.session.session import ModelOptions, open_session
 from tests.tiny_gguf import QWEN_FIM, tiny_vocab, write_tiny_llama
