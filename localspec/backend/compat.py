@@ -57,10 +57,10 @@ def check_vocabularies(target: VocabSource, draft: VocabSource) -> CompatReport:
     mismatch = None
     if not reasons:
         for i in range(FIRST_CHECKED_TOKEN, min(t.n_tokens, d.n_tokens)):
-            a, b = target.token_text(i), draft.token_text(i)
-            if a != b:
-                mismatch = (i, a, b)
-                reasons.append(f"token {i} differs: target {a!r}, draft {b!r}")
+            ours, theirs = target.token_text(i), draft.token_text(i)
+            if ours != theirs:
+                mismatch = (i, ours, theirs)
+                reasons.append(f"token {i} differs: target {ours!r}, draft {theirs!r}")
                 break
     if reasons:
         return CompatReport(False, reasons, mismatch)

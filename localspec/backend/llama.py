@@ -279,6 +279,7 @@ class LlamaModel(LlamaVocabulary, CachedModel):
         """One ``llama_decode`` of ``chunk`` at positions ``pos``...; logits rows for its
         tokens from index ``first_logit`` on (none when it is past the chunk's end)."""
         b = self._batch
+        assert b is not None
         b.n_tokens = len(chunk)
         token, position, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
         for j, tok in enumerate(chunk):
