@@ -30,7 +30,9 @@ __version__ = "0.1.0"
 
 # The public names, each imported on first use from the module that defines it.
 _MODULES = {
-    "localspec.api": ("load", "Speculator", "Completion", "Stream"),
+    "localspec.api": ("load",),
+    "localspec.api.speculator": ("Speculator",),
+    "localspec.api.stream": ("Completion", "Stream"),
     "localspec.core.events": (
         "Event", "PrefillDone", "TokenEmitted", "RoundCompleted", "EngineWarning", "Finished",
         "FinishReason",
@@ -52,7 +54,9 @@ __all__ = [
 ]  # fmt: skip
 
 if TYPE_CHECKING:
-    from localspec.api import Completion, Speculator, Stream, load
+    from localspec.api import load
+    from localspec.api.speculator import Speculator
+    from localspec.api.stream import Completion, Stream
     from localspec.core.events import (
         EngineWarning,
         Event,

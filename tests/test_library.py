@@ -423,7 +423,7 @@ def test_fingerprint_needs_no_model_file(tiny_pair):
         n_vocab = 3
 
         def vocab_info(self):
-            from localspec.backend.llama import VocabInfo
+            from localspec.backend.vocab import VocabInfo
 
             return VocabInfo(1, 3, 0, 1, True, False)
 

@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from localspec.backend.llama import LlamaModel
+from localspec.backend.vocab import VocabInfo
+
 MAX_VOCAB_SIZE_DIFFERENCE = 128
 FIRST_CHECKED_TOKEN = 5
 
 
 class VocabSource(Protocol):
-    def vocab_info(self): ...  # -> backend.VocabInfo
+    def vocab_info(self) -> VocabInfo: ...
     def token_text(self, token: int) -> str: ...
 
 
@@ -54,10 +57,10 @@ def check_vocabularies(target: VocabSource, draft: VocabSource) -> CompatReport:
     mismatch = None
     if not reasons:
         for i in range(FIRST_CHECKED_TOKEN, min(t.n_tokens, d.n_tokens)):
-            a, b = target.token_text(i), draft.token_text(i)
-            if a != b:
-                mismatch = (i, a, b)
-                reasons.append(f"token {i} differs: target {a!r}, draft {b!r}")
+            ours, theirs = target.token_text(i), draft.token_text(i)
+            if ours != theirs:
+                mismatch = (i, ours, theirs)
+                reasons.append(f"token {i} differs: target {ours!r}, draft {theirs!r}")
                 break
     if reasons:
         return CompatReport(False, reasons, mismatch)
@@ -67,8 +70,6 @@ def check_vocabularies(target: VocabSource, draft: VocabSource) -> CompatReport:
 
 def check_pair(target_path: Path, draft_path: Path) -> CompatReport:
     """Load only the two vocabularies (fast) and compare them."""
-    from localspec.backend.llama import LlamaModel
-
     target = LlamaModel(Path(target_path), vocab_only=True)
     draft = LlamaModel(Path(draft_path), vocab_only=True)
     try:

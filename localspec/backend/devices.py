@@ -16,10 +16,16 @@ Nothing here loads a model; everything is cheap enough to call at every start.
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+import llama_cpp
+from llama_cpp import llama_cpp as bindings
+
+from localspec.backend.runtime import ensure_backend
 
 # enum ggml_backend_dev_type (ggml/include/ggml-backend.h)
 DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
@@ -77,9 +83,7 @@ class BuildInfo:
 def _lib() -> ctypes.CDLL:
     """ggml's device API through libllama's handle (see ``backend/rpc.py._ggml`` for why
     not ``llama_cpp._ggml``). Importing llama_cpp loads the backends."""
-    import llama_cpp
-    from llama_cpp import llama_cpp as bindings
-
+    ensure_backend()
     lib = bindings._lib
     llama_cpp.llama_supports_gpu_offload()  # loads the dynamic backends, if any
     signatures = {
@@ -145,10 +149,6 @@ def gpu_devices(found: list[Device] | None = None) -> list[Device]:
 
 
 def build_info() -> BuildInfo:
-    import importlib.metadata
-
-    import llama_cpp
-
     backends = compiled_backends()
     return BuildInfo(
         llama_cpp_python=importlib.metadata.version("llama-cpp-python"),

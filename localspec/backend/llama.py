@@ -1,4 +1,4 @@
-"""The one module that imports llama_cpp: load a GGUF model and drive it token by token.
+"""Load a GGUF model with llama.cpp and drive it token by token.
 
 ``LlamaModel`` is a ``CachedModel``: ``forward`` evaluates a batch on sequence 0 and returns
 logits only for the positions asked for (prefill asks for none), and rolls the KV cache
@@ -6,12 +6,13 @@ back with ``llama_memory_seq_rm``. Its rows are read-only views of llama.cpp's o
 buffer (``borrowed_rows``): ``forward`` copies them unless the caller borrows them, which the
 engine does for rows it consumes before the next evaluation (no copy of n_vocab floats a
 row on every step). It verifies draft trees too (``forward_tree``), with
-sequence ids as branch tags in one unified cache (see "draft trees" below). It also
-tokenizes, turns tokens into bytes, reads GGUF metadata (chat template) and describes its
-vocabulary for the compatibility check, and names its fill-in-the-middle tokens
-(``fim_tokens``) when the vocabulary has them.
+sequence ids as branch tags in one unified cache (see "draft trees" below). Its vocabulary
+side (tokenizing, token bytes, GGUF metadata, fill-in-the-middle tokens) is
+``LlamaVocabulary`` (backend/vocab.py).
 
-llama.cpp's own log lines are captured, not printed; the last ones explain a failed load.
+Importing this module leaves llama.cpp alone: the first load initialises it
+(``runtime.ensure_backend``). llama.cpp's own log lines are captured, not printed; the last
+ones explain a failed load.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import contextlib
 import ctypes
 import os
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,25 +28,11 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from localspec.backend.runtime import clear_llama_log, ensure_backend, recent_llama_log
+from localspec.backend.vocab import LlamaVocabulary
 from localspec.core.cached_model import CachedModel
 from localspec.core.tree import DraftTree
 from localspec.errors import BackendError, ModelFileError
-
-_LOG_TAIL: deque[str] = deque(maxlen=40)
-_VERBOSE = os.environ.get("LOCALSPEC_LLAMA_LOG") == "1"
-
-
-@llama_cpp.llama_log_callback
-def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    line = text.decode("utf-8", errors="replace")
-    _LOG_TAIL.append(line)
-    if _VERBOSE:
-        os.write(2, text)
-
-
-llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
-llama_cpp.llama_backend_init()
-
 
 # Exact mode keeps keys and values in bf16. llama.cpp's CPU flash attention has two kernels
 # for f16/f32 caches that sum in another order than its row-by-row kernel: a split over the
@@ -111,11 +97,6 @@ def _stateful(model: llama_cpp.llama_model_p) -> bool:
     )
 
 
-def recent_llama_log(lines: int = 6) -> str:
-    tail = [s.strip() for s in list(_LOG_TAIL)[-lines:] if s.strip()]
-    return " | ".join(tail)
-
-
 @dataclass(frozen=True)
 class LoadOptions:
     n_ctx: int = 4096
@@ -137,35 +118,7 @@ class LoadOptions:
     tree_seqs: int = MAX_TREE_SEQS
 
 
-@dataclass(frozen=True)
-class VocabInfo:
-    vocab_type: int
-    n_tokens: int
-    bos: int
-    eos: int
-    add_bos: bool
-    add_eos: bool
-
-
-@dataclass(frozen=True)
-class FimTokens:
-    """The vocabulary's fill-in-the-middle tokens, as llama.cpp found them (GGUF keys, or
-    known texts such as Qwen's ``<|fim_prefix|>``); ``None`` where there is none."""
-
-    pre: int | None
-    suf: int | None
-    mid: int | None
-    pad: int | None
-    rep: int | None
-    sep: int | None
-
-    @property
-    def infill(self) -> bool:
-        """Whether a prefix-suffix-middle prompt can be built: all three are needed."""
-        return None not in (self.pre, self.suf, self.mid)
-
-
-class LlamaModel(CachedModel):
+class LlamaModel(LlamaVocabulary, CachedModel):
     def __init__(
         self, path: Path, options: LoadOptions = LoadOptions(), *, vocab_only: bool = False
     ) -> None:
@@ -182,8 +135,21 @@ class LlamaModel(CachedModel):
         self._batch = None
         # The last view of the logits buffer: its address, its rows, the view (see _rows).
         self._logits: tuple[int, int, np.ndarray] | None = None
-        self._pieces: dict[tuple[int, bool], bytes] = {}  # token_bytes, once per token
-        self._eog: dict[int, bool] = {}  # is_eog, once per token
+        self._pieces = {}  # token_bytes, once per token
+        self._eog = {}  # is_eog, once per token
+        self.exact = options.exact and not vocab_only
+        self.tree_seqs = 0  # leaves a draft tree may have (see _tree_capacity)
+        self._load_weights(options, vocab_only)
+        if vocab_only:
+            self.n_ctx = 0
+            return
+        self._create_context(options)
+        self._warm_up()
+        if self.exact:
+            self._check_batch_invariance()
+
+    def _load_weights(self, options: LoadOptions, vocab_only: bool) -> None:
+        ensure_backend()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
         mparams.vocab_only = vocab_only
@@ -192,13 +158,11 @@ class LlamaModel(CachedModel):
             split += [0.0] * (llama_cpp.LLAMA_MAX_DEVICES - len(split))
             self._split = (ctypes.c_float * len(split))(*split)  # alive while loading
             mparams.tensor_split = self._split
-        self.exact = options.exact and not vocab_only
-        self.tree_seqs = 0  # leaves a draft tree may have (see _tree_capacity)
         if self.exact:
             exact_kernels()
             # Repacked weights take GEMV kernels for one row and GEMM kernels for more.
             mparams.use_extra_bufts = False
-        _LOG_TAIL.clear()
+        clear_llama_log()
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
             raise ModelFileError(
@@ -208,15 +172,31 @@ class LlamaModel(CachedModel):
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        if vocab_only:
-            self.n_ctx = 0
-            return
+
+    def _create_context(self, options: LoadOptions) -> None:
+        cparams = self._context_params(options)
+        ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not ctx:
+            self.close()
+            raise BackendError(
+                f"llama.cpp could not create a context of {options.n_ctx} tokens for "
+                f"{self.path.name}: {recent_llama_log() or 'no reason given'}",
+                "try a smaller --ctx",
+            )
+        self._ctx = ctx
+        self._memory = llama_cpp.llama_get_memory(ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(ctx)
+        self.n_batch = cparams.n_batch
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, cparams.n_seq_max)
+
+    def _context_params(self, options: LoadOptions):
+        """llama.cpp's context parameters for ``options``; sets ``tree_seqs``."""
         threads = options.n_threads or os.cpu_count() or 1
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = options.n_ctx
         cparams.n_batch = min(options.n_batch, options.n_ctx)
         cparams.n_ubatch = min(options.n_ubatch, cparams.n_batch)
-        self.tree_seqs = self._tree_capacity(options, cparams.n_batch, _stateful(model))
+        self.tree_seqs = self._tree_capacity(options, cparams.n_batch, _stateful(self._model))
         cparams.n_seq_max = 1 + self.tree_seqs
         # One cache for all sequences, a sequence id being a tag on a cell: without it
         # llama.cpp splits the context into n_seq_max streams of n_ctx / n_seq_max cells.
@@ -230,22 +210,7 @@ class LlamaModel(CachedModel):
         )
         if self.exact:
             cparams.type_k = cparams.type_v = GGML_TYPE_BF16
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
-        if not ctx:
-            self.close()
-            raise BackendError(
-                f"llama.cpp could not create a context of {options.n_ctx} tokens for "
-                f"{self.path.name}: {recent_llama_log() or 'no reason given'}",
-                "try a smaller --ctx",
-            )
-        self._ctx = ctx
-        self._memory = llama_cpp.llama_get_memory(ctx)
-        self.n_ctx = llama_cpp.llama_n_ctx(ctx)
-        self.n_batch = cparams.n_batch
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, cparams.n_seq_max)
-        self._warm_up()
-        if self.exact:
-            self._check_batch_invariance()
+        return cparams
 
     def _tree_capacity(self, options: LoadOptions, n_batch: int, stateful: bool) -> int:
         """Sequence ids for tree leaves: none in exact mode (batch invariance is checked for
@@ -314,6 +279,7 @@ class LlamaModel(CachedModel):
         """One ``llama_decode`` of ``chunk`` at positions ``pos``...; logits rows for its
         tokens from index ``first_logit`` on (none when it is past the chunk's end)."""
         b = self._batch
+        assert b is not None
         b.n_tokens = len(chunk)
         token, position, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
         for j, tok in enumerate(chunk):
@@ -451,96 +417,6 @@ class LlamaModel(CachedModel):
         """After a failed tree pass: back to the committed prefix, ``start`` tokens."""
         llama_cpp.llama_memory_seq_keep(self._memory, 0)
         self._remove_from(start)
-
-    # -- vocabulary ---------------------------------------------------------------------
-
-    def tokenize(
-        self, text: str, *, add_special: bool = True, parse_special: bool = True
-    ) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(
-            self._vocab, data, len(data), buf, cap, add_special, parse_special
-        )
-        if n < 0:
-            cap = -n
-            buf = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(
-                self._vocab, data, len(data), buf, cap, add_special, parse_special
-            )
-        return list(buf[:n])
-
-    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
-        # Every emitted token asks: kept per token, the vocabulary never changes.
-        key = (token, special)
-        piece = self._pieces.get(key)
-        if piece is None:
-            piece = self._pieces[key] = self._token_bytes(token, special)
-        return piece
-
-    def _token_bytes(self, token: int, special: bool) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
-        return buf.raw[:n]
-
-    def token_text(self, token: int) -> str:
-        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
-        return raw.decode("utf-8", errors="replace") if raw else ""
-
-    def is_eog(self, token: int) -> bool:
-        # Asked for every emitted token and by the n-gram drafter for every token it reads.
-        eog = self._eog.get(token)
-        if eog is None:
-            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-        return eog
-
-    def vocab_info(self) -> VocabInfo:
-        v = self._vocab
-        return VocabInfo(
-            vocab_type=llama_cpp.llama_vocab_type(v),
-            n_tokens=self.n_vocab,
-            bos=llama_cpp.llama_vocab_bos(v),
-            eos=llama_cpp.llama_vocab_eos(v),
-            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
-            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
-        )
-
-    def fim_tokens(self) -> FimTokens:
-        def known(token: int) -> int | None:
-            return token if 0 <= token < self.n_vocab else None  # LLAMA_TOKEN_NULL is -1
-
-        v = self._vocab
-        return FimTokens(
-            pre=known(llama_cpp.llama_vocab_fim_pre(v)),
-            suf=known(llama_cpp.llama_vocab_fim_suf(v)),
-            mid=known(llama_cpp.llama_vocab_fim_mid(v)),
-            pad=known(llama_cpp.llama_vocab_fim_pad(v)),
-            rep=known(llama_cpp.llama_vocab_fim_rep(v)),
-            sep=known(llama_cpp.llama_vocab_fim_sep(v)),
-        )
-
-    def metadata(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
-        if n < 0:
-            return None
-        if n >= 256:
-            buf = ctypes.create_string_buffer(n + 1)
-            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, n + 1)
-        return buf.value.decode("utf-8", errors="replace")
-
-    def chat_template(self) -> str | None:
-        return self.metadata("tokenizer.chat_template")
-
-    def description(self) -> str:
-        buf = ctypes.create_string_buffer(128)
-        llama_cpp.llama_model_desc(self._model, buf, 128)
-        name = self.metadata("general.name") or self.path.stem
-        return f"{name} ({buf.value.decode(errors='replace')})"
 
     # -- lifetime -----------------------------------------------------------------------
 

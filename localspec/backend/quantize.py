@@ -16,6 +16,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import llama_cpp
+
+from localspec.backend.runtime import ensure_backend
 from localspec.errors import ModelFileError, UsageError
 
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K")
@@ -23,8 +26,6 @@ QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_M", "Q4_K_S", "Q5_K
 
 def ftype_for(qtype: str) -> int:
     """llama.cpp's ftype constant for a type name; ``UsageError`` if unknown."""
-    import llama_cpp
-
     name = qtype.upper()
     value = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name}", None)
     if name not in QUANT_TYPES or value is None:
@@ -56,8 +57,8 @@ def quantize(
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
         raise UsageError(f"refusing to overwrite {src} with its own requantized copy")
-    import llama_cpp
-
+    # llama-cpp-python's logger keeps printing llama.cpp's lines, as _quiet_llama expects.
+    ensure_backend(capture_log=False)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = threads

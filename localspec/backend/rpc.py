@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from localspec.backend.runtime import ensure_backend
 from localspec.errors import BackendError, UsageError
 
 REBUILD_HINT = (
@@ -55,6 +56,8 @@ _DEVICE_TYPE_CPU = 0
 
 
 def supports_rpc() -> bool:
+    # llama_cpp is imported where it is used: ``localspec --help`` imports this module for
+    # its option defaults, and llama_cpp loads its shared libraries on import.
     import llama_cpp
 
     return bool(llama_cpp.llama_supports_rpc())
@@ -316,6 +319,7 @@ def attach(endpoints: list[Endpoint], timeout: float, on_lost: Callable[[str], N
     new = [e for e in endpoints if e not in _WORKERS.relays]
     for endpoint in new:
         handshake(endpoint)
+    ensure_backend()
     add_server = _rpc_function(
         "ggml_backend_rpc_add_server", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
     )
@@ -344,6 +348,8 @@ def serve_worker(host: str, port: int, threads: int) -> None:
             f"cannot listen on {Endpoint(host, port)}: {err.strerror or err}",
             "pick another --port, or stop what uses this one",
         ) from None
+    # The worker prints llama.cpp's log lines as llama-cpp-python does, uncaptured.
+    ensure_backend(capture_log=False)
     start = _rpc_function(
         "ggml_backend_rpc_start_server",
         ctypes.CFUNCTYPE(

@@ -37,6 +37,7 @@ from localspec.errors import ModelFileError, ModelNotFoundError, validation_prob
 from localspec.models import fetch, paths
 from localspec.models.gguf import check_gguf
 from localspec.models.schema import Catalog, HubSource, ModelEntry, PypiSource, Role
+from localspec.models.transfer import ShowProgress
 
 __all__ = ["Catalog", "HubSource", "ModelEntry", "PypiSource", "Role", "check_gguf"]
 
@@ -79,6 +80,8 @@ class HfCachedFile:
 
 def find_hf_cache_ggufs() -> list[HfCachedFile]:
     """GGUF files already in the Hugging Face cache; empty if there is no cache."""
+    # Imported when asked for: ``localspec --help`` imports this module, and the scanner
+    # pulls in huggingface_hub's whole client.
     try:
         from huggingface_hub import scan_cache_dir
     except ImportError:
@@ -244,11 +247,11 @@ def resolve_model(
     ref: str | None,
     role: Role,
     *,
-    progress: fetch.ShowProgress = True,
+    progress: ShowProgress = True,
     offline: bool | None = None,
 ) -> Path:
     """Return a local GGUF path for ``ref`` (see the module docstring), pulling if needed;
-    ``progress`` says how a pull shows what it does (``fetch.ShowProgress``)."""
+    ``progress`` says how a pull shows what it does (``transfer.ShowProgress``)."""
     ref = (ref or "").strip() or default_name(role)
     if _looks_like_path(ref):
         return check_gguf(Path(ref).expanduser())

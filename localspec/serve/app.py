@@ -12,6 +12,8 @@ as server-sent events; the first event (or error) is awaited before the response
 a request that cannot run gets a proper status. A client that disconnects, streamed or not,
 cancels its job; the engine stops after its current round. ``timings`` (llama.cpp-server's
 figures, with the drafts and the cache reuse) are left out when ``state.timings`` is off.
+The endpoints are the functions named after them below, which read the ``ServerState``
+from the app; serve/replies.py turns a job's events into the answer.
 
 ``/v1/completions`` takes several prompts (text or token ids; one choice each, generated one
 after another, ``usage`` and ``timings`` summed) and a ``suffix``: fill-in-the-middle through
@@ -24,11 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
-import queue
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,28 +38,30 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from localspec.core.drafting.prediction import prediction_counts
-from localspec.core.events import Event, Finished, TokenEmitted
+from localspec.core.events import Event
 from localspec.core.params import GenerationParams
-from localspec.core.stats import GenerationStats
-from localspec.errors import ContextOverflowError, LocalspecError, UnsupportedByModelError
 from localspec.serve.access import Access, Guard, client_of
 from localspec.serve.openai_shapes import (
     ApiError,
     chat_messages,
     completion_prompts,
-    finish_reason,
     generation_params,
     prediction_text,
     stream_flags,
-    timings,
-    usage,
+)
+from localspec.serve.replies import (
+    Asked,
+    cancel_on_disconnect,
+    internal,
+    next_event,
+    raise_for,
+    streamed_answer,
+    whole_answer,
 )
 from localspec.serve.worker import GenerationWorker, Job, QueueFull
+from localspec.session.session import Session
 
-POLL_S = 0.1  # how often a request waiting on its job's events checks that it still wants them
 JSON_TYPE = "application/json"
-log = logging.getLogger("localspec.serve")
 
 
 @dataclass
@@ -80,20 +83,8 @@ class ServerState:
     parse_special: bool = False
 
 
-@dataclass(frozen=True)
-class Asked:
-    """What a request asked for besides its prompts. ``predicted`` receives the tokens of
-    its prediction (if it gave one) once the worker has read it, for the usage's counts."""
-
-    chat: bool
-    stream: bool = False
-    include_usage: bool = False
-    n_prompts: int = 1
-    predicted: list[list[int]] = field(default_factory=list)
-
-
 def _with_prediction(
-    session: Any, params: GenerationParams, text: str | None, asked: Asked
+    session: Session, params: GenerationParams, text: str | None, asked: Asked
 ) -> GenerationParams:
     """``params`` drafting from the request's prediction ``text`` (read with the target's
     tokenizer, in the worker: the session is the worker's)."""
@@ -117,7 +108,7 @@ def _check_drafter(state: ServerState, params: GenerationParams) -> None:
 
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.localspec = state
+    app.state.localspec = state  # what the endpoints serve (see _state)
     if state.access.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -127,118 +118,163 @@ def create_app(state: ServerState) -> FastAPI:
         )
     # Added last, so outermost: a refused request reaches neither CORS nor an endpoint.
     app.add_middleware(Guard, access=lambda: state.access)
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, err: ApiError) -> JSONResponse:
-        return JSONResponse(err.body, status_code=err.status, headers=err.headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-        # Starlette's own refusals (no such endpoint, wrong method) in OpenAI's shape too.
-        if err.status_code == 404:
-            error = ApiError(404, f"no endpoint {request.url.path}", code="not_found")
-        else:
-            error = ApiError(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
-        return JSONResponse(error.body, status_code=err.status_code, headers=err.headers)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, err: Exception) -> JSONResponse:
-        error = internal(err)
-        return JSONResponse(error.body, status_code=error.status)
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        if state.load_error:
-            return JSONResponse({"status": "error", "message": "the models could not be "
-                                 "loaded; the server's log says why"}, 500)  # fmt: skip
-        if state.worker is None:
-            return JSONResponse({"status": "loading"}, status_code=503)
-        return JSONResponse({"status": "ok", "waiting": state.worker.waiting})
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        client_of(state.access, request.headers.get("authorization"))
-        _require_loaded(state)
-        card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "localspec"}
-        extra = {"draft": state.draft_id, "placement": state.placement}
-        return {"object": "list", "data": [{**card, **extra}]}
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        client = client_of(state.access, request.headers.get("authorization"))
-        body = await _read_json(state, request)
-        messages = chat_messages(body)
-        params = generation_params(body, state.defaults, state.max_tokens_limit)
-        _check_drafter(state, params)
-        predicted = prediction_text(body)
-        stream, include_usage = stream_flags(body)
-        asked = Asked(chat=True, stream=stream, include_usage=include_usage)
-
-        def start(session: Any, cancel: Any) -> Any:
-            chosen = _with_prediction(session, params, predicted, asked)
-            return session.chat(messages, chosen, cancel)
-
-        return await _answer(state, request, Job(start, params, client=client), asked)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        client = client_of(state.access, request.headers.get("authorization"))
-        body = await _read_json(state, request)
-        assert state.worker is not None
-        session = state.worker.session
-        suffix = body.get("suffix")
-        if suffix is not None and not isinstance(suffix, str):
-            raise ApiError(400, "suffix must be text", param="suffix")
-        if suffix and not session.fim.infill:
-            raise ApiError(
-                400,
-                f"suffix (fill-in-the-middle) needs a model with FIM tokens, and "
-                f"{state.model_id} has none: use a code model trained for infill, such as "
-                "Qwen2.5-Coder",
-                param="suffix",
-                code="unsupported_parameter",
-            )
-        prompts = completion_prompts(body, session.target.n_vocab, infill=bool(suffix))
-        params = generation_params(body, state.defaults, state.max_tokens_limit)
-        _check_drafter(state, params)
-        predicted = prediction_text(body)
-        stream, include_usage = stream_flags(body)
-        asked = Asked(False, stream, include_usage, n_prompts=len(prompts))
-
-        def start(session: Any, cancel: Any) -> Any:
-            chosen = _with_prediction(session, params, predicted, asked)
-            token_lists = [
-                p if isinstance(p, list)
-                else session.infill_tokens(p, suffix) if suffix
-                else session.text_tokens(p, raw=True, parse_special=state.parse_special)
-                for p in prompts
-            ]  # fmt: skip
-            for tokens in token_lists:  # all fit (the engine's check) before the first runs
-                session.check_prompt(tokens, chosen)
-            return _in_turn(session, token_lists, chosen, cancel)
-
-        return await _answer(state, request, Job(start, params, client=client), asked)
-
+    app.exception_handler(ApiError)(api_error)
+    app.exception_handler(StarletteHTTPException)(http_error)
+    app.exception_handler(Exception)(internal_error)
+    app.get("/health")(health)
+    app.get("/v1/models")(models)
+    app.post("/v1/chat/completions")(chat_completions)
+    app.post("/v1/completions")(completions)
     return app
 
 
+def _state(request: Request) -> ServerState:
+    return request.app.state.localspec
+
+
+async def api_error(request: Request, err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body, status_code=err.status, headers=err.headers)
+
+
+async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+    # Starlette's own refusals (no such endpoint, wrong method) in OpenAI's shape too.
+    if err.status_code == 404:
+        error = ApiError(404, f"no endpoint {request.url.path}", code="not_found")
+    else:
+        error = ApiError(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
+    return JSONResponse(error.body, status_code=err.status_code, headers=err.headers)
+
+
+async def internal_error(request: Request, err: Exception) -> JSONResponse:
+    error = internal(err)
+    return JSONResponse(error.body, status_code=error.status)
+
+
+async def health(request: Request) -> JSONResponse:
+    state = _state(request)
+    if state.load_error:
+        return JSONResponse({"status": "error", "message": "the models could not be "
+                             "loaded; the server's log says why"}, 500)  # fmt: skip
+    if state.worker is None:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    return JSONResponse({"status": "ok", "waiting": state.worker.waiting})
+
+
+async def models(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    client_of(state.access, request.headers.get("authorization"))
+    _require_loaded(state)
+    card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "localspec"}
+    extra = {"draft": state.draft_id, "placement": state.placement}
+    return {"object": "list", "data": [{**card, **extra}]}
+
+
+async def chat_completions(request: Request) -> Any:
+    state = _state(request)
+    client = client_of(state.access, request.headers.get("authorization"))
+    body = await _read_json(state, request)
+    messages = chat_messages(body)
+    params = generation_params(body, state.defaults, state.max_tokens_limit)
+    _check_drafter(state, params)
+    predicted = prediction_text(body)
+    stream, include_usage = stream_flags(body)
+    asked = Asked(chat=True, stream=stream, include_usage=include_usage)
+
+    def start(session: Session, cancel: threading.Event) -> Iterator[Event]:
+        chosen = _with_prediction(session, params, predicted, asked)
+        return session.chat(messages, chosen, cancel)
+
+    return await _answer(state, request, Job(start, params, client=client), asked)
+
+
+async def completions(request: Request) -> Any:
+    state = _state(request)
+    client = client_of(state.access, request.headers.get("authorization"))
+    body = await _read_json(state, request)
+    assert state.worker is not None
+    session = state.worker.session
+    suffix = _suffix(state, session, body)
+    prompts = completion_prompts(body, session.target.n_vocab, infill=bool(suffix))
+    params = generation_params(body, state.defaults, state.max_tokens_limit)
+    _check_drafter(state, params)
+    predicted = prediction_text(body)
+    stream, include_usage = stream_flags(body)
+    asked = Asked(False, stream, include_usage, n_prompts=len(prompts))
+
+    def start(session: Session, cancel: threading.Event) -> Iterator[Event]:
+        chosen = _with_prediction(session, params, predicted, asked)
+        token_lists = [
+            p if isinstance(p, list)
+            else session.infill_tokens(p, suffix) if suffix
+            else session.text_tokens(p, raw=True, parse_special=state.parse_special)
+            for p in prompts
+        ]  # fmt: skip
+        for tokens in token_lists:  # all fit (the engine's check) before the first runs
+            session.check_prompt(tokens, chosen)
+        return _in_turn(session, token_lists, chosen, cancel)
+
+    return await _answer(state, request, Job(start, params, client=client), asked)
+
+
+def _suffix(state: ServerState, session: Session, body: dict[str, Any]) -> str | None:
+    """The request's ``suffix``, checked: text, and only for a model with FIM tokens."""
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise ApiError(400, "suffix must be text", param="suffix")
+    if suffix and not session.fim.infill:
+        raise ApiError(
+            400,
+            f"suffix (fill-in-the-middle) needs a model with FIM tokens, and "
+            f"{state.model_id} has none: use a code model trained for infill, such as "
+            "Qwen2.5-Coder",
+            param="suffix",
+            code="unsupported_parameter",
+        )
+    return suffix
+
+
+async def _answer(state: ServerState, request: Request, job: Job, asked: Asked) -> Any:
+    """The job's answer: one choice per prompt, in order, as JSON or as a stream."""
+    assert state.worker is not None
+    try:
+        state.worker.submit(job)
+    except QueueFull:
+        raise ApiError(503, "the server is busy: every queue slot is taken", type="server_error",
+                       code="queue_full", headers={"Retry-After": "2"}) from None  # fmt: skip
+    watcher = asyncio.create_task(cancel_on_disconnect(request, job))
+    try:
+        first = await next_event(job)  # waits for the turn; errors come first
+        raise_for(first, asked.chat)
+        head = {
+            "id": ("chatcmpl-" if asked.chat else "cmpl-") + uuid.uuid4().hex[:24],
+            "created": int(time.time()),
+            "model": state.model_id,
+        }
+        if asked.stream:  # from here the response watches its client itself
+            frames = streamed_answer(job, first, head, asked, state.timings)
+            return StreamingResponse(frames, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})  # fmt: skip
+        return await whole_answer(job, first, head, asked, state.timings)
+    except BaseException:
+        job.cancel.set()
+        raise
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
 def _in_turn(
-    session: Any, token_lists: list[list[int]], params: GenerationParams, cancel: Any
+    session: Session,
+    token_lists: list[list[int]],
+    params: GenerationParams,
+    cancel: threading.Event,
 ) -> Iterator[Event]:
     """The prompts' generations one after another, each ending with its ``Finished``."""
     for tokens in token_lists:
         if cancel.is_set():  # the client left: the prompts still to come are not run
             return
         yield from session.generate(tokens, params, cancel)
-
-
-def internal(err: BaseException) -> ApiError:
-    """A failure of the server itself: logged here with an id, answered with the id only
-    (its text may name files or objects of this machine)."""
-    ref = uuid.uuid4().hex[:8]
-    log.error("internal error %s: %r", ref, err, exc_info=err)
-    return ApiError(500, f"internal error {ref}; the server's log has the details",
-                    type="server_error", code="internal_error")  # fmt: skip
 
 
 def _too_large(state: ServerState) -> ApiError:
@@ -282,168 +318,3 @@ def _require_loaded(state: ServerState) -> None:
     if state.worker is None:
         raise ApiError(503, "the models are still loading", type="server_error",
                        code="loading", headers={"Retry-After": "5"})  # fmt: skip
-
-
-async def _next_event(job: Job) -> Any:
-    """The job's next event, or None once it is over (or cancelled: nobody waits for it)."""
-    while not job.cancel.is_set():
-        try:
-            return await asyncio.to_thread(job.events.get, True, POLL_S)
-        except queue.Empty:
-            continue
-    return None
-
-
-async def _cancel_on_disconnect(request: Request, job: Job) -> None:
-    """Cancel the job when the client goes away. Its body is read by then, so the next
-    message the server sends is the disconnect (or the end of the response)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancel.set()
-            return
-
-
-def _raise_for(item: Any, chat: bool) -> None:
-    if isinstance(item, ContextOverflowError):
-        raise ApiError(400, f"{item} ({item.hint})", code="context_length_exceeded",
-                       param="messages" if chat else "prompt")  # fmt: skip
-    if isinstance(item, UnsupportedByModelError):
-        raise ApiError(400, f"{item} ({item.hint})", code="unsupported_parameter",
-                       param="suffix")  # fmt: skip
-    if isinstance(item, LocalspecError):
-        raise ApiError(400, f"{item} ({item.hint})")
-    if isinstance(item, BaseException):
-        raise internal(item)
-
-
-async def _answer(state: ServerState, request: Request, job: Job, asked: Asked) -> Any:
-    """The job's answer: one choice per prompt, in order, as JSON or as a stream."""
-    assert state.worker is not None
-    try:
-        state.worker.submit(job)
-    except QueueFull:
-        raise ApiError(503, "the server is busy: every queue slot is taken", type="server_error",
-                       code="queue_full", headers={"Retry-After": "2"}) from None  # fmt: skip
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-    try:
-        first = await _next_event(job)  # waits for the turn; errors come first
-        _raise_for(first, asked.chat)
-        head = {
-            "id": ("chatcmpl-" if asked.chat else "cmpl-") + uuid.uuid4().hex[:24],
-            "created": int(time.time()),
-            "model": state.model_id,
-        }
-        if asked.stream:  # from here the response watches its client itself
-            frames = _stream(state, job, first, head, asked)
-            return StreamingResponse(frames, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})  # fmt: skip
-        return await _whole(state, job, first, head, asked)
-    except BaseException:
-        job.cancel.set()
-        raise
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-
-
-async def _whole(
-    state: ServerState, job: Job, first: Any, head: dict[str, Any], asked: Asked
-) -> dict[str, Any]:
-    """A non-streamed answer: every event gathered, then one JSON object."""
-    finished: list[Finished] = []
-    item = first
-    while item is not None:
-        _raise_for(item, asked.chat)
-        if isinstance(item, Finished):
-            finished.append(item)
-        item = await _next_event(job)
-    if len(finished) < asked.n_prompts:
-        raise ApiError(499, "cancelled", code="cancelled")
-    choices: list[dict[str, Any]] = []
-    for index, done in enumerate(finished):
-        reason = finish_reason(done.reason.value)
-        if asked.chat:
-            choices.append({
-                "index": index,
-                "message": {"role": "assistant", "content": done.text},
-                "finish_reason": reason,
-                "logprobs": None,
-            })  # fmt: skip
-        else:
-            choices.append(
-                {"index": index, "text": done.text, "finish_reason": reason, "logprobs": None}
-            )
-    stats = GenerationStats.merged([done.stats for done in finished])
-    answer = {
-        **head,
-        "object": "chat.completion" if asked.chat else "text_completion",
-        "choices": choices,
-        "usage": usage(stats, _predicted(asked, finished)),
-    }
-    if state.timings:
-        answer["timings"] = timings(stats, len(finished))
-    return answer
-
-
-def _predicted(asked: Asked, finished: list[Finished]) -> tuple[int, int] | None:
-    """The prediction's accepted and rejected tokens over every answer, if it had one."""
-    if not asked.predicted:
-        return None
-    counts = [prediction_counts(asked.predicted[0], list(done.token_ids)) for done in finished]
-    return sum(a for a, _ in counts), sum(r for _, r in counts)
-
-
-def _sse(data: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(data)}\n\n".encode()
-
-
-async def _stream(
-    state: ServerState, job: Job, first: Any, head: dict[str, Any], asked: Asked
-) -> AsyncIterator[bytes]:
-    """Server-sent events; each chunk names its prompt's choice index. The last prompt's
-    final chunk (or the usage chunk) carries ``timings`` for the whole request."""
-    kind = "chat.completion.chunk" if asked.chat else "text_completion"
-
-    def chunk(index: int, text: str | None, reason: str | None, role: bool = False
-              ) -> dict[str, Any]:  # fmt: skip
-        if asked.chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": reason}
-        else:
-            choice = {"index": index, "text": text or "", "finish_reason": reason}
-        return {**head, "object": kind, "choices": [choice]}
-
-    finished: list[Finished] = []
-    try:
-        if asked.chat:
-            yield _sse(chunk(0, "", None, role=True))
-        item = first
-        while item is not None:
-            index = len(finished)  # the prompt whose events these are
-            if isinstance(item, BaseException):
-                yield _sse(internal(item).body)
-            elif isinstance(item, TokenEmitted) and item.text:
-                yield _sse(chunk(index, item.text, None))
-            elif isinstance(item, Finished):
-                finished.append(item)
-                if item.tail:
-                    yield _sse(chunk(index, item.tail, None))
-                last = chunk(index, None, finish_reason(item.reason.value))
-                if len(finished) == asked.n_prompts:
-                    stats = GenerationStats.merged([done.stats for done in finished])
-                    if asked.include_usage:
-                        last["usage"] = None
-                        yield _sse(last)
-                        shown = usage(stats, _predicted(asked, finished))
-                        last = {**head, "object": kind, "choices": [], "usage": shown}
-                    if state.timings:
-                        last["timings"] = timings(stats, len(finished))
-                yield _sse(last)
-            item = await _next_event(job)
-        yield b"data: [DONE]\n\n"
-    finally:  # the client went away (or we are done): let the worker move on
-        job.cancel.set()

@@ -13,9 +13,8 @@ that every client can then probe them through its timings.
 
 from __future__ import annotations
 
-from typing import Any
-
 from localspec.serve.worker import OnClient
+from localspec.session.session import Session
 from localspec.storage.answers import KeptAnswers
 from localspec.storage.library import Library, vocabulary_fingerprint
 
@@ -23,7 +22,7 @@ KEYLESS = "local"  # the history's name for the clients of a server without keys
 
 
 def keep_apart(history: bool) -> OnClient:
-    def begin_client(session: Any, client: str) -> None:
+    def begin_client(session: Session, client: str) -> None:
         session.forget_context()
         session.restart_learning()
         shared = [answers for answers in session.answers if not answers.client]

@@ -25,10 +25,10 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from localspec.core.events import Event
 from localspec.core.params import GenerationParams
+from localspec.session.session import Session
 
 
 class QueueFull(Exception):
@@ -39,19 +39,19 @@ class QueueFull(Exception):
 class Job:
     """``start(session, cancel)`` returns the event iterator (it may raise a typed error)."""
 
-    start: Callable[[Any, threading.Event], Iterator[Event]]
+    start: Callable[[Session, threading.Event], Iterator[Event]]
     params: GenerationParams
     client: str = ""  # whose job this is ("" when the server has no key)
     cancel: threading.Event = field(default_factory=threading.Event)
     events: queue.Queue = field(default_factory=queue.Queue)  # Event | BaseException | None
 
 
-OnClient = Callable[[Any, str], None]
+OnClient = Callable[[Session, str], None]
 
 
 class GenerationWorker:
     def __init__(
-        self, session: Any, max_queue: int = 16, on_client: OnClient | None = None
+        self, session: Session, max_queue: int = 16, on_client: OnClient | None = None
     ) -> None:
         if max_queue < 1:  # queue.Queue(0) would never be full
             raise ValueError("max_queue must be at least 1")

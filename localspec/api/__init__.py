@@ -1,0 +1,156 @@
+"""The Python API: a target/draft pair loaded once, completing text and holding chats.
+
+::
+
+    import localspec
+
+    with localspec.load() as pair:  # the default pair, as ``localspec complete`` loads it
+        stream = pair.stream_complete("def fib(n):", max_tokens=30)
+        for piece in stream.pieces():
+            print(piece, end="", flush=True)
+        print(stream.result.stats.decode_tokens_per_s)
+
+The contract:
+
+- ``load(target=None, draft=None, **options) -> Speculator`` loads a pair with the command
+  line's model options, spelt as Python keywords (``ctx``, ``gpu_layers``, ``drafter``,
+  ...), from the same cache and home as the command line (``LOCALSPEC_HOME``): a model
+  fetched by one is there for the other.
+- ``Speculator.complete(prompt, **options)`` and ``chat(messages, **options)`` return a
+  ``Completion`` (text, token ids, finish reason, final ``GenerationStats``);
+  ``stream_complete`` and ``stream_chat`` take the same arguments and return a ``Stream`` of
+  the engine's own events (``localspec.core.events``) as they come. Streaming has methods
+  of its own rather than a ``stream=True`` flag so that each method has one return type
+  (which a reader, and a type checker, can tell from its name) and so the stream can carry
+  what a generator cannot: ``cancel()``, the text so far, and the ``result`` at the end.
+- The options of a generation are ``GenerationParams``' fields (``max_tokens``,
+  ``temperature``, ``seed``, ``drafter``, ``stop``, ...), with ``prediction`` given as text.
+  ``complete`` sends the prompt through the target's chat template, as the command line
+  does, unless ``raw=True``; ``chat`` takes OpenAI-style messages.
+- Greedy output (``temperature=0``, the default) is the target's own, whatever the drafter.
+- Nothing is printed: loading reports to ``on_progress`` if given, and warnings are kept in
+  ``Speculator.warnings`` and ``Completion.warnings``.
+- Nothing of the user's is written unless asked: answers join the history of answers only
+  with ``history=True``, and what ``auto`` learns of acceptance is saved for the next
+  process only with ``learn=True`` (what the command line saved is still read, so a script
+  starts warm). The measured costs of this machine are cached as the command line caches
+  them: they describe the machine, not the user.
+- Errors are ``localspec.errors.LocalspecError`` subclasses with ``message`` and ``hint``:
+  ``UsageError`` for an option that cannot work (an unknown name, a bad value, a drafter
+  the loaded pair cannot run), ``InputError`` for an unusable prompt, and loading's and
+  generation's own as the command line reports them.
+- One generation at a time: starting another ends the stream before it (after its current
+  round, so the models stay consistent). A ``Speculator`` is not for several threads.
+
+``load`` is here; ``Speculator`` is api/speculator.py, ``Stream`` and ``Completion``
+api/stream.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from localspec.api.speculator import Speculator
+from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
+from localspec.backend.rpc import parse_endpoints
+from localspec.core.params import DrafterMode
+from localspec.progress import OnProgress, Progress, ProgressKind
+from localspec.session.options import Spelling, drafter_mode, model_options, parse_shares
+from localspec.session.placement import parse_layers
+from localspec.session.open import open_session
+
+# How ``load`` names an option in an error, and where its options are described.
+LOAD = Spelling("", "_", "see help(localspec.load)")
+
+
+def load(
+    target: str | os.PathLike[str] | None = None,
+    draft: str | os.PathLike[str] | None = None,
+    *,
+    drafter: str | DrafterMode = DrafterMode.AUTO,
+    threads: int | None = None,
+    ctx: int = 4096,
+    gpu_layers: str | int | None = None,
+    draft_gpu_layers: str | int | None = None,
+    exact: bool = False,
+    rpc: str | Sequence[str] | None = None,
+    rpc_timeout: float = DEFAULT_RPC_TIMEOUT,
+    rpc_split: str | Sequence[float] | None = None,
+    stores: Sequence[str] | None = None,
+    history: bool = False,
+    learn: bool = False,
+    calibrate: bool | None = None,
+    on_progress: OnProgress | None = None,
+) -> Speculator:
+    """Load a target/draft pair, as ``localspec complete`` does with the same options.
+
+    ``target``, ``draft``: a path, a catalog name or ``repo:file`` (None: the default pair,
+    or the target's recommended draft); ``draft="self"`` or ``drafter="self"``: a draft
+    derived from the target's own layers. ``drafter``: the generations' default (auto,
+    model, ngram, self, lookahead, none); it decides what is loaded (``ngram``, ``lookahead``
+    and ``none`` load no draft model) and whether this machine's costs are measured
+    (``auto``, ``lookahead``; ``calibrate`` overrides that). ``threads``: CPU threads (None:
+    all cores). ``ctx``: context size in tokens. ``gpu_layers``, ``draft_gpu_layers``:
+    ``"auto"`` (None), ``"all"`` (-1), 0 (the CPU) or a number of layers. ``exact``: greedy
+    output identical to plain decoding's token for token (slower kernels). ``rpc``,
+    ``rpc_timeout``, ``rpc_split``: the target's layers on llama.cpp RPC workers (a lost
+    worker ends the process, as on the command line: its evaluation never returns).
+    ``stores``: the datastores ``auto`` drafts from (None: every one built with the
+    target's tokenizer, the history included; ``()``: none). ``history``: add each answer
+    to the history of answers. ``learn``: save what ``auto`` learned for the next process.
+    ``on_progress``: called with each ``localspec.progress.Progress`` of the loading.
+    """
+    mode = drafter_mode(drafter, LOAD)
+    fields = _pair_fields(
+        target, draft, threads, ctx, gpu_layers, draft_gpu_layers, exact, rpc, rpc_timeout,
+        rpc_split, stores, history, calibrate,
+    )  # fmt: skip
+    options = model_options(mode, spelling=LOAD, **fields)
+    warnings: list[str] = []
+
+    def told(progress: Progress) -> None:
+        if progress.kind is ProgressKind.WARNING:
+            warnings.append(progress.text)
+        if on_progress is not None:
+            on_progress(progress)
+
+    # A callback of its own also keeps downloads from drawing progress bars on the terminal.
+    session = open_session(options, on_progress=told)
+    if not learn:
+        # What was learned is restored (a warm start) but this script's answers add nothing.
+        session.learning = None
+    return Speculator(session, mode, warnings)
+
+
+def _pair_fields(
+    target: Any, draft: Any, threads: int | None, ctx: int, gpu_layers: Any,
+    draft_gpu_layers: Any, exact: bool, rpc: Any, rpc_timeout: float, rpc_split: Any,
+    stores: Any, history: bool, calibrate: bool | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The ``ModelOptions`` fields of ``load``'s arguments."""
+    fields = dict(
+        target=_reference(target),
+        draft=_reference(draft),
+        threads=threads,
+        n_ctx=ctx,
+        n_gpu_layers=parse_layers(gpu_layers, "gpu_layers"),
+        draft_gpu_layers=parse_layers(draft_gpu_layers, "draft_gpu_layers"),
+        exact=exact,
+        rpc=tuple(map(str, parse_endpoints(rpc))) if rpc else (),
+        rpc_timeout=rpc_timeout,
+        rpc_split=parse_shares(rpc_split, LOAD),
+        stores=(stores,) if isinstance(stores, str) else stores,
+        history=history,
+        show_download_progress=False,
+    )
+    if calibrate is not None:
+        fields["calibrate"] = calibrate
+    return fields
+
+
+def _reference(value: Any) -> Any:
+    """A model given as a ``pathlib.Path`` is its path's text; anything else is validated
+    as the command line's text is."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value

@@ -1,0 +1,239 @@
+"""A loaded pair as a script uses it: ``Speculator``'s completions and chats.
+
+Contract: each call checks its keywords (``GenerationParams``' fields, ``prediction`` as
+text, and the prompt's own options: ``raw``, ``system``, ``parse_special``) and its prompt
+before anything runs, raising ``UsageError`` or ``InputError``; a prompt the context cannot
+hold is a ``ContextOverflowError``. Starting a generation ends the stream before it. See the
+package's docstring for the whole API.
+"""
+
+from __future__ import annotations
+
+import difflib
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from localspec.api.stream import Completion, Stream
+from localspec.core.params import DrafterMode, GenerationParams
+from localspec.errors import ContextOverflowError, InputError, UsageError
+from localspec.session.options import Spelling, build_params, drafter_mode
+from localspec.session.placement import Placement
+from localspec.session.session import Session
+
+# How a generation's call names an option in an error, and where its options are described.
+CALL = Spelling("", "_", "see help(localspec.Speculator.complete)")
+
+# Options of a generation besides GenerationParams' fields, per method.
+COMPLETE_OPTIONS = frozenset({"raw", "system", "parse_special"})
+CHAT_OPTIONS = frozenset({"parse_special"})
+
+
+class Speculator:
+    """A loaded pair (``load``): completions and chats until ``close()``; a context
+    manager that closes it."""
+
+    def __init__(self, session: Session, drafter: DrafterMode, warnings: list[str]) -> None:
+        self._session: Session | None = session
+        self.drafter = drafter  # the generations' default
+        self.target = session.target_label
+        self.draft = session.draft_label  # None without a draft model
+        self.n_ctx = session.n_ctx
+        self.placement: Placement | None = session.placement  # where each model runs, why
+        self._load_warnings = warnings
+        self._stream: Stream | None = None
+
+    def __repr__(self) -> str:
+        state = " closed" if self._session is None else ""
+        return (
+            f"<Speculator target={self.target!r} draft={self.draft!r} "
+            f"drafter={self.drafter.value!r}{state}>"
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._session is None
+
+    @property
+    def warnings(self) -> list[str]:
+        """What went wrong without stopping anything, from loading on."""
+        session_warnings = self._session.warnings if self._session else []
+        return list(dict.fromkeys([*self._load_warnings, *session_warnings]))
+
+    # -- generation -----------------------------------------------------------------------
+
+    def complete(self, prompt: str, **options: Any) -> Completion:
+        """The completion of ``prompt``; see ``stream_complete`` for the options."""
+        return self.stream_complete(prompt, **options).finish()
+
+    def stream_complete(self, prompt: str, **options: Any) -> Stream:
+        """The completion of ``prompt``, as it comes.
+
+        Options: ``GenerationParams``' fields, ``max_tokens`` (512), ``temperature`` (0:
+        greedy), ``top_k`` (40), ``top_p`` (0.95), ``min_p`` (0.05), ``seed``, ``drafter``
+        (the pair's), ``draft_max`` (16), ``stop`` (a string or several), ``trees``,
+        ``trace``, ...; ``prediction``: text the answer will mostly be, drafted from by
+        ``auto``; ``raw``: send the prompt as is, without the chat template; ``system``: a
+        system prompt before it; ``parse_special``: let control tokens in the text act as
+        such."""
+        session = self._open()
+        prompt_options, params = self._parse(options, COMPLETE_OPTIONS)
+        text = _prompt_text(prompt)
+        raw = bool(prompt_options.get("raw", False))
+        system = prompt_options.get("system")
+        if system is not None and not isinstance(system, str):
+            raise UsageError(f"system must be text, not {type(system).__name__}", CALL.help)
+        if system and system.strip() and raw:
+            raise UsageError("a system prompt needs the chat template", "drop raw or system")
+        tokens = session.text_tokens(
+            text,
+            raw=raw,
+            parse_special=bool(prompt_options.get("parse_special", False)),
+            system=system if system and system.strip() else None,
+        )
+        return self._start(tokens, params)
+
+    def chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Completion:
+        """The assistant's next message; see ``stream_chat``."""
+        return self.stream_chat(messages, **options).finish()
+
+    def stream_chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Stream:
+        """The assistant's next message after ``messages`` (OpenAI-style: ``{"role":
+        "system" | "user" | "assistant", "content": text}``), through the target's chat
+        template, as it comes. Options: as ``stream_complete``'s, but ``parse_special``
+        only (no ``raw``, no ``system``: a system message says it)."""
+        session = self._open()
+        prompt_options, params = self._parse(options, CHAT_OPTIONS)
+        tokens = session.chat_tokens(
+            _messages(messages), parse_special=bool(prompt_options.get("parse_special", False))
+        )
+        return self._start(tokens, params)
+
+    def _parse(
+        self, options: dict[str, Any], prompt_names: frozenset[str]
+    ) -> tuple[dict[str, Any], GenerationParams]:
+        """``(the prompt's options, the generation's params)`` of a call's keywords."""
+        known = set(GenerationParams.model_fields) | prompt_names
+        for name in options:
+            if name not in known:
+                raise _unknown_option(name, known)
+        prompt = {name: options.pop(name) for name in prompt_names if name in options}
+        prediction = options.pop("prediction", None)
+        mode = drafter_mode(options.pop("drafter", None) or self.drafter, CALL)
+        self._check_drafter(mode)
+        if isinstance(options.get("stop"), str):
+            options["stop"] = (options["stop"],)  # one stop string, as OpenAI's API takes it
+        params = build_params(spelling=CALL, drafter=mode, **options)
+        if prediction is not None:
+            params = params.model_copy(update={"prediction": self._prediction(prediction, mode)})
+        return prompt, params
+
+    def _check_drafter(self, mode: DrafterMode) -> None:
+        """A drafter this pair can run: the draft model it needs was loaded."""
+        assert self._session is not None
+        if mode.needs_draft_model and self._session.draft is None:
+            raise UsageError(
+                f"drafter={mode.value!r} needs a draft model, and this pair has none",
+                "load the pair with drafter='auto' or 'model', or use drafter='ngram'",
+            )
+        if mode.derives_draft and not self.drafter.derives_draft:
+            raise UsageError(
+                "drafter='self' drafts with a draft derived from the target's own layers, "
+                "which this pair did not load",
+                "load the pair with localspec.load(drafter='self')",
+            )
+
+    def _prediction(self, text: Any, mode: DrafterMode) -> tuple[int, ...]:
+        assert self._session is not None
+        if not mode.uses_cost_model:
+            raise UsageError(
+                f"prediction is drafted from by drafter='auto', not {mode.value!r}",
+                "drop drafter, or prediction",
+            )
+        if not isinstance(text, str):
+            raise UsageError(
+                f"prediction must be text, not {type(text).__name__}",
+                "give the text the answer will mostly copy",
+            )
+        if not text.strip():
+            raise InputError("the prediction is empty", "give the text the answer will mostly copy")
+        return tuple(self._session.plain_tokens(text))
+
+    def _start(self, tokens: list[int], params: GenerationParams) -> Stream:
+        session = self._open()
+        self._end_stream()
+        # Checked now, so that a prompt the context cannot hold fails here, not mid-loop.
+        if len(tokens) >= session.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(tokens)} tokens but the context holds {session.n_ctx} "
+                f"(at most {session.n_ctx - 1} prompt tokens, leaving room for one new token)",
+                "shorten the prompt (or drop the oldest messages), or load with a larger ctx",
+                n_tokens=len(tokens),
+                n_ctx=session.n_ctx,
+            )
+        session.check_prompt(tokens, params)
+        before = len(session.warnings)
+        cancel = threading.Event()
+        events = session.generate(tokens, params, cancel)
+        self._stream = Stream(events, cancel, lambda: session.warnings[before:])
+        return self._stream
+
+    def _end_stream(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            stream.close()
+
+    def _open(self) -> Session:
+        if self._session is None:
+            raise UsageError("this pair is closed", "load it again with localspec.load()")
+        return self._session
+
+    # -- closing --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free both models (an unfinished stream ends first). Harmless when closed."""
+        if self._session is None:
+            return
+        try:
+            self._end_stream()
+        finally:
+            session, self._session = self._session, None
+            session.close()
+
+    def __enter__(self) -> Speculator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _prompt_text(prompt: Any) -> str:
+    if not isinstance(prompt, str):
+        raise UsageError(f"the prompt must be text, not {type(prompt).__name__}", CALL.help)
+    if not prompt.strip():
+        raise InputError("the prompt is empty", "give the text to complete")
+    return prompt
+
+
+def _messages(messages: Any) -> list[dict[str, str]]:
+    """OpenAI-style messages as the chat template takes them (each a dict of its own)."""
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise UsageError(
+            "messages must be a list of {'role': ..., 'content': ...} dicts",
+            "for a single prompt, use complete()",
+        )
+    if not all(isinstance(m, Mapping) for m in messages):
+        raise UsageError(
+            "each message must be a dict with a role and a content",
+            "e.g. {'role': 'user', 'content': 'Hello'}",
+        )
+    listed = [dict(m) for m in messages]
+    if not any(isinstance(m.get("content"), str) and m["content"].strip() for m in listed):
+        raise InputError("the conversation is empty", "give at least one message with text")
+    return listed
+
+
+def _unknown_option(name: str, known: set[str]) -> UsageError:
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    hint = f"did you mean {close[0]}?" if close else f"options: {', '.join(sorted(known))}"
+    return UsageError(f"unknown option {name!r}", hint)

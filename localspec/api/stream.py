@@ -1,0 +1,121 @@
+"""A generation's events as a script reads them: ``Stream`` and its ``Completion``.
+
+Contract: a ``Stream`` passes the engine's events on as they come (read once), keeps the
+text so far, and holds the ``Completion`` once ``Finished`` has passed; ``cancel()`` stops
+the generation after its current round, from any thread; ``close()`` ends it (cancelled, or
+never begun if nothing was read). See the package's docstring for the whole API.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+
+from localspec.core.events import EngineWarning, Event, Finished, FinishReason, TokenEmitted
+from localspec.core.stats import GenerationStats
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished generation. ``text`` is the answer (a stop string cut off);
+    ``token_ids`` are the tokens generated; ``stats`` the generation's own totals."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason  # eos, length, stop or cancelled
+    stats: GenerationStats
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def message(self) -> dict[str, str]:
+        """The answer as a chat message, to append to the conversation."""
+        return {"role": "assistant", "content": self.text}
+
+
+class Stream:
+    """The events of one generation, as the engine yields them: one ``PrefillDone``; per
+    round one or more ``TokenEmitted`` and a ``RoundCompleted``; maybe ``EngineWarning``;
+    one ``Finished``. Read it once, event by event (iterate it) or as text (``pieces()``).
+
+    The answer's text is every ``TokenEmitted.text`` followed by ``Finished.tail`` (text
+    held back while it might have begun a stop string); ``pieces()`` yields both, and
+    ``result`` is the ``Completion`` once ``Finished`` has passed (None before)."""
+
+    def __init__(
+        self, events: Iterator[Event], cancel: threading.Event, warnings: Callable[[], list[str]]
+    ) -> None:
+        self._events = events
+        self._cancel = cancel
+        self._session_warnings = warnings
+        self._seen = self._observe()
+        self._started = False
+        self._pieces: list[str] = []
+        self._warnings: list[str] = []
+        self.result: Completion | None = None
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Event:
+        self._started = True
+        return next(self._seen)
+
+    def _observe(self) -> Generator[Event, None, None]:
+        for event in self._events:
+            if isinstance(event, TokenEmitted):
+                self._pieces.append(event.text)
+            elif isinstance(event, EngineWarning):
+                self._warnings.append(event.message)
+            elif isinstance(event, Finished):
+                self._pieces.append(event.tail)
+                self.result = self._completion(event)
+            yield event
+
+    def _completion(self, finished: Finished) -> Completion:
+        warnings = dict.fromkeys([*self._warnings, *self._session_warnings()])
+        return Completion(
+            finished.text, finished.token_ids, finished.reason, finished.stats, tuple(warnings)
+        )
+
+    def pieces(self) -> Iterator[str]:
+        """The answer's text as it comes (the rest of it, if some events were read)."""
+        for event in self:
+            if isinstance(event, TokenEmitted) and event.text:
+                yield event.text
+            elif isinstance(event, Finished) and event.tail:
+                yield event.tail
+
+    @property
+    def text(self) -> str:
+        """The text so far; the whole answer once finished."""
+        return self.result.text if self.result else "".join(self._pieces)
+
+    def cancel(self) -> None:
+        """Stop after the current round (from any thread); the stream still ends with
+        ``Finished``, its reason ``cancelled``."""
+        self._cancel.set()
+
+    def finish(self) -> Completion:
+        """Read the rest of the events; the ``Completion``."""
+        for _ in self:
+            pass
+        assert self.result is not None  # the engine always ends with Finished
+        return self.result
+
+    def close(self) -> None:
+        """End the generation: cancelled after its current round (so that the models'
+        caches stay consistent), or never begun if nothing was read. Harmless when done."""
+        if not self._started:
+            self._started = True
+            self._seen.close()
+            return
+        self.cancel()
+        for _ in self:
+            pass
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,189 @@
+"""A job's events as OpenAI's answers: one JSON object, or server-sent events.
+
+Contract: ``next_event`` waits for a job's next event without blocking the event loop (None
+once the job is over or cancelled); ``cancel_on_disconnect`` cancels the job when its client
+goes away; ``raise_for`` turns an event that is an error into the ``ApiError`` to answer
+with (a typed error: a 400; anything else: ``internal``, a 500 that names only a logged id).
+``whole_answer`` gathers every event into one answer; ``streamed_answer`` sends each as it
+comes and cancels the job when the client stops reading. Both give one choice per prompt,
+in order, ``usage`` summed over them, and ``timings`` only ``with_timings``. ``Asked`` is
+what the request asked for besides its prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import queue
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from localspec.core.drafting.prediction import prediction_counts
+from localspec.core.events import Finished, TokenEmitted
+from localspec.core.stats import GenerationStats
+from localspec.errors import ContextOverflowError, LocalspecError, UnsupportedByModelError
+from localspec.serve.openai_shapes import ApiError, finish_reason, timings, usage
+from localspec.serve.worker import Job
+
+POLL_S = 0.1  # how often a request waiting on its job's events checks that it still wants them
+log = logging.getLogger("localspec.serve")
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a request asked for besides its prompts. ``predicted`` receives the tokens of
+    its prediction (if it gave one) once the worker has read it, for the usage's counts."""
+
+    chat: bool
+    stream: bool = False
+    include_usage: bool = False
+    n_prompts: int = 1
+    predicted: list[list[int]] = field(default_factory=list)
+
+
+def internal(err: BaseException) -> ApiError:
+    """A failure of the server itself: logged here with an id, answered with the id only
+    (its text may name files or objects of this machine)."""
+    ref = uuid.uuid4().hex[:8]
+    log.error("internal error %s: %r", ref, err, exc_info=err)
+    return ApiError(500, f"internal error {ref}; the server's log has the details",
+                    type="server_error", code="internal_error")  # fmt: skip
+
+
+async def next_event(job: Job) -> Any:
+    """The job's next event, or None once it is over (or cancelled: nobody waits for it)."""
+    while not job.cancel.is_set():
+        try:
+            return await asyncio.to_thread(job.events.get, True, POLL_S)
+        except queue.Empty:
+            continue
+    return None
+
+
+async def cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client goes away. Its body is read by then, so the next
+    message the server sends is the disconnect (or the end of the response)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel.set()
+            return
+
+
+def raise_for(item: Any, chat: bool) -> None:
+    if isinstance(item, ContextOverflowError):
+        raise ApiError(400, f"{item} ({item.hint})", code="context_length_exceeded",
+                       param="messages" if chat else "prompt")  # fmt: skip
+    if isinstance(item, UnsupportedByModelError):
+        raise ApiError(400, f"{item} ({item.hint})", code="unsupported_parameter",
+                       param="suffix")  # fmt: skip
+    if isinstance(item, LocalspecError):
+        raise ApiError(400, f"{item} ({item.hint})")
+    if isinstance(item, BaseException):
+        raise internal(item)
+
+
+async def whole_answer(
+    job: Job, first: Any, head: dict[str, Any], asked: Asked, with_timings: bool
+) -> dict[str, Any]:
+    """A non-streamed answer: every event gathered, then one JSON object."""
+    finished: list[Finished] = []
+    item = first
+    while item is not None:
+        raise_for(item, asked.chat)
+        if isinstance(item, Finished):
+            finished.append(item)
+        item = await next_event(job)
+    if len(finished) < asked.n_prompts:
+        raise ApiError(499, "cancelled", code="cancelled")
+    choices: list[dict[str, Any]] = []
+    for index, done in enumerate(finished):
+        reason = finish_reason(done.reason.value)
+        if asked.chat:
+            choices.append({
+                "index": index,
+                "message": {"role": "assistant", "content": done.text},
+                "finish_reason": reason,
+                "logprobs": None,
+            })  # fmt: skip
+        else:
+            choices.append(
+                {"index": index, "text": done.text, "finish_reason": reason, "logprobs": None}
+            )
+    stats = GenerationStats.merged([done.stats for done in finished])
+    answer = {
+        **head,
+        "object": "chat.completion" if asked.chat else "text_completion",
+        "choices": choices,
+        "usage": usage(stats, _predicted(asked, finished)),
+    }
+    if with_timings:
+        answer["timings"] = timings(stats, len(finished))
+    return answer
+
+
+def _predicted(asked: Asked, finished: list[Finished]) -> tuple[int, int] | None:
+    """The prediction's accepted and rejected tokens over every answer, if it had one."""
+    if not asked.predicted:
+        return None
+    counts = [prediction_counts(asked.predicted[0], list(done.token_ids)) for done in finished]
+    return sum(a for a, _ in counts), sum(r for _, r in counts)
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+async def streamed_answer(
+    job: Job, first: Any, head: dict[str, Any], asked: Asked, with_timings: bool
+) -> AsyncIterator[bytes]:
+    """Server-sent events; each chunk names its prompt's choice index. The last prompt's
+    final chunk (or the usage chunk) carries ``timings`` for the whole request."""
+    kind = "chat.completion.chunk" if asked.chat else "text_completion"
+
+    def chunk(index: int, text: str | None, reason: str | None, role: bool = False
+              ) -> dict[str, Any]:  # fmt: skip
+        if asked.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": reason}
+        else:
+            choice = {"index": index, "text": text or "", "finish_reason": reason}
+        return {**head, "object": kind, "choices": [choice]}
+
+    finished: list[Finished] = []
+    try:
+        if asked.chat:
+            yield _sse(chunk(0, "", None, role=True))
+        item = first
+        while item is not None:
+            index = len(finished)  # the prompt whose events these are
+            if isinstance(item, BaseException):
+                yield _sse(internal(item).body)
+            elif isinstance(item, TokenEmitted) and item.text:
+                yield _sse(chunk(index, item.text, None))
+            elif isinstance(item, Finished):
+                finished.append(item)
+                if item.tail:
+                    yield _sse(chunk(index, item.tail, None))
+                last = chunk(index, None, finish_reason(item.reason.value))
+                if len(finished) == asked.n_prompts:
+                    stats = GenerationStats.merged([done.stats for done in finished])
+                    if asked.include_usage:
+                        last["usage"] = None
+                        yield _sse(last)
+                        shown = usage(stats, _predicted(asked, finished))
+                        last = {**head, "object": kind, "choices": [], "usage": shown}
+                    if with_timings:
+                        last["timings"] = timings(stats, len(finished))
+                yield _sse(last)
+            item = await next_event(job)
+        yield b"data: [DONE]\n\n"
+    finally:  # the client went away (or we are done): let the worker move on
+        job.cancel.set()
