@@ -57,9 +57,9 @@ from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
 from localspec.backend.rpc import parse_endpoints
 from localspec.core.params import DrafterMode
 from localspec.progress import OnProgress, Progress, ProgressKind
+from localspec.session.open import open_session
 from localspec.session.options import Spelling, drafter_mode, model_options, parse_shares
 from localspec.session.placement import parse_layers
-from localspec.session.open import open_session
 
 # How ``load`` names an option in an error, and where its options are described.
 LOAD = Spelling("", "_", "see help(localspec.load)")
