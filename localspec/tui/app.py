@@ -5,8 +5,11 @@ models could not be loaded). At start the app calls ``session_factory(on_progres
 in a worker thread, showing its progress reports; a load error shows as a message with its
 hint.
 
-Each answer runs ``Session.chat`` in a worker thread (``worker.run_generation``), which posts
-the engine's events as messages; the UI thread renders them (tokens coloured by origin, the
+The app holds widgets, keys and layout; every decision is its ``ChatController``'s
+(``chat``, in ``tui.controller``), which it shows as that controller's ``ChatView``. The
+worker threads' news reaches the controller through the app's message queue, on the UI
+thread. Each answer runs ``Session.chat`` in a worker thread (``worker.run_generation``),
+which posts the engine's events; the app renders them (tokens coloured by origin, the
 stats panel, the context budget). Escape/Ctrl+C set the generation's ``threading.Event``;
 the engine stops between rounds and its ``Finished`` carries the partial answer, which stays
 in the transcript and the history. Generations are numbered so that the late events of a
