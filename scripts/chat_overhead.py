@@ -41,17 +41,17 @@ async def _chat_once(prompt: str, max_tokens: int) -> dict:
         lambda progress, on_lost: open_session(options, progress, on_lost), params, autosave=False
     )
     async with app.run_test(size=(120, 40)) as pilot:
-        while app.session is None and app.load_error is None:
+        while app.chat.session is None and app.chat.load_error is None:
             await pilot.pause(0.1)
-        if app.load_error:
-            raise SystemExit(f"chat could not load: {app.load_error}")
-        app.send(prompt)
+        if app.chat.load_error:
+            raise SystemExit(f"chat could not load: {app.chat.load_error}")
+        app.chat.send(prompt)
         # asyncio's sleep, not the pilot's pause: that one waits for the screen to update,
         # which would add redraws a user's terminal does not get
-        while app.generating:
+        while app.chat.generating:
             await asyncio.sleep(0.05)
         await pilot.pause(0.2)
-        return app.conversation.turns[-1].stats.to_dict()
+        return app.chat.conversation.turns[-1].stats.to_dict()
 
 
 def _complete_once(prompt: str, max_tokens: int) -> dict:

@@ -71,7 +71,7 @@ async def wait_for(pilot: Pilot, condition: Callable[[], bool], timeout: float =
 async def ready(pilot: Pilot) -> ChatApp:
     app = pilot.app
     assert isinstance(app, ChatApp)
-    await wait_for(pilot, lambda: app.session is not None or app.load_error is not None)
+    await wait_for(pilot, lambda: app.chat.session is not None or app.chat.load_error is not None)
     await pilot.pause()
     return app
 
@@ -79,11 +79,11 @@ async def ready(pilot: Pilot) -> ChatApp:
 async def send(pilot: Pilot, text: str, wait: bool = True) -> None:
     app = pilot.app
     assert isinstance(app, ChatApp)
-    gen = app._gen
+    gen = app.chat.generation.number
     app.query_one(ChatInput).load_text(text)
     await pilot.press("enter")
     if wait:
-        await wait_for(pilot, lambda: app._gen > gen and not app.generating)
+        await wait_for(pilot, lambda: app.chat.generation.number > gen and not app.chat.generating)
         await pilot.pause()
 
 
@@ -139,7 +139,7 @@ async def test_loading_shows_progress_then_ready() -> None:
             "loading target fake-target …",
             "warning: the models need more memory than is free",
         ]
-        assert app.session is None
+        assert app.chat.session is None
         gate.set()
         await ready(pilot)
         assert not app.query(LoadingPanel)
@@ -180,7 +180,7 @@ async def test_answer_streams_with_origin_styles_and_stats() -> None:
         assert style_at(answer, 0) == ORIGIN_STYLES["model"]
         assert style_at(answer, SPEC_TEXT.index(" return")) == ORIGIN_STYLES["ngram"]
         assert style_at(answer, SPEC_TEXT.index(",")) == ""  # the target's own token
-        turn = app.conversation.turns[0]
+        turn = app.chat.conversation.turns[0]
         assert (turn.answer, turn.finish) == (SPEC_TEXT, "eos")
 
         text = squash(panel_text(app))
@@ -228,7 +228,7 @@ async def test_newline_keys_do_not_send() -> None:
         assert app.query_one(ChatInput).text == "a\nb\nc"
         assert session.calls == [] and not app.query(UserMessage)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: bool(session.calls) and not app.generating)
+        await wait_for(pilot, lambda: bool(session.calls) and not app.chat.generating)
         assert session.calls[0][-1]["content"] == "a\nb\nc"
 
 
@@ -245,11 +245,11 @@ async def test_stop_keeps_partial_answer_and_chat_goes_on(key: str) -> None:
         await send(pilot, "write add", wait=False)
         await wait_for(pilot, session.held.is_set)
         await pilot.press(key)
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
         partial = "".join(t for t, _, _ in SPEC_TOKENS[:5])
         assert app.query_one(AssistantMessage).text == partial
         assert "stopped" in str(app.query_one(AssistantMessage).body())
-        assert (app.conversation.turns[0].answer, app.conversation.turns[0].finish) == (
+        assert (app.chat.conversation.turns[0].answer, app.chat.conversation.turns[0].finish) == (
             partial,
             "cancelled",
         )
@@ -265,7 +265,7 @@ async def test_escape_does_nothing_harmful_when_idle() -> None:
     async with app.run_test() as pilot:
         await ready(pilot)
         await pilot.press("escape", "ctrl+c")
-        assert app.is_running and not app.generating
+        assert app.is_running and not app.chat.generating
 
 
 # -- new conversation ---------------------------------------------------------------------
@@ -280,7 +280,7 @@ async def test_new_conversation_clears_transcript_history_and_stats() -> None:
         await send(pilot, "first")
         await pilot.press("ctrl+n")
         assert not app.query(UserMessage) and not app.query(AssistantMessage)
-        assert app.conversation.turns == []
+        assert app.chat.conversation.turns == []
         assert "tokens 0 0" in squash(panel_text(app))
         await send(pilot, "again")
         assert session.calls[1] == [{"role": "user", "content": "again"}]
@@ -298,9 +298,9 @@ async def test_new_conversation_while_answering_drops_late_events() -> None:
         session.hold_after = None
         await send(pilot, "second")
         await wait_for(pilot, lambda: len(session.calls) == 2)
-        await wait_for(pilot, lambda: app.conversation.turns[-1].done)
+        await wait_for(pilot, lambda: app.chat.conversation.turns[-1].done)
         await pilot.pause()
-        assert [t.user for t in app.conversation.turns] == ["second"]
+        assert [t.user for t in app.chat.conversation.turns] == ["second"]
         assert [a.text for a in app.query(AssistantMessage)] == ["Fresh."]
         assert session.calls[1] == [{"role": "user", "content": "second"}]
 
@@ -319,11 +319,11 @@ async def test_error_before_any_token_notifies_and_restores_the_message() -> Non
         await ready(pilot)
         await send(pilot, "hello")
         assert ("lower --n-ctx", "llama_decode failed (-3)", "error") in seen
-        assert app.conversation.turns == [] and not app.query(UserMessage)
+        assert app.chat.conversation.turns == [] and not app.query(UserMessage)
         assert app.query_one(ChatInput).text == "hello"
         await pilot.press("enter")
-        await wait_for(pilot, lambda: not app.generating and bool(app.conversation.turns))
-        assert app.conversation.turns[0].answer == "Works."
+        await wait_for(pilot, lambda: not app.chat.generating and bool(app.chat.conversation.turns))
+        assert app.chat.conversation.turns[0].answer == "Works."
 
 
 @pytest.mark.asyncio
@@ -339,7 +339,7 @@ async def test_unexpected_error_mid_answer_keeps_partial_and_shows_no_traceback(
             "internal error: RuntimeError: boom",
             "error",
         ) and "bug" in message
-        turn = app.conversation.turns[0]
+        turn = app.chat.conversation.turns[0]
         assert (turn.answer, turn.finish) == ("def add(a,", "error")
         assert app.is_running
 
@@ -383,11 +383,11 @@ async def test_overflow_drop_oldest_turns() -> None:
     async with app.run_test() as pilot:
         await ready(pilot)
         await overflow(pilot)
-        assert len(session.calls) == 2 and len(app.conversation.turns) == 2
+        assert len(session.calls) == 2 and len(app.chat.conversation.turns) == 2
         await pilot.click("#drop")
-        await wait_for(pilot, lambda: len(session.calls) == 3 and not app.generating)
+        await wait_for(pilot, lambda: len(session.calls) == 3 and not app.chat.generating)
         assert session.calls[2][0] == {"role": "user", "content": "four five six"}
-        first = app.conversation.turns[0]
+        first = app.chat.conversation.turns[0]
         assert first.dropped and not first.in_context
         assert all(w.has_class("dropped") for w in app.query(f".turn-{first.id}"))
         assert len(app.query(UserMessage)) == 3  # dropped turns stay in the transcript
@@ -406,7 +406,7 @@ async def test_overflow_start_afresh_and_cancel() -> None:
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, OverflowScreen))
         await pilot.click("#fresh")
-        await wait_for(pilot, lambda: len(session.calls) == 3 and not app.generating)
+        await wait_for(pilot, lambda: len(session.calls) == 3 and not app.chat.generating)
         assert session.calls[2] == [{"role": "user", "content": ("seven " * 20).strip()}]
         assert len(app.query(UserMessage)) == 1
 
@@ -575,19 +575,19 @@ async def test_real_session_answers_and_counts(tiny_pair) -> None:  # type: igno
     async with app.run_test() as pilot:
         seen = record_notifications(app)
         await ready(pilot)
-        assert app.session is not None, app.load_error
+        assert app.chat.session is not None, app.chat.load_error
         await send(pilot, "the cat")
-        await wait_for(pilot, lambda: not app.generating, timeout=60)
-        turn = app.conversation.turns[0]
+        await wait_for(pilot, lambda: not app.chat.generating, timeout=60)
+        turn = app.chat.conversation.turns[0]
         assert turn.finish in ("eos", "length") and turn.stats.generated_tokens > 0
         assert app.query_one(AssistantMessage).text == turn.answer
-        assert app.live.answer.generated_tokens == turn.stats.generated_tokens
+        assert app.chat.live.answer.generated_tokens == turn.stats.generated_tokens
         assert not [s for s in seen if s[2] == "error"]
         await send(pilot, "and the dog")
-        await wait_for(pilot, lambda: not app.generating, timeout=60)
-        assert app.conversation.turns[1].done
-        session = app.session
-    assert session is not None and app.session is None
+        await wait_for(pilot, lambda: not app.chat.generating, timeout=60)
+        assert app.chat.conversation.turns[1].done
+        session = app.chat.session
+    assert session is not None and app.chat.session is None
     assert session.closed and session.target._ctx is None  # its models were freed on quit
 
 
@@ -602,32 +602,34 @@ async def test_real_session_regenerates_and_resumes_from_the_kv_cache(tiny_pair)
     app = ChatApp(real_factory(target, draft), params)  # type: ignore[arg-type]
     async with app.run_test() as pilot:
         await ready(pilot)
-        assert app.session is not None, app.load_error
+        assert app.chat.session is not None, app.chat.load_error
         await send(pilot, "the cat")
-        await wait_for(pilot, lambda: not app.generating, timeout=60)
-        prompt = app.session.count_chat_tokens([{"role": "user", "content": "the cat"}])
+        await wait_for(pilot, lambda: not app.chat.generating, timeout=60)
+        prompt = app.chat.session.count_chat_tokens([{"role": "user", "content": "the cat"}])
         # the engine's prefill evaluates all but the last prompt token (its round does that)
-        assert app.conversation.turns[0].stats.prefill_evaluated == prompt - 1
-        gen = app._gen
+        assert app.chat.conversation.turns[0].stats.prefill_evaluated == prompt - 1
+        gen = app.chat.generation.number
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: app._gen > gen and not app.generating, timeout=60)
-        [turn] = app.conversation.turns
+        await wait_for(
+            pilot, lambda: app.chat.generation.number > gen and not app.chat.generating, timeout=60
+        )
+        [turn] = app.chat.conversation.turns
         assert turn.stats.prefill_evaluated == 0  # all of it was in the cache
-        path = app.autosave_file
+        path = app.chat.autosave_file
     assert path is not None
     saved = read_conversation(path)
     assert len(saved.messages) == 2
     app = ChatApp(real_factory(target, draft), params, resume=saved, resume_path=path)  # type: ignore[arg-type]
     async with app.run_test() as pilot:
         await ready(pilot)
-        assert app.session is not None, app.load_error
+        assert app.chat.session is not None, app.chat.load_error
         await send(pilot, "and the dog")
-        await wait_for(pilot, lambda: not app.generating, timeout=60)
-        first = app.conversation.turns[1].stats
+        await wait_for(pilot, lambda: not app.chat.generating, timeout=60)
+        first = app.chat.conversation.turns[1].stats
         assert first.prefill_evaluated == first.prompt_tokens - 1
         await send(pilot, "and the bird")
-        await wait_for(pilot, lambda: not app.generating, timeout=60)
-        second = app.conversation.turns[2].stats
+        await wait_for(pilot, lambda: not app.chat.generating, timeout=60)
+        second = app.chat.conversation.turns[2].stats
         assert 0 < second.prefill_evaluated < second.prompt_tokens - first.prompt_tokens
 
 
@@ -637,8 +639,8 @@ async def test_real_incompatible_pair_shows_the_error_in_the_app(tiny_pair) -> N
     app = ChatApp(real_factory(target, alien), PARAMS)  # type: ignore[arg-type]
     async with app.run_test() as pilot:
         await ready(pilot)
-        assert app.session is None and app.load_error is not None
-        message, hint = app.load_error
+        assert app.chat.session is None and app.chat.load_error is not None
+        message, hint = app.chat.load_error
         assert "cannot draft for target" in message and "--drafter ngram" in hint
         shown = str(app.query_one(".notice.error", Notice).render())
         assert "cannot draft for target" in shown and "Traceback" not in shown
@@ -650,12 +652,14 @@ async def test_real_default_pair_answers_one_short_turn(real_pair_home) -> None:
     _, target, draft = real_pair_home
     app = ChatApp(real_factory(target, draft), GenerationParams(max_tokens=24))  # type: ignore[arg-type]
     async with app.run_test(size=(140, 45)) as pilot:
-        await wait_for(pilot, lambda: app.session is not None or app.load_error is not None, 180)
-        assert app.session is not None, app.load_error
+        await wait_for(
+            pilot, lambda: app.chat.session is not None or app.chat.load_error is not None, 180
+        )
+        assert app.chat.session is not None, app.chat.load_error
         text = "Write a one-line Python expression that sums the squares of 1..10."
         await send(pilot, text, wait=False)  # a real answer takes longer than send waits
-        await wait_for(pilot, lambda: not app.generating, timeout=180)
-        turn = app.conversation.turns[0]
+        await wait_for(pilot, lambda: not app.chat.generating, timeout=180)
+        turn = app.chat.conversation.turns[0]
         assert turn.finish in ("eos", "length") and turn.stats.generated_tokens > 0
         assert app.query_one(AssistantMessage).text == turn.answer
         origins = turn.stats.by_origin
@@ -689,7 +693,7 @@ async def test_a_load_error_naming_a_strange_file_is_shown_as_text() -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await pilot.pause()
-        assert app.load_error == (error.message, error.hint)
+        assert app.chat.load_error == (error.message, error.hint)
         assert any(EVIL in str(n.render()) for n in app.query(Notice))
 
 
@@ -786,7 +790,7 @@ async def test_finished_answer_is_parsed_as_markdown_once_and_ctrl_t_shows_the_t
         assert not answer.shows_markdown  # streaming: the coloured tokens
         session.hold_after = None
         session.release.set()
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
         await pilot.pause()
         assert parsed == [MD_TEXT]  # once per finished answer, not per token
         assert answer.shows_markdown and answer.markdown is not None
@@ -935,7 +939,7 @@ async def test_save_then_resume_evaluates_the_prefix_once_then_only_new_tokens(
         await send(pilot, "and 4 + 4?")
         # the next one only the end of the last answer, the new message and the prompt
         assert second.evaluated[1] == 2 + (4 + 4) + 2
-        assert len(app.conversation.turns) == 4
+        assert len(app.chat.conversation.turns) == 4
     # resumed from outside the conversations folder: autosaved as a new file there
     again = read_conversation(isolated_home / "conversations" / "chat-20250102-030405-1.json")
     assert [m.content for m in again.messages][-2:] == ["and 4 + 4?", "Eight."]
@@ -1000,7 +1004,7 @@ async def test_stop_and_quit_keep_every_finished_turn_in_the_autosave(
         await send(pilot, "second", wait=False)
         await wait_for(pilot, session.held.is_set)
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
         await pilot.press("ctrl+q")
     saved = read_conversation(isolated_home / "conversations" / "chat-20250102-030405.json")
     partial = "".join(t for t, _, _ in SPEC_TOKENS[:3])
@@ -1017,7 +1021,7 @@ async def test_no_save_writes_no_conversation_file(isolated_home: Path) -> None:
     async with app.run_test() as pilot:
         await ready(pilot)
         await send(pilot, "hello")
-        assert app.conversation.turns[0].done
+        assert app.chat.conversation.turns[0].done
     assert not (isolated_home / "conversations").exists()
 
 
@@ -1063,16 +1067,16 @@ async def test_regenerate_samples_again_with_a_new_seed_and_keeps_one_answer() -
         seen = record_notifications(app)
         await ready(pilot)
         await send(pilot, "say something")
-        gen = app._gen
+        gen = app.chat.generation.number
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: app._gen > gen and not app.generating)
+        await wait_for(pilot, lambda: app.chat.generation.number > gen and not app.chat.generating)
         await pilot.pause()
         assert session.calls[1] == session.calls[0]  # the same prompt
         assert session.params[0].seed == 5
         assert session.params[1].seed not in (None, 5)
         assert f"Answering again with seed {session.params[1].seed}." in [m for m, _, _ in seen]
         assert session.evaluated[1] == 1  # the prompt was in the cache: only the logits row
-        assert [(t.user, t.answer) for t in app.conversation.turns] == [
+        assert [(t.user, t.answer) for t in app.chat.conversation.turns] == [
             ("say something", "Second.")
         ]
         assert [a.text for a in app.query(AssistantMessage)] == ["Second."]
@@ -1091,9 +1095,9 @@ async def test_regenerate_greedy_says_so_and_refuses_while_writing_or_with_nothi
         await pilot.press("ctrl+r")
         assert seen[-1][0] == "No answer to regenerate." and session.calls == []
         await send(pilot, "hi")
-        gen = app._gen
+        gen = app.chat.generation.number
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: app._gen > gen and not app.generating)
+        await wait_for(pilot, lambda: app.chat.generation.number > gen and not app.chat.generating)
         assert any("same answer again" in m for m, _, _ in seen)
         assert session.params[1].seed is None  # greedy: nothing to reseed
         session.hold_after = 2
@@ -1102,11 +1106,11 @@ async def test_regenerate_greedy_says_so_and_refuses_while_writing_or_with_nothi
         await pilot.press("ctrl+r")
         assert "Escape stops it" in seen[-1][0] and len(session.calls) == 3
         session.release.set()
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.chat.generating)
         app.push_screen(OverflowScreen(5000, 4096, alone=False))
         await pilot.pause()
         await pilot.press("ctrl+r")  # behind a dialog: not acted on
-        assert len(session.calls) == 3 and len(app.conversation.turns) == 2
+        assert len(session.calls) == 3 and len(app.chat.conversation.turns) == 2
 
 
 @pytest.mark.asyncio
@@ -1164,7 +1168,7 @@ async def test_autosave_failure_warns_once_and_the_chat_goes_on(isolated_home: P
         failures = [s for s in seen if s[1] == "Could not autosave the conversation"]
         assert len(failures) == 1 and failures[0][2] == "warning"
         assert "conversations" in failures[0][0]
-        assert [t.answer for t in app.conversation.turns] == ["OK.", "OK."]
+        assert [t.answer for t in app.chat.conversation.turns] == ["OK.", "OK."]
 
 
 @pytest.mark.asyncio

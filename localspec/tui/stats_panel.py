@@ -1,10 +1,7 @@
-"""The live statistics of the chat: what is counted (``LiveStats``) and how it shows.
+"""How the live statistics of the chat show (what is counted: ``tui.live.LiveStats``).
 
-``LiveStats`` folds engine events into two ``GenerationStats`` (the last answer and the whole
-conversation), keeps the acceptance of recent drafting rounds for the sparkline, the last
-round (its drafter and draft length) and the context budget. It does no arithmetic of its
-own beyond that: rates come from ``GenerationStats``. ``StatsPanel`` renders a ``LiveStats``
-snapshot; ``speedup`` is decode tokens/s over the session's measured plain decoding speed.
+``StatsPanel`` renders a ``LiveStats`` snapshot, its rates as ``GenerationStats`` computes
+them; ``speedup`` is decode tokens/s over the session's measured plain decoding speed.
 
 Tokens are coloured by their origin, a drafter's name or ``TARGET``: ``origin_style`` and
 ``origin_label`` know the drafters shipped today, and give any other drafter a style of its
@@ -13,7 +10,6 @@ own and its name as label, so a new drafter shows without an edit here.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 
 from rich.console import Group, RenderableType
@@ -21,11 +17,11 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from localspec.core.events import TARGET, PrefillDone, RoundCompleted, TokenEmitted
+from localspec.core.events import TARGET, RoundCompleted
 from localspec.core.stats import PLAIN, GenerationStats
+from localspec.tui.live import LiveStats
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
-SPARK_ROUNDS = 32  # drafting rounds shown in the sparkline
 
 ORIGIN_STYLES: dict[str, str] = {
     "model": "bold #6fcf73",
@@ -54,38 +50,6 @@ def origin_style(origin: str) -> str:
 
 def origin_label(origin: str) -> str:
     return ORIGIN_LABELS.get(origin, origin)
-
-
-class LiveStats:
-    """Running figures for the panel, fed every event of every answer."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.answer = GenerationStats()
-        self.chat = GenerationStats()
-        self.recent: deque[float] = deque(maxlen=SPARK_ROUNDS)
-        self.last_round: RoundCompleted | None = None
-        self.prompt_tokens = 0  # prompt of the latest answer, the conversation so far
-        self.context_tokens = 0
-
-    def begin_answer(self) -> None:
-        self.answer = GenerationStats()
-        self.last_round = None
-
-    def observe(self, event: object) -> None:
-        self.answer.observe(event)
-        self.chat.observe(event)
-        if isinstance(event, PrefillDone):
-            self.prompt_tokens = event.prompt_tokens
-            self.context_tokens = event.prompt_tokens
-        elif isinstance(event, TokenEmitted):
-            self.context_tokens = self.prompt_tokens + self.answer.generated_tokens
-        elif isinstance(event, RoundCompleted):
-            self.last_round = event
-            if event.drafted:
-                self.recent.append(event.accepted / event.drafted)
 
 
 def sparkline(values: Iterable[float]) -> str:

@@ -1,16 +1,18 @@
-"""What runs in the TUI's worker threads, and the messages they post to the UI.
+"""What runs in the chat's worker threads, and the news they post: plain data, no Textual.
 
 ``load_session`` calls the session factory and posts its ``Progress`` reports as
 ``LoadProgress``, then
 ``SessionReady`` or ``LoadFailed``; ``WorkersLost`` whenever the target's RPC workers fail
 (the evaluation waiting on them then never returns). ``run_generation`` checks that the
-prompt fits (dropping the oldest turns when allowed), streams the Session's events as
-``EngineEvent``s and always ends with ``GenerationEnded``. Neither touches a widget: they
-only call ``post``, which is ``App.post_message`` (thread-safe). Every message of a
-generation carries its number, so the UI can ignore a stopped generation's late events
-after a new conversation started.
+prompt leaves the answer room (dropping the oldest turns when allowed), streams the Session's
+events as ``EngineEvent``s and always ends with ``GenerationEnded``. A prompt that does not
+fit, by that check or the session's own, is one ``ContextOverflowError`` and one
+``ContextOverflow`` with the error's figures. Neither function touches the UI: they only call
+``post``, which must be safe to call from any thread (the app hands the news to its own
+thread). Every news of a generation carries its number, so the chat can ignore a stopped
+generation's late events after a new conversation started.
 
-Errors become messages here, worded by ``localspec.errors.describe`` as in the CLI, so the UI
+Errors become news here, worded by ``localspec.errors.describe`` as in the CLI, so the UI
 never shows a traceback.
 """
 
@@ -21,8 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-from textual.message import Message
 
 from localspec.core.events import Event, Finished, RoundCompleted
 from localspec.core.params import GenerationParams
@@ -60,71 +60,75 @@ class ChatSession(Protocol):
 # (what to tell the progress of loading, what to call if the target's RPC workers are
 # lost) -> the session
 SessionFactory = Callable[[OnProgress, Callable[[str], None]], ChatSession]
-Post = Callable[[Message], Any]
 
 
-class LoadProgress(Message):
-    def __init__(self, progress: Progress) -> None:
-        super().__init__()
-        self.progress = progress
+@dataclass(frozen=True)
+class LoadProgress:
+    progress: Progress
 
 
-class SessionReady(Message):
-    def __init__(self, session: ChatSession, plain_tokens_per_s: float | None) -> None:
-        super().__init__()
-        self.session = session
-        self.plain_tokens_per_s = plain_tokens_per_s
+@dataclass(frozen=True)
+class SessionReady:
+    session: ChatSession
+    plain_tokens_per_s: float | None
 
 
-class LoadFailed(Message):
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__()
-        self.message = message
-        self.hint = hint
+@dataclass(frozen=True)
+class LoadFailed:
+    message: str
+    hint: str
 
 
-class WorkersLost(Message):
-    def __init__(self, message: str) -> None:
-        super().__init__()
-        self.message = message
+@dataclass(frozen=True)
+class WorkersLost:
+    message: str
 
 
-class EngineEvent(Message):
-    def __init__(self, gen: int, event: Event, plain_tokens_per_s: float | None) -> None:
-        super().__init__()
-        self.gen = gen
-        self.event = event
-        self.plain_tokens_per_s = plain_tokens_per_s
+@dataclass(frozen=True)
+class EngineEvent:
+    gen: int
+    event: Event
+    plain_tokens_per_s: float | None
 
 
-class TurnsDropped(Message):
-    def __init__(self, gen: int, count: int) -> None:
-        super().__init__()
-        self.gen = gen
-        self.count = count
+@dataclass(frozen=True)
+class TurnsDropped:
+    gen: int
+    count: int
 
 
-class ContextOverflow(Message):
-    def __init__(self, gen: int, n_tokens: int, n_ctx: int, alone: bool) -> None:
-        super().__init__()
-        self.gen = gen
-        self.n_tokens = n_tokens
-        self.n_ctx = n_ctx
-        self.alone = alone  # the new message does not fit even without any history
+@dataclass(frozen=True)
+class ContextOverflow:
+    gen: int
+    n_tokens: int
+    n_ctx: int
+    alone: bool  # the new message does not fit even without any history
 
 
-class GenerationFailed(Message):
-    def __init__(self, gen: int, message: str, hint: str) -> None:
-        super().__init__()
-        self.gen = gen
-        self.message = message
-        self.hint = hint
+@dataclass(frozen=True)
+class GenerationFailed:
+    gen: int
+    message: str
+    hint: str
 
 
-class GenerationEnded(Message):
-    def __init__(self, gen: int) -> None:
-        super().__init__()
-        self.gen = gen
+@dataclass(frozen=True)
+class GenerationEnded:
+    gen: int
+
+
+WorkerNews = (
+    LoadProgress
+    | SessionReady
+    | LoadFailed
+    | WorkersLost
+    | EngineEvent
+    | TurnsDropped
+    | ContextOverflow
+    | GenerationFailed
+    | GenerationEnded
+)
+Post = Callable[[WorkerNews], Any]
 
 
 def describe_error(error: BaseException) -> tuple[str, str]:
@@ -169,14 +173,16 @@ def run_generation(
     with lock:
         try:
             messages = _fit_prompt(session, request, post)
-            if messages is not None and not request.cancel.is_set():
+            if not request.cancel.is_set():
                 for event in session.chat(messages, request.params, request.cancel):
                     plain = None
                     if isinstance(event, RoundCompleted | Finished):
                         plain = session.plain_tokens_per_s()
                     post(EngineEvent(gen, event, plain))
         except ContextOverflowError as error:
-            post(ContextOverflow(gen, error.n_tokens, error.n_ctx, alone=False))
+            # The dialog shows the error's figures, whichever check found no room.
+            alone = _too_long_alone(session, request)
+            post(ContextOverflow(gen, error.n_tokens, error.n_ctx, alone))
         except Exception as error:  # noqa: BLE001 - shown in the app, the chat goes on
             post(GenerationFailed(gen, *describe_error(error)))
         finally:
@@ -185,16 +191,16 @@ def run_generation(
 
 def _fit_prompt(
     session: ChatSession, request: GenerationRequest, post: Post
-) -> list[dict[str, str]] | None:
+) -> list[dict[str, str]]:
+    """The prompt's messages, the oldest turns dropped first when allowed; raises
+    ``ContextOverflowError`` when it leaves the answer no room."""
     limit = prompt_limit(session.n_ctx, request.params)
     turns = request.turns
     if request.allow_drop:
         fit = turns_to_drop(request.system, turns, request.user, session.count_chat_tokens, limit)
         if fit is None:
             alone = build_messages(request.system, [], request.user)
-            n_alone = session.count_chat_tokens(alone)
-            post(ContextOverflow(request.gen, n_alone, session.n_ctx, alone=True))
-            return None
+            raise _no_room(session.count_chat_tokens(alone), session.n_ctx)
         dropped, _ = fit
         if dropped:
             post(TurnsDropped(request.gen, dropped))
@@ -202,8 +208,22 @@ def _fit_prompt(
     messages = build_messages(request.system, turns, request.user)
     n_tokens = session.count_chat_tokens(messages)
     if n_tokens > limit:
-        alone_messages = build_messages(request.system, [], request.user)
-        alone = not turns or session.count_chat_tokens(alone_messages) > limit
-        post(ContextOverflow(request.gen, n_tokens, session.n_ctx, alone))
-        return None
+        raise _no_room(n_tokens, session.n_ctx)
     return messages
+
+
+def _no_room(n_tokens: int, n_ctx: int) -> ContextOverflowError:
+    return ContextOverflowError(
+        f"the conversation has {n_tokens} tokens and leaves the answer no room in {n_ctx}",
+        "start a new conversation or drop the oldest turns",
+        n_tokens=n_tokens,
+        n_ctx=n_ctx,
+    )
+
+
+def _too_long_alone(session: ChatSession, request: GenerationRequest) -> bool:
+    """Whether the new message overflows even without any history (only cancelling helps)."""
+    if not request.turns:
+        return True
+    alone = build_messages(request.system, [], request.user)
+    return session.count_chat_tokens(alone) > prompt_limit(session.n_ctx, request.params)
