@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from localspec.cli.common import TargetOpt, cli_errors, echo_progress
+from localspec.cli.common import cli_errors, echo_progress
+from localspec.cli.options import TargetOpt
 from localspec.errors import DatastoreError, LocalspecError, UsageError
 from localspec.models.resources import human
 from localspec.session.indexing import MAX_ADD_TOKENS

@@ -18,7 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from localspec.cli.common import ThreadsOpt, cli_errors, echo_progress
+from localspec.cli.common import cli_errors, echo_progress
+from localspec.cli.options import ThreadsOpt
 from localspec.errors import ModelNotFoundError
 from localspec.models import catalog, fetch, paths
 from localspec.models.derive import compact_layers, parse_layers
