@@ -376,3 +376,13 @@ def test_drafter_self_with_another_draft_is_a_usage_error():
     with pytest.raises(UsageError, match="--drafter self drafts with the target's own layers"):
         ModelChoice(draft="other.gguf").options(DrafterMode.SELF)
     assert ModelChoice(draft="self").options(DrafterMode.SELF).draft == "self"
+
+
+def test_chat_resume_takes_the_file_s_drafter_unless_given(monkeypatch, isolated_home):
+    saved = write_saved(isolated_home / "conversations" / "a.json", drafter="ngram")
+    result, call = chat_cli(monkeypatch, "--resume", str(saved))
+    assert result.exit_code == 0, result.output
+    assert call["params"].drafter == "ngram"
+    result, call = chat_cli(monkeypatch, "--resume", str(saved), "--drafter", "none")
+    assert result.exit_code == 0, result.output
+    assert call["params"].drafter == "none" and call["params"].max_tokens == 99

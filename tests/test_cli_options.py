@@ -186,3 +186,28 @@ def test_sampling_and_drafting_become_generation_params():
     assert (params.max_tokens, params.trace) == (9, True)
     with pytest.raises(UsageError, match="invalid --top-p"):
         SamplingChoice(top_p=0).params(DraftingChoice())
+
+
+@pytest.mark.parametrize(
+    "command, args, needle",
+    [
+        ("calibrate", ["--threads", "0"], "invalid --threads"),
+        ("calibrate", ["--rpc-split", "a,b"], "invalid --rpc-split"),
+        ("doctor", ["--gpu-layers", "most"], "--gpu-layers"),
+        ("doctor", ["--ctx", "8"], "invalid --ctx"),
+    ],
+)
+def test_a_bad_model_value_is_refused_before_anything_loads(command, args, needle):
+    from localspec.cli.app import app
+
+    result = CliRunner().invoke(app, [command, *args])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
+    assert result.output.startswith("error: ") and needle in result.output
+
+
+def test_doctor_takes_no_rpc_or_exact_option():
+    from localspec.cli.app import app
+
+    for option in ("--rpc", "--exact"):
+        result = CliRunner().invoke(app, ["doctor", option, "x"])
+        assert result.exit_code == 2 and "No such option" in result.output
