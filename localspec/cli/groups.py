@@ -48,7 +48,8 @@ def group_parameters(group: type) -> list[inspect.Parameter]:
 
 def option_groups(command: Callable[..., R]) -> Callable[..., R]:
     """``command`` with each group-typed parameter replaced by the group's options (in its
-    place, for ``--help``); called, it gathers their values into one group instance each.
+    place, for ``--help``); called with keywords, as typer calls it, it gathers their values
+    into one group instance each.
     ``TypeError`` when two options would share a name."""
     hints = typing.get_type_hints(command, include_extras=True)
     groups: dict[str, type] = {}
