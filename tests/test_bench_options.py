@@ -434,3 +434,17 @@ def test_a_prompt_file_may_give_each_prompt_a_prediction(tmp_path):
     path.write_text('{"prompt": "fix it", "prediction": 3}\n')
     with pytest.raises(InputError, match='"prediction" must be a string'):
         bench.load_prompt_file(path)
+
+
+def test_bench_model_options_reach_the_model_options_and_are_checked_as_bench_s(tmp_path):
+    prompts = write_lines(tmp_path / "mine.jsonl", '{"prompt": "fine"}')
+    result = CliRunner().invoke(
+        cli_app(), ["bench", "--prompts", str(prompts), "--modes", "none", "--threads", "0"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "invalid --threads" in result.output and "see localspec bench --help" in result.output
+    _, options = bench_cli._settings(
+        args(threads=3, ctx=1024, gpu_layers="all", rpc="h:1", rpc_split="3,1"), ("none",)
+    )
+    assert (options.threads, options.n_ctx, options.n_gpu_layers) == (3, 1024, -1)
+    assert (options.rpc, options.rpc_split) == (("h:1",), (3.0, 1.0))

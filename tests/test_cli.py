@@ -156,7 +156,6 @@ def test_prompt_longer_than_context(tiny_pair):
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "0"], "top-p"),
         (["--max-tokens", "0"], "max-tokens"),
-        (["--drafter", "magic"], "drafter"),
         (["--threads", "0"], "threads"),
     ],
 )
@@ -334,16 +333,17 @@ def test_chat_resume_last_takes_the_file_settings_unless_given(monkeypatch, isol
     assert result.exit_code == 0 and call["autosave"] is False and call["resume"] is None
 
 
-def test_an_unknown_drafter_is_a_usage_error_that_lists_the_modes():
-    from localspec.cli.common import parse_generation
-    from localspec.errors import UsageError
+@pytest.mark.parametrize("command", ["complete", "chat", "serve"])
+def test_an_unknown_drafter_is_refused_with_the_modes_before_anything_runs(command):
+    from typer.testing import CliRunner
 
-    with pytest.raises(UsageError) as caught:
-        parse_generation("magic", {})
-    error = caught.value
-    assert error.message == "invalid --drafter 'magic'"
-    assert error.hint == "use auto, model, ngram, self, lookahead or none"
-    assert error.exit_code == 2
+    from localspec.cli.app import app
+
+    result = CliRunner().invoke(app, [command, "--drafter", "magic"])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    for mode in ("'magic'", "auto", "model", "ngram", "self", "lookahead", "none"):
+        assert mode in result.output
 
 
 @pytest.mark.parametrize(
@@ -358,18 +358,31 @@ def test_an_unknown_drafter_is_a_usage_error_that_lists_the_modes():
     ],  # fmt: skip
 )
 def test_the_drafter_decides_what_is_loaded_and_measured(mode, use_draft, calibrate):
-    from localspec.cli.common import parse_generation
+    from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice
+    from localspec.core.params import DrafterMode
 
-    params, options = parse_generation(mode, {})
+    params = SamplingChoice().params(DraftingChoice(drafter=DrafterMode(mode)))
+    options = ModelChoice().options(params.drafter)
     assert params.drafter == mode
     assert (options.use_draft, options.calibrate) == (use_draft, calibrate)
     assert (options.draft == "self") == (mode == "self")  # self drafts with a derived draft
 
 
 def test_drafter_self_with_another_draft_is_a_usage_error():
-    from localspec.cli.common import parse_generation
+    from localspec.cli.options import ModelChoice
+    from localspec.core.params import DrafterMode
     from localspec.errors import UsageError
 
     with pytest.raises(UsageError, match="--drafter self drafts with the target's own layers"):
-        parse_generation("self", {"draft": "other.gguf"})
-    assert parse_generation("self", {"draft": "self"})[1].draft == "self"
+        ModelChoice(draft="other.gguf").options(DrafterMode.SELF)
+    assert ModelChoice(draft="self").options(DrafterMode.SELF).draft == "self"
+
+
+def test_chat_resume_takes_the_file_s_drafter_unless_given(monkeypatch, isolated_home):
+    saved = write_saved(isolated_home / "conversations" / "a.json", drafter="ngram")
+    result, call = chat_cli(monkeypatch, "--resume", str(saved))
+    assert result.exit_code == 0, result.output
+    assert call["params"].drafter == "ngram"
+    result, call = chat_cli(monkeypatch, "--resume", str(saved), "--drafter", "none")
+    assert result.exit_code == 0, result.output
+    assert call["params"].drafter == "none" and call["params"].max_tokens == 99

@@ -13,6 +13,7 @@ lines.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -24,24 +25,9 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from localspec.cli.common import (
-    DEFAULT_RPC_TIMEOUT,
-    CtxOpt,
-    DraftGpuLayersOpt,
-    DraftOpt,
-    ExactOpt,
-    GpuLayersOpt,
-    RpcOpt,
-    RpcSplitOpt,
-    RpcTimeoutOpt,
-    TargetOpt,
-    TemperatureOpt,
-    ThreadsOpt,
-    cli_errors,
-    echo_progress,
-    pair_settings,
-    usage_from,
-)
+from localspec.cli.common import cli_errors, echo_progress, usage_from
+from localspec.cli.groups import option_groups
+from localspec.cli.options import ModelChoice, TemperatureOpt
 from localspec.errors import EXIT_CANCELLED, UsageError
 from localspec.models.resources import cpu_name
 
@@ -89,6 +75,7 @@ def _progress_line(record: dict[str, Any], done: int, total: int, baseline: dict
     return line
 
 
+@option_groups
 def bench_command(
     categories: Annotated[
         str | None,
@@ -167,19 +154,13 @@ def bench_command(
     ] = None,
     chart: Annotated[bool, typer.Option(help="draw speedup.png (needs matplotlib)")] = True,
     warmup: Annotated[bool, typer.Option(help="one short unrecorded run per mode first")] = True,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    threads: ThreadsOpt = None,
-    ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = None,
-    draft_gpu_layers: DraftGpuLayersOpt = None,
-    rpc: RpcOpt = None,
-    rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
-    rpc_split: RpcSplitOpt = None,
-    exact: ExactOpt = False,
+    *,
+    model: ModelChoice,
 ) -> None:
     """Measure plain and speculative decoding by prompt category, side by side."""
-    args = BenchArgs(**locals())  # exactly the options above
+    fields = {**locals(), **dataclasses.asdict(model)}  # exactly the options above
+    del fields["model"]
+    args = BenchArgs(**fields)
     with cli_errors():
         code = _bench(args)
     raise typer.Exit(code)
@@ -258,7 +239,6 @@ def _load_prompts(args: BenchArgs) -> list:
 
 def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
     from localspec.bench import runner as bench
-    from localspec.session.pair import ModelOptions
 
     try:
         config = bench.BenchConfig(
@@ -272,19 +252,8 @@ def _settings(args: BenchArgs, chosen: tuple[str, ...]) -> tuple[Any, Any]:
             trace=args.trace,
             repeat=args.repeat,
         )
-        options = ModelOptions(
-            **pair_settings(
-                args.target,
-                args.draft,
-                args.threads,
-                args.ctx,
-                args.gpu_layers,
-                args.exact,
-                args.rpc,
-                args.rpc_timeout,
-                args.rpc_split,
-                draft_gpu_layers=args.draft_gpu_layers,
-            ),  # fmt: skip
+        options = ModelChoice.of(args).options(
+            command="bench",
             use_draft=any(bench.loads_draft_model(m) for m in chosen),
             # Only auto-store drafts from a store, and only from those named; no bench run
             # adds its answers to the user's history.

@@ -5,41 +5,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
-from localspec.cli.common import (
-    DEFAULT_RPC_TIMEOUT,
-    CtxOpt,
-    DraftGpuLayersOpt,
-    DraftOpt,
-    ExactOpt,
-    GpuLayersOpt,
-    RpcOpt,
-    RpcSplitOpt,
-    RpcTimeoutOpt,
-    TargetOpt,
-    ThreadsOpt,
-    cli_errors,
-    echo_progress,
-    pair_settings,
-    usage_from,
-)
+from localspec.cli.common import cli_errors, echo_progress
+from localspec.cli.groups import option_groups
+from localspec.cli.options import ModelChoice
 from localspec.core.costs import CostProfile
+from localspec.models.paths import cache_root
+
+# The session module loads llama.cpp, and the cost cache numpy, so they are imported only
+# when a pair is measured or forgotten: ``localspec --help`` and the other commands start
+# without them.
 
 
+@option_groups
 def calibrate_command(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    threads: ThreadsOpt = None,
-    ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = None,
-    draft_gpu_layers: DraftGpuLayersOpt = None,
-    rpc: RpcOpt = None,
-    rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
-    rpc_split: RpcSplitOpt = None,
+    *,
+    model: ModelChoice,
     reset: Annotated[
         bool,
         typer.Option(
@@ -47,60 +31,53 @@ def calibrate_command(
         ),
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
-    exact: ExactOpt = False,
 ) -> None:
     """Measure this machine's step costs for the pair again (the auto drafter uses them)."""
     with cli_errors():
-        from localspec.models.paths import cache_root
-        from localspec.session.calibrate import CostCache
-        from localspec.session.costcache import cached_costs
-        from localspec.session.open import learning_store, open_session
-        from localspec.session.pair import ModelOptions
-
-        try:
-            options = ModelOptions(
-                **pair_settings(
-                    target,
-                    draft,
-                    threads,
-                    ctx,
-                    gpu_layers,
-                    exact,
-                    rpc,
-                    rpc_timeout,
-                    rpc_split,
-                    draft_gpu_layers=draft_gpu_layers,
-                ),
-                recalibrate=True,
-            )
-        except ValidationError as err:
-            raise usage_from(err, "calibrate") from None
+        options = model.options(command="calibrate", recalibrate=True)
         where = cache_root() / "calibration"
         if reset:
-            costs_gone = CostCache(where).forget()
-            learned_gone = learning_store().forget()
-            typer.echo(
-                f"forgot {costs_gone} measurement(s) and {learned_gone} learned state(s)", err=True
-            )
-        session = open_session(options, on_progress=echo_progress)
+            forget(where)
+        costs, other = measure(options)
+    if json_out:
+        record = {**costs.to_dict(), "exact": model.exact, "cache_dir": str(where)}
+        record["other_mode"] = {"exact": not model.exact, **other.to_dict()} if other else None
+        typer.echo(json.dumps(record))
+        return
+    typer.echo(format_costs(costs, where, exact=model.exact, other=other))
+
+
+def forget(where: Path) -> None:
+    """Forget every pair's measured costs (kept in ``where``) and learned acceptance."""
+    from localspec.session.calibrate import CostCache
+    from localspec.session.open import learning_store
+
+    costs_gone = CostCache(where).forget()
+    learned_gone = learning_store().forget()
+    typer.echo(f"forgot {costs_gone} measurement(s) and {learned_gone} learned state(s)", err=True)
+
+
+def measure(options: Any) -> tuple[CostProfile, CostProfile | None]:
+    """The pair's costs measured now, and those measured before with the other kernels
+    (exact or not) if any: exact mode can only be chosen before a process evaluates
+    anything, so one run cannot measure both."""
+    from localspec.session.costcache import cached_costs
+    from localspec.session.open import open_session
+
+    session = open_session(options, on_progress=echo_progress)
+    try:
         costs = session.costs
-        # The other kernels' figures, if measured before: exact mode can only be chosen
-        # before a process evaluates anything, so one run cannot measure both.
         assert session.placement is not None
         other = cached_costs(
-            options.model_copy(update={"exact": not exact}),
+            options.model_copy(update={"exact": not options.exact}),
             session.placement,
             session.target.path,
             session.draft.path if session.draft is not None else None,
         )
+    finally:
         session.close()
     assert costs is not None  # calibrate=True always measures
-    if json_out:
-        record = {**costs.to_dict(), "exact": exact, "cache_dir": str(where)}
-        record["other_mode"] = {"exact": not exact, **other.to_dict()} if other else None
-        typer.echo(json.dumps(record))
-        return
-    typer.echo(format_costs(costs, where, exact=exact, other=other))
+    return costs, other
 
 
 def format_costs(

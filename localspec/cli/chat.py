@@ -9,69 +9,34 @@ the conversation's). ``--no-save`` turns off the autosave after each answer.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 import typer
 
-from localspec.cli.common import (
-    DEFAULT_RPC_TIMEOUT,
-    CtxOpt,
-    DrafterOpt,
-    DraftGpuLayersOpt,
-    DraftMaxOpt,
-    DraftOpt,
-    ExactOpt,
-    GpuLayersOpt,
-    MinPOpt,
-    NoHistoryOpt,
-    NoStoreOpt,
-    NoTreesOpt,
-    RpcOpt,
-    RpcSplitOpt,
-    RpcTimeoutOpt,
-    SeedOpt,
-    StoreOpt,
-    SystemOpt,
-    TargetOpt,
-    TemperatureOpt,
-    ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
-    cli_errors,
-    pair_settings,
-    parse_generation,
-    read_system,
-    store_settings,
-)
+from localspec.cli.common import SystemOpt, cli_errors, read_system
+from localspec.cli.groups import option_groups
+from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
+from localspec.core.params import GenerationParams
+from localspec.models.paths import conversations_dir
+from localspec.session import conversations
+
+# The session module loads llama.cpp, and the terminal app Textual, so both are imported only
+# once a chat starts: ``localspec --help`` and the other commands start without them.
 
 # Options a resumed conversation takes from its file unless the command line sets them.
 RESUMED_SETTINGS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "drafter")
 
 
+@option_groups
 def chat(
     context: typer.Context,
     max_tokens: Annotated[int, typer.Option(help="new tokens per answer at most")] = 1024,
-    temperature: TemperatureOpt = 0.0,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
-    min_p: MinPOpt = 0.05,
-    seed: SeedOpt = None,
-    drafter: DrafterOpt = "auto",
-    draft_max: DraftMaxOpt = 16,
-    no_trees: NoTreesOpt = False,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    threads: ThreadsOpt = None,
-    ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = None,
-    draft_gpu_layers: DraftGpuLayersOpt = None,
-    rpc: RpcOpt = None,
-    rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
-    rpc_split: RpcSplitOpt = None,
-    exact: ExactOpt = False,
-    store: StoreOpt = None,
-    no_store: NoStoreOpt = False,
-    no_history: NoHistoryOpt = False,
+    *,
+    sampling: SamplingChoice,
+    drafting: DraftingChoice,
+    model: ModelChoice,
+    stores: StoreChoice,
     system: SystemOpt = None,
     resume: Annotated[
         str | None,
@@ -89,58 +54,23 @@ def chat(
     ] = False,
 ) -> None:
     """Chat in the terminal, with live acceptance stats and tokens coloured by origin."""
-    from localspec.storage.conversations import read_conversation, resolve_resume
-
     if recent:
         print_recent()
         return
     saved = resume_path = None
     with cli_errors():
         if resume is not None:
-            resume_path = resolve_resume(resume)
-            saved = read_conversation(resume_path)
-            given = {
-                name: value
-                for name, value in saved.settings.model_dump().items()
-                if name in RESUMED_SETTINGS and not _given(context, name)
-            }
-            max_tokens = given.get("max_tokens", max_tokens)
-            temperature = given.get("temperature", temperature)
-            top_k = given.get("top_k", top_k)
-            top_p = given.get("top_p", top_p)
-            min_p = given.get("min_p", min_p)
-            seed = given.get("seed", seed)
-            drafter = given.get("drafter", drafter)
+            resume_path = conversations.resolve_resume(resume)
+            saved = conversations.read_conversation(resume_path)
+            max_tokens, sampling, drafting = _resumed(
+                context, saved.settings, max_tokens, sampling, drafting
+            )
+        params = sampling.params(drafting, max_tokens=max_tokens)
         # The speedup estimate needs this machine's plain step time, so always calibrate;
         # download bars would garble the screen, so the app shows its own progress lines.
-        params, options = parse_generation(
-            drafter,
-            {
-                **pair_settings(
-                    target,
-                    draft,
-                    threads,
-                    ctx,
-                    gpu_layers,
-                    exact,
-                    rpc,
-                    rpc_timeout,
-                    rpc_split,
-                    draft_gpu_layers=draft_gpu_layers,
-                ),
-                **store_settings(store, no_store, no_history),
-                "show_download_progress": False,
-            },
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            draft_max=draft_max,
-            trees=not no_trees,
-        )
-        options = options.model_copy(update={"calibrate": True})
+        options = model.options(
+            params.drafter, **stores.fields(), show_download_progress=False
+        ).model_copy(update={"calibrate": True})
         system_prompt = read_system(system)
         if saved is not None and system is None:
             system_prompt = saved.system
@@ -159,6 +89,26 @@ def chat(
     )
 
 
+def _resumed(
+    context: typer.Context,
+    settings: GenerationParams,
+    max_tokens: int,
+    sampling: SamplingChoice,
+    drafting: DraftingChoice,
+) -> tuple[int, SamplingChoice, DraftingChoice]:
+    """The options a resumed conversation takes from its file: those the command line
+    (or the environment) does not set."""
+    saved = {
+        name: value
+        for name, value in settings.model_dump().items()
+        if name in RESUMED_SETTINGS and not _given(context, name)
+    }
+    max_tokens = saved.pop("max_tokens", max_tokens)
+    if "drafter" in saved:
+        drafting = dataclasses.replace(drafting, drafter=saved.pop("drafter"))
+    return max_tokens, dataclasses.replace(sampling, **saved), drafting
+
+
 def _given(ctx: typer.Context, name: str) -> bool:
     """Whether the command line (or the environment) set this option."""
     source: Any = ctx.get_parameter_source(name)
@@ -169,10 +119,7 @@ def _given(ctx: typer.Context, name: str) -> bool:
 def print_recent() -> None:
     """The recent conversations, newest first: number (for --resume), last update, turns,
     the first message (cut) and the file."""
-    from localspec.models.paths import conversations_dir
-    from localspec.storage.conversations import recent
-
-    found = recent()
+    found = conversations.recent()
     if not found:
         typer.echo(f"no saved conversations in {conversations_dir()}")
         return

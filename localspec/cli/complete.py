@@ -19,44 +19,19 @@ from typing import Annotated, Any
 
 import typer
 
-from localspec.cli.common import (
-    DEFAULT_RPC_TIMEOUT,
-    CtxOpt,
-    DrafterOpt,
-    DraftGpuLayersOpt,
-    DraftMaxOpt,
-    DraftOpt,
-    ExactOpt,
-    GpuLayersOpt,
-    MinPOpt,
-    NoHistoryOpt,
-    NoStoreOpt,
-    NoTreesOpt,
-    RpcOpt,
-    RpcSplitOpt,
-    RpcTimeoutOpt,
-    SeedOpt,
-    StoreOpt,
-    SystemOpt,
-    TargetOpt,
-    TemperatureOpt,
-    ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
-    cli_errors,
-    echo_progress,
-    pair_settings,
-    parse_generation,
-    read_system,
-    store_settings,
-)
+from localspec.cli.common import SystemOpt, cli_errors, echo_progress, read_system
+from localspec.cli.groups import option_groups
+from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
 from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
-from localspec.errors import EXIT_CANCELLED, InputError, UsageError
+from localspec.errors import EXIT_CANCELLED, InputError, UsageError, WorkersLostError, exit_with
 from localspec.progress import Progress, ProgressKind
 from localspec.storage.textfile import decode_utf8, read_bounded
+
+# The session module loads llama.cpp, so it is imported only when a completion runs:
+# ``localspec --help`` and the other commands start without it.
 
 # A token is a few bytes of text: a prompt of more than this many bytes per token of context
 # cannot fit, so it is refused before it is read whole (or tokenized).
@@ -147,19 +122,15 @@ def human_stats(stats: GenerationStats, reason: str) -> str:
     return "\n".join(lines)
 
 
+@option_groups
 def complete(
     file: Annotated[
         str | None, typer.Argument(help="prompt file; - or nothing reads stdin")
     ] = None,
     max_tokens: Annotated[int, typer.Option(help="new tokens at most")] = 512,
-    temperature: TemperatureOpt = 0.0,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
-    min_p: MinPOpt = 0.05,
-    seed: SeedOpt = None,
-    drafter: DrafterOpt = "auto",
-    draft_max: DraftMaxOpt = 16,
-    no_trees: NoTreesOpt = False,
+    *,
+    sampling: SamplingChoice,
+    drafting: DraftingChoice,
     raw: Annotated[
         bool, typer.Option(help="send the text as is, without the chat template")
     ] = False,
@@ -181,49 +152,13 @@ def complete(
     trace: Annotated[
         bool, typer.Option(help="with --json: every round's drafter, length, result and timing")
     ] = False,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    threads: ThreadsOpt = None,
-    ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = None,
-    draft_gpu_layers: DraftGpuLayersOpt = None,
-    rpc: RpcOpt = None,
-    rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
-    rpc_split: RpcSplitOpt = None,
-    exact: ExactOpt = False,
-    store: StoreOpt = None,
-    no_store: NoStoreOpt = False,
-    no_history: NoHistoryOpt = False,
+    model: ModelChoice,
+    stores: StoreChoice,
 ) -> None:
     """Generate a completion of FILE (or stdin): the target's own output, faster."""
     with cli_errors():
-        params, options = parse_generation(
-            drafter,
-            {
-                **pair_settings(
-                    target,
-                    draft,
-                    threads,
-                    ctx,
-                    gpu_layers,
-                    exact,
-                    rpc,
-                    rpc_timeout,
-                    rpc_split,
-                    draft_gpu_layers=draft_gpu_layers,
-                ),
-                **store_settings(store, no_store, no_history),
-            },
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            draft_max=draft_max,
-            trees=not no_trees,
-            trace=trace,
-        )
+        params = sampling.params(drafting, max_tokens=max_tokens, trace=trace)
+        options = model.options(params.drafter, **stores.fields())
         system_prompt = read_system(system)
         if system_prompt and raw:
             raise UsageError("a system prompt needs the chat template", "drop --raw or --system")
@@ -232,8 +167,8 @@ def complete(
                 f"--prediction is drafted from by --drafter auto, not {params.drafter}",
                 "drop --drafter, or --prediction",
             )
-        prompt = read_prompt(file, input_limit(ctx))
-        predicted = read_prediction(prediction, input_limit(ctx)) if prediction else None
+        prompt = read_prompt(file, input_limit(model.ctx))
+        predicted = read_prediction(prediction, input_limit(model.ctx)) if prediction else None
         code = run_complete(
             prompt,
             params,
@@ -268,25 +203,10 @@ def run_complete(
     prediction: str | None = None,
 ) -> int:
     """``prediction``: the text the answer will mostly be, drafted from (``--prediction``)."""
-    from localspec.errors import WorkersLostError, exit_with
     from localspec.session.open import open_session
 
     running = _Running()
-
-    def lost(message: str) -> None:
-        # The evaluation waits on the lost workers for good: report what was written, end.
-        if json_out:
-            record = {
-                "text": running.text,
-                "token_ids": running.token_ids,
-                "finish_reason": "error",
-                "error": message,
-                "exact": options.exact,
-                "stats": running.to_dict(),
-            }
-            sys.stdout.write(json.dumps(record) + "\n")
-        exit_with(WorkersLostError(message))
-
+    lost = _on_lost(running, exact=options.exact, json_out=json_out)
     session = open_session(options, on_progress=print_warnings, on_lost=lost)
     placement = session.placement
     try:
@@ -306,38 +226,80 @@ def run_complete(
         session.close()
     reason = finished.reason.value if finished else "cancelled"
     totals = finished.stats if finished else running
-    out = sys.stdout
     if json_out:
-        token_ids = list(finished.token_ids) if finished else running.token_ids
-        record = {
-            "text": finished.text if finished else running.text,
-            "token_ids": token_ids,
-            "finish_reason": reason,
-            "exact": options.exact,
-            "stats": {
-                **totals.to_dict(),
-                **({"placement": placement.to_dict()} if placement else {}),
-            },
-        }
+        record = _record(finished, running, totals, reason, options.exact, placement)
         if params.prediction:  # as OpenAI's usage counts it
-            accepted, rejected = prediction_counts(params.prediction, token_ids)
-            record["prediction"] = {
-                "tokens": len(params.prediction),
-                "accepted_prediction_tokens": accepted,
-                "rejected_prediction_tokens": rejected,
-            }
-        out.write(json.dumps(record) + "\n")
+            record["prediction"] = _prediction_usage(params.prediction, record["token_ids"])
+        sys.stdout.write(json.dumps(record) + "\n")
     else:
-        if finished and finished.tail:
-            out.write(finished.tail)
-        if out.isatty():
-            out.write("\n")
-        out.flush()
+        _write_tail(finished)
     if stats:
         typer.echo(human_stats(totals, reason), err=True)
         if placement:
             typer.echo(f"{placement.summary()} ({placement.reason})", err=True)
     return EXIT_CANCELLED if reason == "cancelled" else 0
+
+
+def _on_lost(running: _Running, *, exact: bool, json_out: bool) -> Callable[[str], None]:
+    """What to do when the RPC workers are lost: the evaluation waits on them for good, so
+    report what was written (``--json``) and end."""
+
+    def lost(message: str) -> None:
+        if json_out:
+            record = {
+                "text": running.text,
+                "token_ids": running.token_ids,
+                "finish_reason": "error",
+                "error": message,
+                "exact": exact,
+                "stats": running.to_dict(),
+            }
+            sys.stdout.write(json.dumps(record) + "\n")
+        exit_with(WorkersLostError(message))
+
+    return lost
+
+
+def _record(
+    finished: Finished | None,
+    running: _Running,
+    totals: GenerationStats,
+    reason: str,
+    exact: bool,
+    placement: Any,
+) -> dict[str, Any]:
+    """``--json``'s object: the answer (what was gathered, when cut short), its totals and
+    where the models ran."""
+    return {
+        "text": finished.text if finished else running.text,
+        "token_ids": list(finished.token_ids) if finished else running.token_ids,
+        "finish_reason": reason,
+        "exact": exact,
+        "stats": {
+            **totals.to_dict(),
+            **({"placement": placement.to_dict()} if placement else {}),
+        },
+    }
+
+
+def _prediction_usage(prediction: tuple[int, ...], token_ids: list[int]) -> dict[str, int]:
+    accepted, rejected = prediction_counts(prediction, token_ids)
+    return {
+        "tokens": len(prediction),
+        "accepted_prediction_tokens": accepted,
+        "rejected_prediction_tokens": rejected,
+    }
+
+
+def _write_tail(finished: Finished | None) -> None:
+    """The text held back until the end (a possible stop string), and a newline on a
+    terminal."""
+    out = sys.stdout
+    if finished and finished.tail:
+        out.write(finished.tail)
+    if out.isatty():
+        out.write("\n")
+    out.flush()
 
 
 class _Running(GenerationStats):

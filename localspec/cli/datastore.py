@@ -20,10 +20,19 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from localspec.cli.common import TargetOpt, cli_errors, echo_progress
+from localspec.cli.common import cli_errors, echo_progress
+from localspec.cli.options import TargetOpt
 from localspec.errors import DatastoreError, LocalspecError, UsageError
+from localspec.models.catalog import locate_model, resolve_model
 from localspec.models.resources import human
-from localspec.storage.indexing import MAX_ADD_TOKENS
+from localspec.storage.fingerprint import cached_fingerprint
+from localspec.storage.indexing import (
+    MAX_ADD_TOKENS,
+    add_files,
+    default_name,
+    describe_skipped,
+    time_lookups,
+)
 from localspec.storage.library import (
     FINGERPRINTS_FILE,
     HISTORY,
@@ -33,6 +42,10 @@ from localspec.storage.library import (
     disk_bytes,
     vocabulary_fingerprint,
 )
+from localspec.storage.sources import scan
+
+# The llama.cpp backend is imported only when a command needs the target's tokenizer:
+# ``localspec --help`` and the other commands start without it.
 
 DEFAULT_MAX_FILE_SIZE = 1 << 20
 
@@ -61,9 +74,6 @@ def add(
     """Index text and code files with the target's tokenizer (.gitignore is respected)."""
     with cli_errors("\ninterrupted; the store is as it was"):
         from localspec.backend.llama import LlamaModel
-        from localspec.models.catalog import resolve_model
-        from localspec.storage.indexing import add_files, default_name, describe_skipped
-        from localspec.storage.sources import scan
 
         found = scan(paths, max_file_size)
         store = name if name is not None else default_name(found.roots[0])
@@ -152,8 +162,6 @@ def _target_fingerprint(target: str | None) -> tuple[str | None, str]:
     """The target's tokenizer fingerprint if its file is on this machine, and what the
     tokenizer column compares with. Never fetches a model."""
     from localspec.backend.llama import LlamaModel
-    from localspec.models.catalog import locate_model
-    from localspec.storage.fingerprint import cached_fingerprint
 
     try:
         path = locate_model(target, "target")
@@ -193,8 +201,6 @@ def stats(
 ) -> None:
     """Documents, tokens, size, and the time of a drafter's lookup in each store."""
     with cli_errors():
-        from localspec.storage.indexing import time_lookups
-
         library = Library()
         chosen = _indexes(library, name)
         if not chosen:

@@ -13,52 +13,23 @@ from typing import Annotated, Any
 
 import typer
 
-from localspec.cli.common import (
-    CtxOpt,
-    DraftGpuLayersOpt,
-    DraftOpt,
-    GpuLayersOpt,
-    TargetOpt,
-    ThreadsOpt,
-    cli_errors,
-    pair_settings,
-    usage_from,
-)
+from localspec.cli.common import cli_errors
+from localspec.cli.groups import option_groups
+from localspec.cli.options import PairChoice
 from localspec.errors import EXIT_FAILURE
+from localspec.session.doctor import diagnose
 
 
+@option_groups
 def doctor(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    threads: ThreadsOpt = None,
-    ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = None,
-    draft_gpu_layers: DraftGpuLayersOpt = None,
+    *,
+    pair: PairChoice,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
 ) -> None:
     """Check the llama.cpp build, the devices, where each model would run, the models on
     disk and the costs measured here; what a bug report should quote."""
-    from pydantic import ValidationError
-
     with cli_errors():
-        from localspec.session.doctor import diagnose
-        from localspec.session.pair import ModelOptions
-
-        try:
-            options = ModelOptions(
-                **pair_settings(
-                    target,
-                    draft,
-                    threads,
-                    ctx,
-                    gpu_layers,
-                    False,
-                    draft_gpu_layers=draft_gpu_layers,
-                )  # fmt: skip
-            )
-        except ValidationError as err:
-            raise usage_from(err, "doctor") from None
-        report = diagnose(options)
+        report = diagnose(pair.options(command="doctor"))
     if json_out:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

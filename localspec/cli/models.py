@@ -18,14 +18,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from localspec.cli.common import ThreadsOpt, cli_errors, echo_progress
+from localspec.backend.quantize import ftype_for, quantize
+from localspec.cli.common import cli_errors, echo_progress
+from localspec.cli.options import ThreadsOpt
 from localspec.errors import ModelNotFoundError
 from localspec.models import catalog, fetch, paths
 from localspec.models.derive import compact_layers, parse_layers
 from localspec.models.resources import human
 from localspec.progress import Progress, ProgressKind
 
-if TYPE_CHECKING:  # the module itself loads llama.cpp: only when the command runs
+# The self-draft module loads llama.cpp when imported, the vocabulary check when it runs:
+# both are imported only by their command, so ``localspec --help`` and ``localspec models
+# list`` start without llama.cpp.
+if TYPE_CHECKING:
     from localspec.models.selfdraft import Derived
 
 models_app = typer.Typer(
@@ -197,8 +202,6 @@ def optimize(
 ) -> None:
     """Requantize a model (Q4_0 runs fastest on many CPUs) and register it as NAME-q4_0."""
     with _cli_errors():
-        from localspec.backend.quantize import ftype_for, quantize
-
         ftype_for(qtype)  # reject a bad type before any download
         src = catalog.resolve_model(name, _role_of(name))
         base = (

@@ -30,36 +30,18 @@ from typing import Annotated
 import click
 import typer
 
-from localspec.cli.common import (
-    DEFAULT_RPC_TIMEOUT,
-    CtxOpt,
-    DrafterOpt,
-    DraftGpuLayersOpt,
-    DraftMaxOpt,
-    DraftOpt,
-    ExactOpt,
-    GpuLayersOpt,
-    MinPOpt,
-    NoTreesOpt,
-    RpcOpt,
-    RpcSplitOpt,
-    RpcTimeoutOpt,
-    SeedOpt,
-    TargetOpt,
-    TemperatureOpt,
-    ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
-    cli_errors,
-    echo_error,
-    echo_progress,
-    is_loopback,
-    pair_settings,
-    parse_generation,
-)
+from localspec.cli.common import cli_errors, echo_error, echo_progress, is_loopback
+from localspec.cli.groups import option_groups
+from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice
 from localspec.errors import UsageError
+from localspec.serve.access import Access
+
+# The session module loads llama.cpp, and the server's app and clients the web framework and
+# numpy, so they are imported only when the server starts (the session by its loading
+# thread): ``localspec --help`` and the other commands start without them.
 
 
+@option_groups
 def serve(
     host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port")] = 8080,
@@ -106,24 +88,10 @@ def serve(
             "act as such"
         ),
     ] = False,
-    temperature: TemperatureOpt = 0.0,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
-    min_p: MinPOpt = 0.05,
-    seed: SeedOpt = None,
-    drafter: DrafterOpt = "auto",
-    draft_max: DraftMaxOpt = 16,
-    no_trees: NoTreesOpt = False,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    threads: ThreadsOpt = None,
-    ctx: CtxOpt = 4096,
-    gpu_layers: GpuLayersOpt = None,
-    draft_gpu_layers: DraftGpuLayersOpt = None,
-    rpc: RpcOpt = None,
-    rpc_timeout: RpcTimeoutOpt = DEFAULT_RPC_TIMEOUT,
-    rpc_split: RpcSplitOpt = None,
-    exact: ExactOpt = False,
+    *,
+    sampling: SamplingChoice,
+    drafting: DraftingChoice,
+    model: ModelChoice,
     store: Annotated[
         list[str] | None,
         typer.Option(
@@ -137,57 +105,20 @@ def serve(
     no_history: Annotated[bool, typer.Option("--no-history", hidden=True)] = False,  # likewise
 ) -> None:
     """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions)."""
-    from localspec.serve.access import Access
     from localspec.serve.app import ServerState
     from localspec.serve.server import run
 
     with cli_errors():
-        params, options = parse_generation(
-            drafter,
-            {
-                **pair_settings(
-                    target,
-                    draft,
-                    threads,
-                    ctx,
-                    gpu_layers,
-                    exact,
-                    rpc,
-                    rpc_timeout,
-                    rpc_split,
-                    draft_gpu_layers=draft_gpu_layers,
-                ),
-                # The user's own history is neither kept nor shared unless --store names it.
-                "stores": tuple(store or ()),
-                "history": False,
-            },
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            draft_max=draft_max,
-            trees=not no_trees,
-        )
+        params = sampling.params(drafting, max_tokens=max_tokens)
+        # The user's own history is neither kept nor shared unless --store names it.
+        options = model.options(params.drafter, stores=tuple(store or ()), history=False)
         keys = read_keys(api_key or [], api_key_file)
-    if _from_command_line("api_key"):
-        typer.echo(
-            "warning: --api-key on the command line is visible to every user of this machine "
-            "(ps); use --api-key-file or LOCALSPEC_API_KEY",
-            err=True,
-        )
-    if not is_loopback(host) and not keys:
-        typer.echo(
-            f"warning: serving on {host} without an API key: anyone who can reach it can use "
-            "it; pass --api-key-file or set LOCALSPEC_API_KEY",
-            err=True,
-        )
+    _warn_of_exposure(host, keys)
     state = ServerState(
         defaults=params,
         access=Access(host, tuple(allowed_host or ()), tuple(cors_origin or ()), keys),
         max_body=max_body,
-        max_tokens_limit=max_tokens_limit or ctx,
+        max_tokens_limit=max_tokens_limit or model.ctx,
         timings=not no_timings,
         parse_special=parse_special,
         loading=True,
@@ -205,6 +136,22 @@ def serve(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _warn_of_exposure(host: str, keys: tuple[str, ...]) -> None:
+    """Warn of a key others can read, and of a server others can reach without one."""
+    if _from_command_line("api_key"):
+        typer.echo(
+            "warning: --api-key on the command line is visible to every user of this machine "
+            "(ps); use --api-key-file or LOCALSPEC_API_KEY",
+            err=True,
+        )
+    if not is_loopback(host) and not keys:
+        typer.echo(
+            f"warning: serving on {host} without an API key: anyone who can reach it can use "
+            "it; pass --api-key-file or set LOCALSPEC_API_KEY",
+            err=True,
+        )
 
 
 def read_keys(given: list[str], key_file: Path | None) -> tuple[str, ...]:

@@ -67,9 +67,9 @@ def invalid_value(error: Any, spelling: Spelling = COMMAND_LINE) -> UsageError:
 
 
 def drafter_mode(value: Any, spelling: Spelling = COMMAND_LINE) -> DrafterMode:
-    """A drafter's name as a mode; a ``UsageError`` that lists the modes otherwise. (A saved
-    chat's settings give the value as text too, so it is checked here, not by the command
-    line's parser.)"""
+    """A drafter's name as a mode; a ``UsageError`` that lists the modes otherwise. (The
+    Python API takes the name as text; the command line's parser checks ``--drafter``
+    itself, as a choice of the modes.)"""
     try:
         return DrafterMode(value)
     except ValueError:
