@@ -10,7 +10,9 @@ rest a bug report wants (versions, CPU features), and ``gpu_hardware()`` says wh
 machine has a GPU that this build cannot use (an NVIDIA driver, or Apple Silicon), for the
 notice that a CPU-only build leaves it idle.
 
-Nothing here loads a model; everything is cheap enough to call at every start.
+Nothing here loads a model; everything is cheap enough to call at every start. Importing
+this module loads nothing either: the CLI reads its device types at start (through the
+session's placement), so llama_cpp is imported by the functions that ask it something.
 """
 
 from __future__ import annotations
@@ -21,9 +23,6 @@ import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-
-import llama_cpp
-from llama_cpp import llama_cpp as bindings
 
 from localspec.backend.runtime import ensure_backend
 
@@ -83,6 +82,9 @@ class BuildInfo:
 def _lib() -> ctypes.CDLL:
     """ggml's device API through libllama's handle (see ``backend/rpc.py._ggml`` for why
     not ``llama_cpp._ggml``). Importing llama_cpp loads the backends."""
+    import llama_cpp
+    from llama_cpp import llama_cpp as bindings
+
     ensure_backend()
     lib = bindings._lib
     llama_cpp.llama_supports_gpu_offload()  # loads the dynamic backends, if any
@@ -149,6 +151,8 @@ def gpu_devices(found: list[Device] | None = None) -> list[Device]:
 
 
 def build_info() -> BuildInfo:
+    import llama_cpp
+
     backends = compiled_backends()
     return BuildInfo(
         llama_cpp_python=importlib.metadata.version("llama-cpp-python"),

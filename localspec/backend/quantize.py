@@ -4,7 +4,8 @@ Contract: ``quantize(src, dst, qtype)`` writes ``dst`` as a ``qtype`` copy of ``
 example ``Q4_0``, whose simple blocks are the fastest to evaluate on many CPUs) and returns
 it. The output appears under its final name only when llama.cpp reports success; a failure
 raises ``ModelFileError`` and leaves nothing behind. llama.cpp's log lines are hidden unless
-``verbose``. ``QUANT_TYPES`` lists the accepted names.
+``verbose``. ``QUANT_TYPES`` lists the accepted names. The CLI imports this module at start,
+so llama_cpp is imported by the functions that call it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import llama_cpp
-
 from localspec.backend.runtime import ensure_backend
 from localspec.errors import ModelFileError, UsageError
 
@@ -26,6 +25,8 @@ QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_M", "Q4_K_S", "Q5_K
 
 def ftype_for(qtype: str) -> int:
     """llama.cpp's ftype constant for a type name; ``UsageError`` if unknown."""
+    import llama_cpp
+
     name = qtype.upper()
     value = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name}", None)
     if name not in QUANT_TYPES or value is None:
@@ -58,6 +59,8 @@ def quantize(
     if src.resolve() == dst.resolve():
         raise UsageError(f"refusing to overwrite {src} with its own requantized copy")
     # llama-cpp-python's logger keeps printing llama.cpp's lines, as _quiet_llama expects.
+    import llama_cpp
+
     ensure_backend(capture_log=False)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype

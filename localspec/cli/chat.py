@@ -19,7 +19,7 @@ from localspec.cli.groups import option_groups
 from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
 from localspec.core.params import GenerationParams
 from localspec.models.paths import conversations_dir
-from localspec.session import conversations
+from localspec.storage import conversations
 
 # The session module loads llama.cpp, and the terminal app Textual, so both are imported only
 # once a chat starts: ``localspec --help`` and the other commands start without them.
