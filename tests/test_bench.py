@@ -60,6 +60,35 @@ def test_parse_modes_always_runs_the_baseline_first():
         bench_modes.parse_modes("none,fast")
 
 
+def test_modes_know_what_runs_them_and_what_they_load():
+    modes = bench_modes.parse_modes("auto-chains,native-draft,native-ngram,model,lookahead")
+    assert all(isinstance(m, bench_modes.BenchMode) for m in modes)
+    chains, native_draft, native_ngram, model, lookahead = modes[1:]
+    assert chains.drafter == DrafterMode.AUTO and not chains.is_native
+    assert native_draft.is_native and native_draft.loads_draft_model
+    assert native_ngram.is_native and not native_ngram.loads_draft_model
+    assert model.needs_draft_model and model.loads_draft_model
+    assert lookahead.drafter == DrafterMode.LOOKAHEAD and not lookahead.loads_draft_model
+    assert json.dumps(list(modes)) == json.dumps([str(m) for m in modes])  # plain names
+
+
+def test_run_records_read_back_as_they_were_written():
+    config = bench_runner.BenchConfig(modes=("none", "auto"), max_tokens=16, trace=True)
+    records = bench_runner.BenchRunner(FakeBenchSession(), config).run(fake_prompts()[:1])
+    for record in records:
+        line = json.dumps(record.to_dict())
+        assert RunRecord.from_dict(json.loads(line)) == record
+        assert list(json.loads(line))[:8] == [
+            "category", "prompt_id", "mode", "run", "repeat", "time", "engine", "finish_reason"
+        ]  # fmt: skip
+    plain = bench_runner.BenchConfig(modes=("none",), max_tokens=4)
+    untraced = bench_runner.BenchRunner(FakeBenchSession(), plain).run(fake_prompts()[:1])
+    assert "trace" not in untraced[0].to_dict()  # written only when kept
+    # Hand-made and older records carry fewer fields: what they lack reads as None.
+    short = RunRecord.from_dict(rec("a", "1", "none", 10.0, 100))
+    assert short.plain_steps is None and short.key == ("a", "1")
+
+
 def test_run_order_interleaves_modes_per_prompt_and_rotates_them():
     prompts = [bench_prompts.BenchPrompt("math", str(i), "p", "s") for i in range(4)]
     order = bench_runner.run_order(prompts, ("none", "ngram", "auto"))
