@@ -137,33 +137,37 @@ def load_prompts(
     _check_limit(limit)
     prompts: list[BenchPrompt] = []
     for category in chosen:
-        path = _prompt_file(category, directory)
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError as err:
-            raise InputError(
-                f"cannot read the prompt set {path}: {err.strerror}", "reinstall localspec"
-            ) from None
-        rows = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            if category in PREDICTION_CATEGORIES:
-                made = apply_prompt(parse_line(line, f"{path}, line {n}"), f"{path}, line {n}")
-                if made is not None:
-                    prompt_id, text, prediction, source = made
-                    rows.append(BenchPrompt(category, prompt_id, text, source, prediction, True))
-                continue
-            try:
-                row = json.loads(line)
-                rows.append(BenchPrompt(category, str(row["id"]), row["prompt"], row["source"]))
-            except (ValueError, KeyError, TypeError):
-                raise InputError(
-                    f"{path}, line {n}: not a JSON object with id, prompt and source",
-                    "fix or reinstall the prompt set",
-                ) from None
-        prompts.extend(rows[:limit])
+        prompts.extend(_shipped_set(category, _prompt_file(category, directory))[:limit])
     return prompts
+
+
+def _shipped_set(category: str, path: Any) -> list[BenchPrompt]:
+    """The prompts of one shipped set, in file order."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise InputError(
+            f"cannot read the prompt set {path}: {err.strerror}", "reinstall localspec"
+        ) from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if category in PREDICTION_CATEGORIES:
+            made = apply_prompt(parse_line(line, f"{path}, line {n}"), f"{path}, line {n}")
+            if made is not None:
+                prompt_id, text, prediction, source = made
+                rows.append(BenchPrompt(category, prompt_id, text, source, prediction, True))
+            continue
+        try:
+            row = json.loads(line)
+            rows.append(BenchPrompt(category, str(row["id"]), row["prompt"], row["source"]))
+        except (ValueError, KeyError, TypeError):
+            raise InputError(
+                f"{path}, line {n}: not a JSON object with id, prompt and source",
+                "fix or reinstall the prompt set",
+            ) from None
+    return rows
 
 
 def _file_prompt(path: Path, n: int, line: str) -> BenchPrompt:
