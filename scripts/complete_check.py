@@ -32,7 +32,8 @@ import tempfile
 from pathlib import Path
 
 from localspec.bench import report
-from localspec.bench.runner import BenchPrompt, load_prompt_file, load_prompts, summarize
+from localspec.bench.prompts import BenchPrompt, load_prompt_file, load_prompts
+from localspec.bench.summary import summarize
 from localspec.models.paths import cache_root
 
 MODES = ("none", "auto")

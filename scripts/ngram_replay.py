@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from localspec.bench.runner import load_prompt_file, load_prompts
+from localspec.bench.prompts import load_prompt_file, load_prompts
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.controller import SPECULATE_MARGIN
 from localspec.core.costs import CostProfile

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from complete_check import private_home  # this folder's: run as python scripts/...
 
-from localspec.bench.runner import load_prompt_file
+from localspec.bench.prompts import load_prompt_file
 
 
 def complete(prompt: str, extra: list[str], args: argparse.Namespace, home: Path) -> dict:

@@ -98,7 +98,7 @@ class DelayRelay:
 
 
 def code_prompts(n: int) -> list[str]:
-    from localspec.bench.runner import load_prompts
+    from localspec.bench.prompts import load_prompts
 
     return [p.prompt for p in load_prompts(["code_completion"], n)]
 

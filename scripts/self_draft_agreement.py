@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localspec.bench.runner import CATEGORIES, load_prompts
+from localspec.bench.prompts import CATEGORIES, load_prompts
 from localspec.errors import LocalspecError
 from localspec.models.catalog import resolve_model
 from localspec.models.derive import compact_layers, parse_layers

@@ -14,14 +14,18 @@ import typer
 from typer.testing import CliRunner
 
 from localspec.backend.native import NativeRunner, parse_native_output
+from localspec.bench import modes as bench_modes
+from localspec.bench import prompts as bench_prompts
 from localspec.bench import report as bench_report
-from localspec.bench import runner as bench
-from localspec.cli import bench as bench_cli
+from localspec.bench import run as bench_run
+from localspec.bench import runner as bench_runner
+from localspec.bench import summary as bench_summary
+from localspec.bench.records import RunRecord
 from localspec.cli.bench import bench_command
 from localspec.cli.calibrate import calibrate_command, format_costs
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder, run_to_completion
-from localspec.core.params import GenerationParams
+from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import BackendError, UsageError
 from tests.fakes import FakeModel
 
@@ -29,8 +33,8 @@ from tests.fakes import FakeModel
 
 
 def test_every_shipped_category_has_ten_sourced_prompts():
-    prompts = bench.load_prompts()
-    for category in bench.CATEGORIES:
+    prompts = bench_prompts.load_prompts()
+    for category in bench_prompts.CATEGORIES:
         mine = [p for p in prompts if p.category == category]
         assert len(mine) >= 10, category
         assert len({p.id for p in mine}) == len(mine), f"duplicate ids in {category}"
@@ -39,26 +43,55 @@ def test_every_shipped_category_has_ten_sourced_prompts():
 
 
 def test_load_prompts_limit_and_errors(tmp_path):
-    assert len(bench.load_prompts(["math", "chat_qa"], limit=2)) == 4
+    assert len(bench_prompts.load_prompts(["math", "chat_qa"], limit=2)) == 4
     with pytest.raises(UsageError, match="unknown category: poetry"):
-        bench.load_prompts(["poetry"])
+        bench_prompts.load_prompts(["poetry"])
     with pytest.raises(UsageError, match="--limit"):
-        bench.load_prompts(["math"], limit=0)
+        bench_prompts.load_prompts(["math"], limit=0)
     (tmp_path / "math.jsonl").write_text('{"id": "a", "prompt": "1+1"}\n')
     with pytest.raises(Exception, match="line 1"):
-        bench.load_prompts(["math"], directory=tmp_path)
+        bench_prompts.load_prompts(["math"], directory=tmp_path)
 
 
 def test_parse_modes_always_runs_the_baseline_first():
-    assert bench.parse_modes("ngram,auto") == ("none", "ngram", "auto")
-    assert bench.parse_modes("auto, none") == ("none", "auto")
+    assert bench_modes.parse_modes("ngram,auto") == ("none", "ngram", "auto")
+    assert bench_modes.parse_modes("auto, none") == ("none", "auto")
     with pytest.raises(UsageError, match="unknown fast"):
-        bench.parse_modes("none,fast")
+        bench_modes.parse_modes("none,fast")
+
+
+def test_modes_know_what_runs_them_and_what_they_load():
+    modes = bench_modes.parse_modes("auto-chains,native-draft,native-ngram,model,lookahead")
+    assert all(isinstance(m, bench_modes.BenchMode) for m in modes)
+    chains, native_draft, native_ngram, model, lookahead = modes[1:]
+    assert chains.drafter == DrafterMode.AUTO and not chains.is_native
+    assert native_draft.is_native and native_draft.loads_draft_model
+    assert native_ngram.is_native and not native_ngram.loads_draft_model
+    assert model.needs_draft_model and model.loads_draft_model
+    assert lookahead.drafter == DrafterMode.LOOKAHEAD and not lookahead.loads_draft_model
+    assert json.dumps(list(modes)) == json.dumps([str(m) for m in modes])  # plain names
+
+
+def test_run_records_read_back_as_they_were_written():
+    config = bench_runner.BenchConfig(modes=("none", "auto"), max_tokens=16, trace=True)
+    records = bench_runner.BenchRunner(FakeBenchSession(), config).run(fake_prompts()[:1])
+    for record in records:
+        line = json.dumps(record.to_dict())
+        assert RunRecord.from_dict(json.loads(line)) == record
+        assert list(json.loads(line))[:8] == [
+            "category", "prompt_id", "mode", "run", "repeat", "time", "engine", "finish_reason"
+        ]  # fmt: skip
+    plain = bench_runner.BenchConfig(modes=("none",), max_tokens=4)
+    untraced = bench_runner.BenchRunner(FakeBenchSession(), plain).run(fake_prompts()[:1])
+    assert "trace" not in untraced[0].to_dict()  # written only when kept
+    # Hand-made and older records carry fewer fields: what they lack reads as None.
+    short = RunRecord.from_dict(rec("a", "1", "none", 10.0, 100))
+    assert short.plain_steps is None and short.key == ("a", "1")
 
 
 def test_run_order_interleaves_modes_per_prompt_and_rotates_them():
-    prompts = [bench.BenchPrompt("math", str(i), "p", "s") for i in range(4)]
-    order = bench.run_order(prompts, ("none", "ngram", "auto"))
+    prompts = [bench_prompts.BenchPrompt("math", str(i), "p", "s") for i in range(4)]
+    order = bench_runner.run_order(prompts, ("none", "ngram", "auto"))
     assert order == [
         (0, "none"), (0, "ngram"), (0, "auto"),
         (1, "ngram"), (1, "auto"), (1, "none"),
@@ -118,30 +151,32 @@ class FakeBenchSession:
 
 def fake_prompts():
     return [
-        bench.BenchPrompt("code_rewrite", "r1", "abcabcabcabd abcabc", "test"),
-        bench.BenchPrompt("code_rewrite", "r2", "hello hello hello", "test"),
-        bench.BenchPrompt("math", "m1", "one plus two is three", "test"),
+        bench_prompts.BenchPrompt("code_rewrite", "r1", "abcabcabcabd abcabc", "test"),
+        bench_prompts.BenchPrompt("code_rewrite", "r2", "hello hello hello", "test"),
+        bench_prompts.BenchPrompt("math", "m1", "one plus two is three", "test"),
     ]
 
 
 def test_runner_records_every_prompt_in_every_mode_from_a_fresh_context():
     session = FakeBenchSession()
     # As many tokens as a ratio needs: shorter runs are left out of the ratios.
-    config = bench.BenchConfig(modes=bench.ENGINE_MODES, max_tokens=bench.MIN_RATIO_TOKENS)
+    config = bench_runner.BenchConfig(
+        modes=bench_modes.ENGINE_MODES, max_tokens=bench_summary.MIN_RATIO_TOKENS
+    )
     seen = []
-    records = bench.BenchRunner(session, config).run(
+    records = bench_runner.BenchRunner(session, config).run(
         fake_prompts(), lambda r, done, total: seen.append((done, total))
     )
     assert len(records) == 3 * 4 and seen[-1] == (12, 12)
-    expected = bench.run_order(fake_prompts(), bench.ENGINE_MODES)
+    expected = bench_runner.run_order(fake_prompts(), bench_modes.ENGINE_MODES)
     ids = [p.id for p in fake_prompts()]
-    assert [(ids.index(r["prompt_id"]), r["mode"]) for r in records] == expected
+    assert [(ids.index(r.prompt_id), r.mode) for r in records] == expected
     # Warm-up (4 runs) plus 12 runs, each resetting both models first.
     assert session.target.resets == session.draft.resets == 16
     assert session.forgotten == 16  # cold by default: every run starts with nothing learned
-    for r in records:
+    for r in (record.to_dict() for record in records):  # as records.jsonl holds them
         assert r["engine"] == "localspec" and "trace" not in r
-        assert r["generated_tokens"] == len(r["token_ids"]) == bench.MIN_RATIO_TOKENS
+        assert r["generated_tokens"] == len(r["token_ids"]) == bench_summary.MIN_RATIO_TOKENS
         assert r["drafted"] >= r["accepted"] >= 0
         assert 0.0 <= r["outside_share"] <= 1.0
         assert r["compute_s"] > 0
@@ -153,12 +188,12 @@ def test_runner_records_every_prompt_in_every_mode_from_a_fresh_context():
             assert r["drafted"] == 0 and r["acceptance_rate"] is None
             assert r["plain_steps"] == r["rounds"]
     # Greedy output of the fakes does not depend on batching: every mode agrees with none.
-    summary = bench.summarize(records, bench.ENGINE_MODES, greedy=True)
-    for mode in bench.ENGINE_MODES:
+    summary = bench_summary.summarize(records, bench_modes.ENGINE_MODES, greedy=True)
+    for mode in bench_modes.ENGINE_MODES:
         assert summary["overall"][mode]["agreement"]["identical"] == 1.0
     assert summary["overall"]["none"]["ratio_to_none"] == pytest.approx(1.0)
     assert summary["overall"]["auto"]["short_runs"] == 0
-    assert summary["overall"]["auto"]["mean_tokens"] == bench.MIN_RATIO_TOKENS
+    assert summary["overall"]["auto"]["mean_tokens"] == bench_summary.MIN_RATIO_TOKENS
     assert "ratio_to_best_native" not in summary["overall"]["auto"]  # no native mode ran
 
 
@@ -166,21 +201,21 @@ def test_runner_refuses_model_mode_without_a_draft_and_native_without_binary():
     session = FakeBenchSession()
     session.draft = None
     with pytest.raises(UsageError, match="draft"):
-        bench.BenchRunner(session, bench.BenchConfig(modes=("none", "model")))
+        bench_runner.BenchRunner(session, bench_runner.BenchConfig(modes=("none", "model")))
     with pytest.raises(UsageError, match="llama.cpp binary"):
-        bench.BenchRunner(session, bench.BenchConfig(modes=("none", "native-ngram")))
+        bench_runner.BenchRunner(session, bench_runner.BenchConfig(modes=("none", "native-ngram")))
 
 
 def test_measure_ceiling_times_every_batch_and_restores_an_empty_cache():
     model = TimedFake(n_vocab=24, n_ctx=512)
-    ceiling = bench.measure_ceiling(model, list(range(20)))
+    ceiling = bench_runner.measure_ceiling(model, list(range(20)))
     assert model.cached == []
     # 16, 32 and 64 tokens with logits for each, after the same 20-token context:
     # one warm-up and three timed batches each.
     batches = [(start, n, k) for start, n, k in model.calls if k > 1]
-    for size in bench.CEILING_BATCHES:
+    for size in bench_runner.CEILING_BATCHES:
         assert batches.count((20, size, size)) == 4
-    assert [b["batch"] for b in ceiling["by_batch"]] == list(bench.CEILING_BATCHES)
+    assert [b["batch"] for b in ceiling["by_batch"]] == list(bench_runner.CEILING_BATCHES)
     best = max(ceiling["by_batch"], key=lambda b: b["tokens_per_s"])
     assert ceiling["batch"] == best["batch"] and ceiling["tokens_per_s"] == best["tokens_per_s"]
     assert ceiling["ceiling_ratio"] == pytest.approx(
@@ -190,10 +225,10 @@ def test_measure_ceiling_times_every_batch_and_restores_an_empty_cache():
 
 def test_measure_ceiling_caps_the_batches_at_the_context_left():
     model = TimedFake(n_vocab=24, n_ctx=60)
-    ceiling = bench.measure_ceiling(model, list(range(20)))
+    ceiling = bench_runner.measure_ceiling(model, list(range(20)))
     assert [b["batch"] for b in ceiling["by_batch"]] == [16, 32, 40]  # 60 - 20 tokens left
     assert max(start + n for start, n, _ in model.calls) == 60
-    assert bench.ceiling_batches(4096, 256) == [16, 32, 64]
+    assert bench_runner.ceiling_batches(4096, 256) == [16, 32, 64]
 
 
 # -- summary arithmetic --------------------------------------------------------------------
@@ -218,12 +253,12 @@ def rec(cat, pid, mode, tps, tokens, *, drafted=0, accepted=0, rounds=None, comp
 
 def test_repeats_run_whole_interleaved_passes_and_the_summary_takes_median_runs():
     session = FakeBenchSession()
-    config = bench.BenchConfig(modes=("none", "ngram"), max_tokens=8, repeat=3)
-    records = bench.BenchRunner(session, config).run(fake_prompts())
+    config = bench_runner.BenchConfig(modes=("none", "ngram"), max_tokens=8, repeat=3)
+    records = bench_runner.BenchRunner(session, config).run(fake_prompts())
     assert len(records) == 3 * 2 * 3
-    assert [r["repeat"] for r in records] == [0] * 6 + [1] * 6 + [2] * 6
+    assert [r.repeat for r in records] == [0] * 6 + [1] * 6 + [2] * 6
     # Each pass rotates the modes once more, so no mode always runs first on a prompt.
-    r1 = [r["mode"] for r in records if r["prompt_id"] == "r1"]
+    r1 = [r.mode for r in records if r.prompt_id == "r1"]
     assert r1 == ["none", "ngram", "ngram", "none", "none", "ngram"]
 
     runs = [
@@ -231,12 +266,12 @@ def test_repeats_run_whole_interleaved_passes_and_the_summary_takes_median_runs(
         rec("a", "1", "none", 20.0, 100), rec("a", "1", "ngram", 40.0, 100),
         rec("a", "1", "ngram", 10.0, 100),
     ]  # fmt: skip
-    medians = bench.median_runs(runs)
-    assert [(r["mode"], r["decode_tokens_per_s"]) for r in medians] == [
+    medians = bench_summary.median_runs([RunRecord.from_dict(r) for r in runs])
+    assert [(r.mode, r.decode_tokens_per_s) for r in medians] == [
         ("none", 20.0),
         ("ngram", 10.0),  # of an even count, the lower middle run
     ]
-    summary = bench.summarize(runs, ("none", "ngram"), greedy=False)
+    summary = bench_summary.summarize(runs, ("none", "ngram"), greedy=False)
     assert summary["overall"]["ngram"]["ratio_to_none"] == pytest.approx(0.5)
     assert summary["overall"]["none"]["prompts"] == 1
 
@@ -252,7 +287,7 @@ def test_summary_ratios_are_paired_geometric_means_and_agreement_counts_prefixes
         rec("b", "1", "none", 10.0, 80, ids=[1]),
         rec("b", "1", "ngram", 40.0, 80, drafted=0, ids=[2]),
     ]  # fmt: skip
-    s = bench.summarize(records, ("none", "ngram"), greedy=True)
+    s = bench_summary.summarize(records, ("none", "ngram"), greedy=True)
     a = s["categories"]["a"]["ngram"]
     assert a["ratio_to_none"] == pytest.approx(1.0)  # 2x and 0.5x
     assert a["decode_tokens_per_s"] == pytest.approx(
@@ -272,11 +307,13 @@ def test_summary_ratios_are_paired_geometric_means_and_agreement_counts_prefixes
     assert s["categories"]["b"]["ngram"]["acceptance_rate"] is None
     assert s["categories"]["b"]["none"]["outside_share"] is None
     assert (
-        bench.summarize(records, ("none", "ngram"), greedy=False)["overall"]["ngram"]["agreement"]
+        bench_summary.summarize(records, ("none", "ngram"), greedy=False)["overall"]["ngram"][
+            "agreement"
+        ]
         is None
     )
-    assert bench.geometric_mean([]) is None
-    assert math.isclose(bench.geometric_mean([2.0, 8.0]), 4.0)
+    assert bench_summary.geometric_mean([]) is None
+    assert math.isclose(bench_summary.geometric_mean([2.0, 8.0]), 4.0)
 
 
 def clocked(record, plain_steps, plain_step_s):
@@ -295,7 +332,7 @@ def test_per_prompt_floor_as_measured_and_by_each_runs_own_plain_steps():
         clocked(rec("chat", "p3", "none", 30.0, 120), 120, 0.030),
         clocked(rec("chat", "p3", "auto", 60.0, 120, drafted=110, accepted=100), 5, 0.050),
     ]
-    g = bench.summarize(records, ("none", "auto"), greedy=True)["categories"]["chat"]
+    g = bench_summary.summarize(records, ("none", "auto"), greedy=True)["categories"]["chat"]
     auto = g["auto"]
     assert auto["lowest_ratio_to_none"] == {
         "category": "chat", "prompt_id": "p1", "ratio": pytest.approx(25 / 30, abs=1e-4)
@@ -305,12 +342,14 @@ def test_per_prompt_floor_as_measured_and_by_each_runs_own_plain_steps():
     assert auto["lowest_steady_ratio_to_none"]["ratio"] == pytest.approx(0.96)
     assert auto["steady_ratio_to_none"] == pytest.approx(math.sqrt(1.0 * 0.96), abs=1e-4)
     assert "lowest_ratio_to_none" not in g["none"]  # the baseline has no floor against itself
-    table = bench_report.render_table(bench.summarize(records, ("none", "auto"), greedy=True))
+    table = bench_report.render_table(
+        bench_summary.summarize(records, ("none", "auto"), greedy=True)
+    )
     assert "| chat | auto | 0.83x (p1) | 0.98x (2 of 3) | 0.96x (p2) |" in table
     assert "0.83x (chat/p1)" in table  # the overall row names the category too
     # Without plain steps recorded (older records, native runs) there is no steady figure.
     bare = [rec("chat", "p1", "none", 30.0, 120), rec("chat", "p1", "auto", 25.0, 120)]
-    auto = bench.summarize(bare, ("none", "auto"), greedy=True)["overall"]["auto"]
+    auto = bench_summary.summarize(bare, ("none", "auto"), greedy=True)["overall"]["auto"]
     assert auto["steady_prompts"] == 0 and auto["steady_ratio_to_none"] is None
 
 
@@ -319,7 +358,7 @@ def test_report_files_table_and_chart(tmp_path):
         rec("math", "1", "none", 10.0, 100, ids=[1, 2]),
         rec("math", "1", "auto", 15.0, 100, drafted=50, accepted=40, rounds=60, ids=[1, 2]),
     ]
-    summary = bench.summarize(records, ("none", "auto"), greedy=True)
+    summary = bench_summary.summarize(records, ("none", "auto"), greedy=True)
     summary["meta"] = {"target": "tiny", "threads": 2}
     summary["ceiling"] = {
         "batch": 16,
@@ -407,12 +446,12 @@ def test_bench_command_on_the_tiny_pair(tiny_pair, tmp_path):
     lines = (out / "records.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert len(records) == 2 * 4
-    assert {r["mode"] for r in records} == set(bench.ENGINE_MODES)
+    assert {r["mode"] for r in records} == set(bench_modes.ENGINE_MODES)
     for r in records:
         assert r["generated_tokens"] >= 1 and 0.0 <= r["outside_share"] <= 1.0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["categories"]) == {"math", "translation"}
-    assert summary["ceiling"]["batch"] in bench.CEILING_BATCHES
+    assert summary["ceiling"]["batch"] in bench_runner.CEILING_BATCHES
     assert summary["meta"]["cold"] is True
     assert (out / "speedup.png").exists() and (out / "summary.md").exists()
     assert bench_report.OVERALL in result.stdout
@@ -453,7 +492,7 @@ def test_calibrate_command_prints_costs(tiny_pair):
 
 
 # The modes llama-speculative-simple runs (native-bench runs llama-bench).
-SPEC_SIMPLE_MODES = tuple(m for m in bench.NATIVE_MODES if m != bench.NATIVE_BENCH)
+SPEC_SIMPLE_MODES = tuple(m for m in bench_modes.NATIVE_MODES if m != bench_modes.NATIVE_BENCH)
 SPEC_SIMPLE_HELP = (
     "--spec-type none,draft-simple,ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod "
     "--spec-ngram-simple-size-n N"
@@ -478,15 +517,15 @@ def test_native_modes_run_a_binary_and_are_summarised_beside_the_engine(tmp_path
     session = FakeBenchSession()
     runner = NativeRunner(binary, tmp_path / "t.gguf", tmp_path / "d.gguf", lambda t: "abc")
     runner.check(SPEC_SIMPLE_MODES)
-    config = bench.BenchConfig(modes=("none", *SPEC_SIMPLE_MODES), max_tokens=20)
-    records = bench.BenchRunner(session, config, runner).run(fake_prompts()[:2])
-    native = [r for r in records if r["engine"] == "llama.cpp"]
+    config = bench_runner.BenchConfig(modes=("none", *SPEC_SIMPLE_MODES), max_tokens=20)
+    records = bench_runner.BenchRunner(session, config, runner).run(fake_prompts()[:2])
+    native = [r.to_dict() for r in records if r.engine == "llama.cpp"]
     assert len(native) == 2 * 5 and {r["mode"] for r in native} == set(SPEC_SIMPLE_MODES)
     assert all(r["decode_tokens_per_s"] == pytest.approx(1.216) for r in native)
     # The sample decoded 35 tokens where 20 were asked.
     assert all(r["overshoot"] == 15 for r in native)
     assert len(args_log.read_text().splitlines()) == 5 + 10  # warm-up, then one per run
-    summary = bench.summarize(records, config.modes, greedy=True)
+    summary = bench_summary.summarize(records, config.modes, greedy=True)
     assert summary["overall"]["native-ngram"]["agreement"] is None
     assert summary["overall"]["native-draft"]["acceptance_rate"] == pytest.approx(24 / 31, abs=1e-4)
     broken = tmp_path / "broken"
@@ -508,10 +547,10 @@ def test_chart_without_matplotlib_is_a_clear_error(monkeypatch):
 def test_ctrl_c_keeps_the_runs_already_recorded(tmp_path):
     class Interrupted:
         def run(self, prompts, on_record):
-            on_record(rec("math", "1", "none", 10.0, 5, ids=[1]), 1, 4)
+            on_record(RunRecord.from_dict(rec("math", "1", "none", 10.0, 5, ids=[1])), 1, 4)
             raise KeyboardInterrupt
 
-    records, code = bench_cli._run(Interrupted(), [], tmp_path, 4, 1)
+    records, code = bench_run._run(Interrupted(), [], tmp_path, 4, 1)
     assert code == 130 and len(records) == 1
     assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 1
 
@@ -525,46 +564,53 @@ def test_auto_store_drafts_from_the_sessions_stores_and_auto_beside_it_does_not(
     tokens = session.text_tokens(prompt.prompt, raw=False)
     # The store holds the target's own answer to this prompt, as a history store would.
     answer = run_to_completion(
-        session.generate(tokens, bench.GenerationParams(max_tokens=80, drafter="none"))
+        session.generate(tokens, GenerationParams(max_tokens=80, drafter="none"))
     )
     session.store_corpora = [("history", TokenIndex.build([tokens + list(answer.token_ids)]))]
-    config = bench.BenchConfig(modes=("none", "auto", bench.STORE_MODE), max_tokens=80)
-    records = bench.BenchRunner(session, config).run([prompt])
-    by_mode = {r["mode"]: r for r in records}
-    assert by_mode[bench.STORE_MODE]["tokens_by_origin"]["store"] > 40
+    config = bench_runner.BenchConfig(modes=("none", "auto", bench_modes.STORE_MODE), max_tokens=80)
+    records = bench_runner.BenchRunner(session, config).run([prompt])
+    by_mode = {r.mode: r.to_dict() for r in records}
+    assert by_mode[bench_modes.STORE_MODE]["tokens_by_origin"]["store"] > 40
     assert "store" not in by_mode["auto"]["tokens_by_origin"]  # lists only the origins seen
-    assert by_mode[bench.STORE_MODE]["token_ids"] == by_mode["none"]["token_ids"]
-    summary = bench.summarize(records, config.modes, greedy=True)
-    assert bench.STORE_MODE in summary["overall"]
+    assert by_mode[bench_modes.STORE_MODE]["token_ids"] == by_mode["none"]["token_ids"]
+    summary = bench_summary.summarize(records, config.modes, greedy=True)
+    assert bench_modes.STORE_MODE in summary["overall"]
 
 
 def test_auto_store_without_a_store_is_refused():
     with pytest.raises(UsageError, match="datastore"):
-        bench.BenchRunner(FakeBenchSession(), bench.BenchConfig(modes=("none", bench.STORE_MODE)))
+        bench_runner.BenchRunner(
+            FakeBenchSession(), bench_runner.BenchConfig(modes=("none", bench_modes.STORE_MODE))
+        )
 
 
 def test_auto_chains_is_auto_without_draft_trees_beside_it():
-    assert bench.parse_modes("auto,auto-chains") == ("none", "auto", bench.CHAINS_MODE)
-    runner = bench.BenchRunner(FakeBenchSession(), bench.BenchConfig())
-    chains, auto = runner._params(bench.CHAINS_MODE, 10, 0), runner._params("auto", 10, 0)
-    assert chains.drafter == auto.drafter == bench.DrafterMode.AUTO
+    assert bench_modes.parse_modes("auto,auto-chains") == ("none", "auto", bench_modes.CHAINS_MODE)
+    runner = bench_runner.BenchRunner(FakeBenchSession(), bench_runner.BenchConfig())
+    chains, auto = runner._params(bench_modes.CHAINS_MODE, 10, 0), runner._params("auto", 10, 0)
+    assert chains.drafter == auto.drafter == DrafterMode.AUTO
     assert auto.trees and not chains.trees
-    config = bench.BenchConfig(modes=("none", "auto", bench.CHAINS_MODE), max_tokens=80, trace=True)
-    records = bench.BenchRunner(FakeBenchSession(), config).run(fake_prompts()[:1])
-    by_mode = {r["mode"]: r for r in records}
-    assert all(entry["branches"] == 1 for entry in by_mode[bench.CHAINS_MODE]["trace"])
-    assert by_mode[bench.CHAINS_MODE]["token_ids"] == by_mode["none"]["token_ids"]
-    assert bench.CHAINS_MODE in bench.summarize(records, config.modes, greedy=True)["overall"]
+    config = bench_runner.BenchConfig(
+        modes=("none", "auto", bench_modes.CHAINS_MODE), max_tokens=80, trace=True
+    )
+    records = bench_runner.BenchRunner(FakeBenchSession(), config).run(fake_prompts()[:1])
+    by_mode = {r.mode: r.to_dict() for r in records}
+    assert all(entry["branches"] == 1 for entry in by_mode[bench_modes.CHAINS_MODE]["trace"])
+    assert by_mode[bench_modes.CHAINS_MODE]["token_ids"] == by_mode["none"]["token_ids"]
+    assert (
+        bench_modes.CHAINS_MODE
+        in bench_summary.summarize(records, config.modes, greedy=True)["overall"]
+    )
 
 
 def test_the_apply_set_is_whole_files_of_this_pythons_standard_library():
-    prompts = bench.load_prompts(["apply"])
+    prompts = bench_prompts.load_prompts(["apply"])
     assert len(prompts) >= 4
     for prompt in prompts:
         assert prompt.answer_like_prediction and prompt.prediction
         assert 80 <= prompt.prediction.count("\n") <= 300
         assert prompt.prediction.rstrip() in prompt.prompt  # the file, whole, in the prompt
-    assert "apply" not in [p.category for p in bench.load_prompts()]  # asked for by name
+    assert "apply" not in [p.category for p in bench_prompts.load_prompts()]  # asked for by name
 
 
 def test_auto_prediction_drafts_from_each_prompts_prediction_or_first_code_block():
@@ -575,14 +621,14 @@ def test_auto_prediction_drafts_from_each_prompts_prediction_or_first_code_block
     text = "".join(chr(24 * 5 + t) for t in answer)  # plain_tokens maps it back to answer
     quoting = f"rewrite this:\n```\n{text}\n```\n"
     prompts = [
-        bench.BenchPrompt("apply", "given", "xyz", "test", prediction=text,
+        bench_prompts.BenchPrompt("apply", "given", "xyz", "test", prediction=text,
                           answer_like_prediction=True),
-        bench.BenchPrompt("code_rewrite", "quoted", quoting, "test"),
+        bench_prompts.BenchPrompt("code_rewrite", "quoted", quoting, "test"),
     ]  # fmt: skip
     assert prompts[1].predicted() == text + "\n"
-    config = bench.BenchConfig(modes=("none", "auto-prediction"), max_tokens=8, warmup=False)
-    records = bench.BenchRunner(session, config).run(prompts)
-    by = {(r["prompt_id"], r["mode"]): r for r in records}
+    config = bench_runner.BenchConfig(modes=("none", "auto-prediction"), max_tokens=8, warmup=False)
+    records = bench_runner.BenchRunner(session, config).run(prompts)
+    by = {(r.prompt_id, r.mode): r.to_dict() for r in records}
     # An answer like its prediction may run as long as the prediction, whatever max_tokens.
     assert by[("given", "none")]["generated_tokens"] > 8
     assert by[("quoted", "none")]["generated_tokens"] == 8

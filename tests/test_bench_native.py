@@ -21,9 +21,11 @@ from localspec.backend.native import (
     parse_llama_bench_json,
     parse_native_output,
 )
+from localspec.bench import modes as bench_modes
 from localspec.bench import report as bench_report
-from localspec.bench import runner as bench
-from localspec.cli import bench as bench_cli
+from localspec.bench import run as bench_run
+from localspec.bench import runner as bench_runner
+from localspec.bench import summary as bench_summary
 from localspec.cli.bench import bench_command
 from localspec.errors import BackendError, UsageError
 from tests.test_bench import (
@@ -189,7 +191,9 @@ def fake_binary(path: Path, help_text: str, body: str = "") -> Path:
 
 def test_native_bench_needs_the_llama_bench_beside_the_native_bin(tmp_path):
     spec = fake_binary(tmp_path / "llama-speculative-simple", SPEC_SIMPLE_HELP)
-    check_binary(spec, ("none", *bench.NATIVE_SPEC_MODES, "native-none"))  # no llama-bench needed
+    check_binary(
+        spec, ("none", *bench_modes.NATIVE_SPEC_MODES, "native-none")
+    )  # no llama-bench needed
     with pytest.raises(UsageError, match="llama-bench .beside --native-bin. not found") as err:
         check_binary(spec, ("none", "native-bench"))
     assert str(tmp_path / "llama-bench") in str(err.value)
@@ -198,7 +202,7 @@ def test_native_bench_needs_the_llama_bench_beside_the_native_bin(tmp_path):
     with pytest.raises(UsageError, match="does not offer --n-depth"):
         check_binary(spec, ("none", "native-bench"))
     fake_binary(tmp_path / "llama-bench", "-d, --n-depth <n>")
-    check_binary(spec, ("none", *bench.NATIVE_MODES))
+    check_binary(spec, ("none", *bench_modes.NATIVE_MODES))
     # native-bench alone runs llama-bench only: llama-speculative-simple need not be there.
     check_binary(tmp_path / "absent" / "llama-speculative-simple", ("none",))
     (tmp_path / "only").mkdir()
@@ -235,13 +239,13 @@ def test_a_missing_llama_bench_is_an_error_with_the_build_hint_not_a_traceback(t
 def test_native_bin_alone_adds_every_native_mode_and_names_them_valid(tmp_path):
     spec = fake_binary(tmp_path / "llama-speculative-simple", SPEC_SIMPLE_HELP)
     fake_binary(tmp_path / "llama-bench", "-d, --n-depth <n>")
-    chosen, _ = bench_cli._choose_modes(args(native_bin=spec))
-    assert chosen == ("none", "auto", *bench.NATIVE_MODES)
-    assert set(bench.NATIVE_MODES) == {
+    chosen, _ = bench_run._choose_modes(args(native_bin=spec))
+    assert chosen == ("none", "auto", *bench_modes.NATIVE_MODES)
+    assert set(bench_modes.NATIVE_MODES) == {
         "native-draft", "native-ngram", "native-ngram-map-k", "native-ngram-mod",
         "native-none", "native-bench",
     }  # fmt: skip
-    chosen, _ = bench_cli._choose_modes(args(native_bin=spec, modes="native-ngram-map-k"))
+    chosen, _ = bench_run._choose_modes(args(native_bin=spec, modes="native-ngram-map-k"))
     assert chosen == ("none", "native-ngram-map-k")
     help_text = CliRunner().invoke(cli_app(), ["bench", "--help"], env={"COLUMNS": "200"}).output
     for mode in ("native-ngram-map-k", "native-ngram-mod", "native-bench"):
@@ -277,10 +281,10 @@ def test_native_bench_runs_llama_bench_after_as_many_tokens_as_the_prompt(tmp_pa
     runner = runner_for(tmp_path, threads=2)
     runner.check(("none", "native-bench"))
     session = FakeBenchSession()
-    config = bench.BenchConfig(modes=("none", "native-bench"), max_tokens=20)
+    config = bench_runner.BenchConfig(modes=("none", "native-bench"), max_tokens=20)
     prompts = fake_prompts()[:2]
-    records = bench.BenchRunner(session, config, runner).run(prompts)
-    native = [r for r in records if r["mode"] == "native-bench"]
+    records = bench_runner.BenchRunner(session, config, runner).run(prompts)
+    native = [r.to_dict() for r in records if r.mode == "native-bench"]
     depths = [len(session.text_tokens(p.prompt, raw=False)) for p in prompts]
     assert [r["prompt_tokens"] for r in native] == depths
     assert all(r["engine"] == "llama.cpp" and r["same_prompt_tokens"] for r in native)
@@ -290,7 +294,7 @@ def test_native_bench_runs_llama_bench_after_as_many_tokens_as_the_prompt(tmp_pa
     assert len(calls) == 1 + 2  # the warm-up, then one per prompt
     assert calls[0].split()[-12:-6] == ["-n", "16", "-d", str(depths[0]), "-t", "2"]
     assert [c.split()[c.split().index("-d") + 1] for c in calls[1:]] == list(map(str, depths))
-    summary = bench.summarize(records, config.modes, greedy=True)
+    summary = bench_summary.summarize(records, config.modes, greedy=True)
     assert summary["overall"]["none"]["ratio_to_native_bench"] is None  # 20 tokens: too short
     assert summary["overall"]["native-bench"]["agreement"] is None
 
@@ -305,10 +309,10 @@ def test_a_failing_llama_bench_is_a_backend_error(tmp_path):
 
 # -- the summary and the report ------------------------------------------------------------
 
-MODES = ("none", "auto", *bench.NATIVE_MODES)
+MODES = ("none", "auto", *bench_modes.NATIVE_MODES)
 
 
-def all_native_records() -> list[bench.Record]:
+def all_native_records() -> list[dict]:
     # prompt: none, auto, draft, ngram, ngram-map-k, ngram-mod, native-none, native-bench
     rows = {
         "1": (10.0, 30.0, 10.0, 15.0, 20.0, 12.0, 8.0, 11.0),  # ngram-map-k is the best
@@ -322,7 +326,7 @@ def all_native_records() -> list[bench.Record]:
 
 
 def test_best_native_is_the_fastest_of_all_four_speculative_native_modes():
-    s = bench.summarize(all_native_records(), MODES, greedy=False)
+    s = bench_summary.summarize(all_native_records(), MODES, greedy=False)
     overall = s["overall"]
     assert overall["auto"]["ratio_to_best_native"] == pytest.approx(
         (30 / 20 * 60 / 50) ** 0.5, abs=1e-4
@@ -344,7 +348,7 @@ def test_best_native_is_the_fastest_of_all_four_speculative_native_modes():
     assert overall["native-ngram-mod"]["ratio_to_native_none"] == pytest.approx(
         (12 / 8 * 50 / 18) ** 0.5, abs=1e-4
     )
-    for mode in bench.NATIVE_MODES:
+    for mode in bench_modes.NATIVE_MODES:
         assert "ratio_to_best_native" not in overall[mode]
     assert "ratio_to_native_bench" not in overall["auto"]
     assert "ratio_to_native_none" not in overall["auto"]
@@ -354,12 +358,12 @@ def test_best_native_is_the_fastest_of_all_four_speculative_native_modes():
 def test_best_native_with_only_the_new_modes():
     keep = ("none", "auto", "native-ngram-map-k", "native-ngram-mod")
     records = [r for r in all_native_records() if r["mode"] in keep]
-    auto = bench.summarize(records, keep, greedy=False)["overall"]["auto"]
+    auto = bench_summary.summarize(records, keep, greedy=False)["overall"]["auto"]
     assert auto["ratio_to_best_native"] == pytest.approx((30 / 20 * 60 / 50) ** 0.5, abs=1e-4)
 
 
 def test_the_report_has_a_column_per_native_reference_and_a_row_per_new_mode():
-    s = bench.summarize(all_native_records(), MODES, greedy=False)
+    s = bench_summary.summarize(all_native_records(), MODES, greedy=False)
     table = bench_report.render_table(s)
     header = table.splitlines()[0]
     assert "| vs none | vs best native | vs native-none | vs llama-bench | acceptance |" in header
@@ -372,7 +376,7 @@ def test_the_report_has_a_column_per_native_reference_and_a_row_per_new_mode():
     assert "| 1.17x | - | - | - |" in rows["native-bench"]
     # Without native-bench, no llama-bench column.
     no_bench = [r for r in all_native_records() if r["mode"] != "native-bench"]
-    table = bench_report.render_table(bench.summarize(no_bench, MODES[:-1], greedy=False))
+    table = bench_report.render_table(bench_summary.summarize(no_bench, MODES[:-1], greedy=False))
     assert "vs llama-bench" not in table and "vs native-none" in table
     text = bench_report.render_markdown(s)
     assert "native-ngram-map-k, native-ngram-mod" in text and "vs llama-bench:" in text

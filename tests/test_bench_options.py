@@ -5,6 +5,7 @@ All over fakes and hand-made records; no timing assertions."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,10 +14,15 @@ import typer
 from typer.testing import CliRunner
 
 from localspec.backend.native import NO_DRAFT_FLAGS, NativeRunner, check_binary
+from localspec.bench import modes as bench_modes
+from localspec.bench import prompts as bench_prompts
 from localspec.bench import report as bench_report
-from localspec.bench import runner as bench
-from localspec.cli import bench as bench_cli
+from localspec.bench import run as bench_cli
+from localspec.bench import runner as bench_runner
+from localspec.bench import summary as bench_summary
+from localspec.bench.records import RunRecord
 from localspec.cli.bench import bench_command
+from localspec.cli.options import ModelChoice
 from localspec.core.engine import SpecDecoder
 from localspec.core.params import GenerationParams
 from localspec.errors import InputError, UsageError
@@ -45,20 +51,20 @@ def test_prompt_file_fills_in_id_category_and_source(tmp_path):
         '{"prompt": "second", "id": "x", "category": "code", "source": "my notes"}',
         '{"prompt": "third", "category": "code", "extra": 1}',
     )
-    prompts = bench.load_prompt_file(path)
+    prompts = bench_prompts.load_prompt_file(path)
     assert prompts == [
-        bench.BenchPrompt("mine", "line-1", "first", str(path)),
-        bench.BenchPrompt("code", "x", "second", "my notes"),
-        bench.BenchPrompt("code", "line-4", "third", str(path)),
+        bench_prompts.BenchPrompt("mine", "line-1", "first", str(path)),
+        bench_prompts.BenchPrompt("code", "x", "second", "my notes"),
+        bench_prompts.BenchPrompt("code", "line-4", "third", str(path)),
     ]
     # --categories filters by the file's own categories, --limit counts per category.
-    assert [p.id for p in bench.load_prompt_file(path, ["code"])] == ["x", "line-4"]
-    assert [p.id for p in bench.load_prompt_file(path, limit=1)] == ["line-1", "x"]
+    assert [p.id for p in bench_prompts.load_prompt_file(path, ["code"])] == ["x", "line-4"]
+    assert [p.id for p in bench_prompts.load_prompt_file(path, limit=1)] == ["line-1", "x"]
     with pytest.raises(UsageError, match="no prompts in category math") as err:
-        bench.load_prompt_file(path, ["math"])
+        bench_prompts.load_prompt_file(path, ["math"])
     assert "mine, code" in err.value.hint
     with pytest.raises(UsageError, match="--limit"):
-        bench.load_prompt_file(path, limit=0)
+        bench_prompts.load_prompt_file(path, limit=0)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +83,7 @@ def test_prompt_file_fills_in_id_category_and_source(tmp_path):
 def test_prompt_file_errors_name_the_file_and_line(tmp_path, lines, needle):
     path = write_lines(tmp_path / "bad.jsonl", *lines)
     with pytest.raises(InputError) as err:
-        bench.load_prompt_file(path)
+        bench_prompts.load_prompt_file(path)
     assert needle in str(err.value) and str(path) in str(err.value)
     assert err.value.hint
 
@@ -85,12 +91,12 @@ def test_prompt_file_errors_name_the_file_and_line(tmp_path, lines, needle):
 def test_a_missing_or_empty_prompt_file_is_an_input_error(tmp_path):
     missing = tmp_path / "nowhere.jsonl"
     with pytest.raises(InputError, match="cannot read the prompt file") as err:
-        bench.load_prompt_file(missing)
+        bench_prompts.load_prompt_file(missing)
     assert str(missing) in str(err.value) and "--prompts" in err.value.hint
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(InputError, match="holds no prompts"):
-        bench.load_prompt_file(empty)
+        bench_prompts.load_prompt_file(empty)
 
 
 # -- cold and warm -------------------------------------------------------------------------
@@ -110,10 +116,10 @@ class StartingStates(FakeBenchSession):
         return super().generate(tokens, params, cancel)
 
 
-def starting_states(cold: bool) -> tuple[StartingStates, list[bench.Record]]:
+def starting_states(cold: bool) -> tuple[StartingStates, list[RunRecord]]:
     session = StartingStates()
-    config = bench.BenchConfig(modes=("none", "model", "auto"), max_tokens=24, cold=cold)
-    records = bench.BenchRunner(session, config).run(fake_prompts())
+    config = bench_runner.BenchConfig(modes=("none", "model", "auto"), max_tokens=24, cold=cold)
+    records = bench_runner.BenchRunner(session, config).run(fake_prompts())
     return session, records
 
 
@@ -142,14 +148,14 @@ def test_warm_runs_carry_what_was_learned_to_the_next_prompt():
 
 def test_trace_keeps_every_round_in_the_records_only():
     session = FakeBenchSession()
-    config = bench.BenchConfig(modes=("none", "auto"), max_tokens=24, trace=True)
-    records = bench.BenchRunner(session, config).run(fake_prompts()[:1])
-    for r in records:
+    config = bench_runner.BenchConfig(modes=("none", "auto"), max_tokens=24, trace=True)
+    records = bench_runner.BenchRunner(session, config).run(fake_prompts()[:1])
+    for r in (record.to_dict() for record in records):
         assert len(r["trace"]) == r["rounds"] > 0
         assert sum(step["emitted"] for step in r["trace"]) == r["generated_tokens"]
         assert {"drafted", "accepted", "seconds", "verify_seconds"} <= set(r["trace"][0])
         json.dumps(r)  # still a JSONL line
-    summary = bench.summarize(records, config.modes, greedy=True)
+    summary = bench_summary.summarize(records, config.modes, greedy=True)
     assert "trace" not in json.dumps(summary)
 
 
@@ -196,14 +202,16 @@ def native_binary(tmp_path: Path, decoded: int) -> Path:
 
 def test_a_native_run_past_max_tokens_is_kept_and_marked(tmp_path):
     session = FakeBenchSession()
-    config = bench.BenchConfig(modes=("none", "native-none"), max_tokens=35, warmup=False)
+    config = bench_runner.BenchConfig(modes=("none", "native-none"), max_tokens=35, warmup=False)
     exact = NativeRunner(native_binary(tmp_path, 35), tmp_path / "t.gguf", None, str)
     over = NativeRunner(native_binary(tmp_path, 36), tmp_path / "t.gguf", None, str)
     tokens = [1, 2, 3]
-    assert "overshoot" not in bench.BenchRunner(session, config, exact).run_native(
+    assert "overshoot" not in bench_runner.BenchRunner(session, config, exact).run_native(
         tokens, "native-none", 35, 0
     )
-    record = bench.BenchRunner(session, config, over).run_native(tokens, "native-none", 35, 0)
+    record = bench_runner.BenchRunner(session, config, over).run_native(
+        tokens, "native-none", 35, 0
+    )
     assert record["generated_tokens"] == 36 and record["overshoot"] == 1
 
 
@@ -216,7 +224,9 @@ def test_the_overshoot_note_says_which_runs_wrote_too_much():
     for r in records:
         if r["mode"] != "none" and r["generated_tokens"] > 100:
             r["overshoot"] = r["generated_tokens"] - 100
-    summary = bench.summarize(records, ("none", "native-draft", "native-none"), greedy=False)
+    summary = bench_summary.summarize(
+        records, ("none", "native-draft", "native-none"), greedy=False
+    )
     assert len(summary["overshoot"]) == 15
     assert summary["overshoot"][0] == {
         "mode": "native-none", "category": "a", "prompt_id": "0",
@@ -227,7 +237,7 @@ def test_the_overshoot_note_says_which_runs_wrote_too_much():
     assert "more tokens than the 100 asked" in note
     assert "native-none: all 8 runs (+1)" in note
     assert "native-draft: 7 of 8 runs (+3): a/0, a/1, a/2, a/3, a/4, a/5 and 1 more" in note
-    clean = bench.summarize([r for r in records if r["mode"] == "none"], ("none",), False)
+    clean = bench_summary.summarize([r for r in records if r["mode"] == "none"], ("none",), False)
     assert clean["overshoot"] == [] and "Note:" not in bench_report.render_table(clean)
 
 
@@ -235,7 +245,7 @@ def test_the_overshoot_note_says_which_runs_wrote_too_much():
 
 
 def test_short_runs_are_left_out_of_the_ratios_and_counted():
-    n = bench.MIN_RATIO_TOKENS
+    n = bench_summary.MIN_RATIO_TOKENS
     records = [
         rec("a", "1", "none", 10.0, 100),
         rec("a", "1", "auto", 20.0, 100),
@@ -246,7 +256,7 @@ def test_short_runs_are_left_out_of_the_ratios_and_counted():
         rec("a", "4", "none", 10.0, n),
         rec("a", "4", "auto", 40.0, n),  # exactly the minimum counts
     ]
-    s = bench.summarize(records, ("none", "auto"), greedy=False)
+    s = bench_summary.summarize(records, ("none", "auto"), greedy=False)
     auto = s["overall"]["auto"]
     assert auto["ratio_to_none"] == pytest.approx((2.0 * 4.0) ** 0.5, rel=1e-4)
     assert auto["short_runs"] == 2
@@ -254,12 +264,12 @@ def test_short_runs_are_left_out_of_the_ratios_and_counted():
     assert s["overall"]["none"]["short_runs"] == 1 and s["overall"]["none"]["ratio_to_none"] == 1
     table = bench_report.render_table(s)
     assert "| a | auto | 4 | 71 | " in table and "2.83x (2 short left out)" in table
-    only_short = bench.summarize(records[2:4], ("none", "auto"), greedy=False)
+    only_short = bench_summary.summarize(records[2:4], ("none", "auto"), greedy=False)
     assert only_short["overall"]["auto"]["ratio_to_none"] is None
     assert "| - (1 short left out) |" in bench_report.render_table(only_short)
 
 
-def native_records() -> list[bench.Record]:
+def native_records() -> list[dict]:
     rows = {  # prompt: none, auto, native-draft, native-ngram, native-none (tok/s)
         "1": (10.0, 30.0, 10.0, 15.0, 8.0),
         "2": (20.0, 60.0, 40.0, 20.0, 50.0),  # native-none is fastest: not a "best native"
@@ -282,7 +292,7 @@ def native_records() -> list[bench.Record]:
 
 def test_ratio_to_best_native_pairs_each_prompt_with_its_fastest_speculative_native_run():
     modes = ("none", "auto", "native-draft", "native-ngram", "native-none")
-    s = bench.summarize(native_records(), modes, greedy=False)
+    s = bench_summary.summarize(native_records(), modes, greedy=False)
     auto, none = s["overall"]["auto"], s["overall"]["none"]
     assert auto["ratio_to_best_native"] == pytest.approx((30 / 15 * 60 / 40) ** 0.5, abs=1e-4)
     assert none["ratio_to_best_native"] == pytest.approx((10 / 15 * 20 / 40) ** 0.5, abs=1e-4)
@@ -302,14 +312,14 @@ def test_ratio_to_best_native_pairs_each_prompt_with_its_fastest_speculative_nat
 
 def test_only_native_none_gives_no_best_native_ratio():
     records = [r for r in native_records() if r["mode"] in ("none", "auto", "native-none")]
-    s = bench.summarize(records, ("none", "auto", "native-none"), greedy=False)
+    s = bench_summary.summarize(records, ("none", "auto", "native-none"), greedy=False)
     assert "ratio_to_best_native" not in s["overall"]["auto"]
     assert s["overall"]["none"]["ratio_to_native_none"] is not None
     assert "vs best native" not in bench_report.render_table(s)
 
 
 def test_the_ceiling_line_names_the_best_batch_and_the_calibrated_one():
-    summary = bench.summarize([rec("a", "1", "none", 10.0, 100)], ("none",), greedy=True)
+    summary = bench_summary.summarize([rec("a", "1", "none", 10.0, 100)], ("none",), greedy=True)
     summary["ceiling"] = {
         "batch": 32, "batch_s": 0.4, "tokens_per_s": 80.0, "plain_tokens_per_s": 20.0,
         "ceiling_ratio": 4.0, "calibrated_tokens_per_s": 70.0, "calibrated_batch": 64,
@@ -342,14 +352,17 @@ def test_bench_help_lists_the_new_options():
 
 
 def args(**changes) -> bench_cli.BenchArgs:
+    """The bench's arguments as the command builds them: the model options, checked as the
+    bench's, and the bench's own."""
+    model_names = {field.name for field in dataclasses.fields(ModelChoice)}
+    model = ModelChoice(**{k: v for k, v in changes.items() if k in model_names})
     base = dict(
         categories=None, limit=None, prompts=None, modes="none,auto", store=None, max_tokens=200,
         temperature=0.0, seed=None, raw=False, cold=True, trace=False, native_bin=None,
-        native_flags="", repeat=1, out=None, chart=False, warmup=True, target=None,
-        draft=None, threads=None, ctx=4096, gpu_layers=None, draft_gpu_layers=None, rpc=None,
-        rpc_timeout=120.0, rpc_split=None, exact=False,
+        native_flags="", repeat=1, out=None, chart=False, warmup=True,
     )  # fmt: skip
-    return bench_cli.BenchArgs(**{**base, **changes})
+    own = {k: v for k, v in changes.items() if k not in model_names}
+    return bench_cli.BenchArgs(**{**base, **own}, pair=model.options(command="bench"))
 
 
 def test_native_bin_alone_adds_all_native_modes(tmp_path):
@@ -360,7 +373,7 @@ def test_native_bin_alone_adds_all_native_modes(tmp_path):
     llama_bench.write_text('#!/bin/sh\necho "-d, --n-depth <n>"\n')
     llama_bench.chmod(0o755)
     chosen, _ = bench_cli._choose_modes(args(native_bin=binary))
-    assert chosen == ("none", "auto", *bench.NATIVE_MODES)
+    assert chosen == ("none", "auto", *bench_modes.NATIVE_MODES)
     chosen, _ = bench_cli._choose_modes(args(native_bin=binary, modes="native-none"))
     assert chosen == ("none", "native-none")
 
@@ -374,7 +387,7 @@ def test_cold_keeps_the_saved_learning_out_and_untouched_warm_uses_it():
 
 def test_auto_chains_loads_the_draft_model_as_auto_does():
     chosen, _ = bench_cli._choose_modes(args(modes="auto-chains"))
-    assert chosen == ("none", bench.CHAINS_MODE)
+    assert chosen == ("none", bench_modes.CHAINS_MODE)
     _, options = bench_cli._settings(args(modes="auto-chains"), chosen)
     assert options.use_draft
     _, options = bench_cli._settings(args(modes="ngram"), ("none", "ngram"))
@@ -429,11 +442,11 @@ def test_a_prompt_file_may_give_each_prompt_a_prediction(tmp_path):
     path.write_text(
         '{"prompt": "fix it", "prediction": "def f():\\n    pass\\n"}\n{"prompt": "plain"}\n'
     )
-    given, plain = bench.load_prompt_file(path)
+    given, plain = bench_prompts.load_prompt_file(path)
     assert given.predicted() == "def f():\n    pass\n" and plain.predicted() is None
     path.write_text('{"prompt": "fix it", "prediction": 3}\n')
     with pytest.raises(InputError, match='"prediction" must be a string'):
-        bench.load_prompt_file(path)
+        bench_prompts.load_prompt_file(path)
 
 
 def test_bench_model_options_reach_the_model_options_and_are_checked_as_bench_s(tmp_path):

@@ -1,6 +1,6 @@
 """Render a bench summary: a Markdown table, summary.md / summary.json, and a speedup chart.
 
-``summary`` is the dict ``localspec.bench.runner.summarize`` returns, extended by the caller with
+``summary`` is the dict ``localspec.bench.summary.summarize`` returns, extended by the caller with
 ``meta`` (models, machine, settings) and ``ceiling`` (``runner.measure_ceiling``).
 ``render_table`` gives the text printed to stdout and saved as summary.md: one row per
 category and mode (``vs none`` notes the short runs it left out; ``vs best native``,
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from localspec.bench.runner import MIN_PLAIN_STEPS, MIN_RATIO_TOKENS
+from localspec.bench.summary import MIN_PLAIN_STEPS, MIN_RATIO_TOKENS
 from localspec.errors import UsageError
 
 OVERALL = "all (geo-mean)"
@@ -153,7 +153,7 @@ def _steady(g: dict[str, Any]) -> str:
 
 def _per_prompt_table(summary: dict[str, Any]) -> list[str]:
     """Per category, each speculative mode's lowest prompt against ``none``, as measured and
-    timed by each run's own plain steps (``runner._steady``)."""
+    timed by each run's own plain steps (``summary._steady``)."""
     groups = [
         (name, mode, g, name == OVERALL)
         for name, modes in [*summary["categories"].items(), (OVERALL, summary["overall"])]

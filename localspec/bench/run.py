@@ -1,0 +1,289 @@
+"""The whole ``localspec bench`` flow, from its typed arguments to its files and exit status.
+
+``run_bench(args, on_progress)`` checks the modes and options before any loading, loads the
+pair once, measures the target's ceiling (its best batch of 16, 32 or 64 tokens), runs the
+shipped prompt sets or the user's ``--prompts`` file in every mode (see ``runner.py`` for
+the protocol; ``--cold``, the default, starts every run with nothing learned and keeps the
+user's saved learning untouched, ``--warm`` lets the controllers learn from prompt to
+prompt; ``--trace`` keeps each run's rounds), appends one JSON line per run to
+``records.jsonl`` as it goes, then writes summary.md, summary.json and speedup.png and
+prints the table to stdout. Progress goes to stderr (model loading through ``on_progress``).
+Ctrl-C stops after the current run and still summarises what was measured; the exit status
+is then ``EXIT_CANCELLED``, else 0. Bad options and inputs raise the errors of
+``localspec.errors``, for the front end to report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import typer
+from pydantic import ValidationError
+
+from localspec import __version__
+from localspec.backend.llama import default_kernels_environ
+from localspec.backend.native import NativeRunner, check_binary
+from localspec.bench import report as bench_report
+from localspec.bench.args import BenchArgs
+from localspec.bench.modes import (
+    BASELINE,
+    NATIVE_BENCH,
+    NATIVE_MODES,
+    STORE_MODE,
+    BenchMode,
+    parse_modes,
+)
+from localspec.bench.prompts import BenchPrompt, load_prompt_file, load_prompts
+from localspec.bench.records import RunRecord
+from localspec.bench.runner import CEILING_BATCHES, BenchConfig, BenchRunner, measure_ceiling
+from localspec.bench.summary import MIN_RATIO_TOKENS, summarize
+from localspec.errors import EXIT_CANCELLED, UsageError
+from localspec.models.resources import cpu_name
+from localspec.progress import Progress
+from localspec.session.open import open_session
+from localspec.session.options import command_line, invalid_value
+from localspec.session.pair import ModelOptions
+from localspec.session.session import Session
+
+
+def _echo(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _out_dir(out: Path | None) -> Path:
+    path = out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
+    if (path / "records.jsonl").exists():
+        raise UsageError(
+            f"{path} already holds bench results", "pass another --out, or remove that folder"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create {path}: {err.strerror}", "pass another --out") from None
+    return path
+
+
+def _detokenizer(model: Any):
+    """Tokens back to text with special tokens spelled out, as the native binary reads it."""
+    info = model.vocab_info()
+
+    def detokenize(tokens: list[int]) -> str:
+        if info.add_bos and tokens and tokens[0] == info.bos:
+            tokens = tokens[1:]  # the binary's tokenizer adds it again
+        data = b"".join(model.token_bytes(t, special=True) for t in tokens)
+        return data.decode("utf-8", errors="replace")
+
+    return detokenize
+
+
+def _progress_line(
+    record: RunRecord, done: int, total: int, baseline: dict[tuple[str, str], RunRecord]
+) -> str:
+    line = (
+        f"[{done}/{total}] {record.category}/{record.prompt_id} {record.mode}: "
+        f"{record.generated_tokens} tokens, {record.decode_tokens_per_s:.1f} tok/s"
+    )
+    base = baseline.get(record.key)
+    if base and record.mode != BASELINE and base.decode_tokens_per_s > 0:
+        line += f" ({record.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x none)"
+    if record.acceptance_rate is not None:
+        line += f", acceptance {record.acceptance_rate:.0%}"
+    return line
+
+
+def _choose_modes(args: BenchArgs) -> tuple[tuple[BenchMode, ...], list[str]]:
+    """The modes to run and the native binary's extra flags, checked before any loading."""
+    chosen = parse_modes(args.modes)
+    if args.store and STORE_MODE not in chosen:
+        chosen = (*chosen, STORE_MODE)
+    if STORE_MODE in chosen and not args.store:
+        raise UsageError(
+            f"mode {STORE_MODE} needs a datastore",
+            "pass --store NAME (localspec datastore list)",
+        )
+    if args.native_bin is not None and not any(m.is_native for m in chosen):
+        chosen = (*chosen, *NATIVE_MODES)
+    if any(m.is_native for m in chosen) and args.native_bin is None:
+        raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
+    if any(m.is_native for m in chosen) and args.pair.rpc:
+        raise UsageError("native modes run on this machine only", "leave out --rpc or them")
+    try:
+        native_args = shlex.split(args.native_flags)
+    except ValueError as err:
+        raise UsageError(f"invalid --native-flags: {err}", "quote it as for a shell") from None
+    if args.native_bin is not None:
+        check_binary(args.native_bin, chosen)  # before minutes of model loading
+    return chosen, native_args
+
+
+def _load_prompts(args: BenchArgs) -> list[BenchPrompt]:
+    cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    if args.prompts is not None:
+        return load_prompt_file(args.prompts, cats, args.limit)
+    return load_prompts(cats, args.limit)
+
+
+def _settings(args: BenchArgs, chosen: tuple[BenchMode, ...]) -> tuple[BenchConfig, ModelOptions]:
+    try:
+        config = BenchConfig(
+            modes=chosen,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            raw=args.raw,
+            warmup=args.warmup,
+            cold=args.cold,
+            trace=args.trace,
+            repeat=args.repeat,
+        )
+        options = ModelOptions(
+            **{
+                **args.pair.model_dump(),
+                "use_draft": any(m.loads_draft_model for m in config.modes),
+                # Only auto-store drafts from a store, and only from those named; no bench
+                # run adds its answers to the user's history.
+                "stores": tuple(args.store or ()),
+                "history": False,
+                # Cold runs neither start from the user's saved learning nor overwrite it
+                # with what one bench prompt taught.
+                "learn": not args.cold,
+            }
+        )
+    except ValidationError as err:
+        raise invalid_value(err, command_line("bench")) from None
+    return config, options
+
+
+def _native_runner(
+    args: BenchArgs, session: Session, chosen: tuple[BenchMode, ...], native_args: list[str]
+) -> NativeRunner | None:
+    if args.native_bin is None:
+        return None
+    native = NativeRunner(
+        args.native_bin,
+        session.target.path,
+        session.draft.path if session.draft is not None else None,
+        _detokenizer(session.target),
+        threads=args.pair.threads,
+        n_ctx=args.pair.n_ctx,
+        extra_args=native_args,
+        env=default_kernels_environ(),
+    )
+    native.check(chosen)
+    return native
+
+
+def _ceiling(session: Session, prompt: str, raw: bool) -> dict[str, Any]:
+    sizes = ", ".join(map(str, CEILING_BATCHES))
+    _echo(f"measuring the target's ceiling (batches of {sizes} tokens, within the context)")
+    ceiling = measure_ceiling(session.target, session.text_tokens(prompt, raw=raw))
+    verify_s = session.costs.verify_s if session.costs is not None else {}
+    if verify_s:
+        k = max(verify_s)  # k drafts: a batch of k + 1 tokens
+        ceiling["calibrated_batch"] = k + 1
+        ceiling["calibrated_tokens_per_s"] = round((k + 1) / verify_s[k], 3)
+    return ceiling
+
+
+def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = None) -> int:
+    """Run ``localspec bench`` with these arguments; the exit status (see the module)."""
+    chosen, native_args = _choose_modes(args)
+    prompts = _load_prompts(args)
+    config, options = _settings(args, chosen)
+    if args.chart:
+        bench_report.require_matplotlib()
+    out_dir = _out_dir(args.out)
+    session = open_session(options, on_progress=on_progress)
+    try:
+        native = _native_runner(args, session, chosen, native_args)
+        runner = BenchRunner(session, config, native)
+        ceiling = _ceiling(session, prompts[0].prompt, args.raw)
+        records, code = _run(runner, prompts, out_dir, len(chosen), config.repeat)
+        meta = _meta(session, config, args, native, len(prompts))
+    finally:
+        session.close()
+    summary = summarize(records, chosen, config.greedy)
+    summary["meta"] = meta
+    summary["ceiling"] = ceiling
+    md, js = bench_report.write_summary(summary, out_dir)
+    typer.echo(bench_report.render_table(summary))
+    written = [str(out_dir / "records.jsonl"), str(md), str(js)]
+    if args.chart and records:
+        written.append(str(bench_report.write_chart(summary, out_dir / "speedup.png")))
+    _echo("wrote " + ", ".join(written))
+    return code
+
+
+def _run(
+    runner: BenchRunner, prompts: list[BenchPrompt], out_dir: Path, n_modes: int, repeat: int
+) -> tuple[list[RunRecord], int]:
+    """Every run, each written to records.jsonl as it ends; Ctrl-C ends early."""
+    records: list[RunRecord] = []
+    baseline: dict[tuple[str, str], RunRecord] = {}
+    times = f" x {repeat} runs" if repeat > 1 else ""
+    _echo(f"running {len(prompts)} prompts x {n_modes} modes{times} (Ctrl-C stops and summarises)")
+    with (out_dir / "records.jsonl").open("w", encoding="utf-8") as fh:
+
+        def on_record(record: RunRecord, done: int, total: int) -> None:
+            fh.write(json.dumps(record.to_dict()) + "\n")
+            fh.flush()
+            records.append(record)
+            if record.mode == BASELINE:
+                baseline[record.key] = record
+            _echo(_progress_line(record, done, total, baseline))
+
+        try:
+            runner.run(prompts, on_record)
+        except KeyboardInterrupt:
+            _echo(f"\ninterrupted: summarising the {len(records)} runs completed")
+            return records, EXIT_CANCELLED
+    return records, 0
+
+
+def _meta(
+    session: Session,
+    config: BenchConfig,
+    args: BenchArgs,
+    native: NativeRunner | None,
+    n_prompts: int,
+) -> dict[str, Any]:
+    """The models, machine and settings of the run, as summary.md lists them."""
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "target": session.target_label,
+        "draft": session.draft_label,
+        "cpu": cpu_name(),
+        "threads": args.pair.threads or os.cpu_count(),
+        "context": args.pair.n_ctx,
+        "prompts": n_prompts,
+        "prompt_file": str(args.prompts) if args.prompts is not None else "shipped sets",
+        "modes": ", ".join(config.modes),
+        "max_tokens": config.max_tokens,
+        "temperature": config.temperature,
+        "seed": config.seed,
+        "chat_template": not config.raw,
+        "cold": config.cold,
+        "repeat": config.repeat,
+        "exact": args.pair.exact,
+        "rpc": [str(e) for e in session.rpc.endpoints] if session.rpc is not None else [],
+        "min_ratio_tokens": MIN_RATIO_TOKENS,
+        # The costs the cost model started from (scripts/break_even.py prices drafters by them).
+        "costs": session.costs.to_dict() if session.costs is not None else None,
+        "localspec": __version__,
+        "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
+    }
+    if native is not None:
+        meta["native_binary"] = str(native.binary)
+        if NATIVE_BENCH in config.modes:
+            meta["native_bench_binary"] = str(native.bench_binary)
+        for mode in config.modes:
+            if mode.is_native:
+                meta[f"{mode} flags"] = native.describe(mode, config.max_tokens, config.temperature)
+    return meta
