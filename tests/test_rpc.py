@@ -429,9 +429,9 @@ async def test_chat_keeps_its_history_when_the_workers_are_lost() -> None:
         assert session.on_lost is not None
         lost = "lost RPC worker 127.0.0.1:50052: Connection reset by peer"
         threading.Thread(target=session.on_lost, args=(lost,)).start()  # as the relay does
-        await wait_for(pilot, lambda: not app.generating)
-        assert app.workers_lost == lost
-        turns = app.conversation.turns
+        await wait_for(pilot, lambda: not app.chat.generating)
+        assert app.chat.workers_lost == lost
+        turns = app.chat.conversation.turns
         assert [t.user for t in turns] == ["first", "second"]
         assert turns[0].answer == "First answer."
         assert (turns[1].answer, turns[1].finish) == ("one two", "error")
@@ -439,8 +439,8 @@ async def test_chat_keeps_its_history_when_the_workers_are_lost() -> None:
         # the autosaved conversation holds the cut answer too
         from localspec.storage.conversations import read_conversation
 
-        assert app.autosave_file is not None
-        saved = read_conversation(app.autosave_file)
+        assert app.chat.autosave_file is not None
+        saved = read_conversation(app.chat.autosave_file)
         assert [m.content for m in saved.messages] == [
             "first", "First answer.", "second", "one two"
         ]  # fmt: skip
@@ -448,7 +448,7 @@ async def test_chat_keeps_its_history_when_the_workers_are_lost() -> None:
         calls = len(session.calls)
         await send(pilot, "third", wait=False)
         await pilot.pause()
-        assert len(session.calls) == calls and len(app.conversation.turns) == 2
+        assert len(session.calls) == calls and len(app.chat.conversation.turns) == 2
         assert seen[-1][1] == lost
         session.release.set()  # let the held fake thread end before the app exits
 
