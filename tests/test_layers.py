@@ -4,9 +4,8 @@ Layers, lowest first: ``errors`` and ``progress`` (values every layer may use); 
 ``backend``; ``models`` (which uses the backend only to measure drafts it derives from a
 target; the backend never imports it); ``storage`` (what is kept on disk: datastores, the
 history of answers, learned state, conversations; nothing in it needs a loaded model);
-``session``; the front ends ``api`` (the Python API,
-one module), ``bench``, ``tui`` and ``serve`` (none imports another); ``cli``, which mounts
-them all.
+``session``; the front ends ``api`` (the Python API), ``bench``, ``tui`` and ``serve``
+(none imports another); ``cli``, which mounts them all.
 Every import in every module counts, including the ones inside functions. The core also
 stays free of I/O-heavy and UI libraries, checked both in its source and in a fresh
 interpreter.
@@ -113,19 +112,19 @@ def test_the_checker_catches_a_leak(tmp_path, monkeypatch):
 
 
 def test_the_api_is_a_front_end_below_the_cli(tmp_path, monkeypatch):
-    """``localspec/api.py`` is a layer of its own: it may use the session, not the CLI's
+    """``localspec/api/`` is a layer of its own: it may use the session, not the CLI's
     helpers (typer) nor another front end."""
-    assert layer_of("api") == "api"
+    assert layer_of("api.speculator") == "api"
     fake = tmp_path / "localspec"
-    fake.mkdir()
-    (fake / "api.py").write_text(
+    (fake / "api").mkdir(parents=True)
+    (fake / "api" / "speculator.py").write_text(
         "import typer\nfrom localspec.session.open import open_session\n"
-        "from localspec.cli.common import parse_generation\nfrom localspec.serve import app\n"
+        "from localspec.cli.options import SamplingChoice\nfrom localspec.serve import app\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
-    found = violations("api")
+    found = violations("api.speculator")
     assert len(found) == 3
-    assert any("localspec.cli.common" in v for v in found)
+    assert any("localspec.cli.options" in v for v in found)
     assert any("localspec.serve" in v for v in found)
     assert any("typer" in v for v in found)
 

@@ -1,5 +1,5 @@
 """``localspec datastore ...``: index your own files for retrieval drafting, and manage the
-stores and the history of answers (session/library.py says where they live).
+stores and the history of answers (storage/library.py says where they live).
 
 Contract: ``datastore_app`` is a Typer sub-app. Every command turns a ``LocalspecError`` into
 ``error: <message>`` and ``hint: <hint>`` on stderr and exits with the error's code; Ctrl-C

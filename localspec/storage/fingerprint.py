@@ -28,7 +28,7 @@ CACHE_ENTRIES = 32
 class Vocabulary(Protocol):
     n_vocab: int
 
-    def vocab_info(self) -> Any: ...  # backend.llama.VocabInfo
+    def vocab_info(self) -> Any: ...  # backend.vocab.VocabInfo
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes: ...
 

@@ -17,7 +17,7 @@ stopped one are ignored once a new conversation has started.
 
 A finished answer shows as Markdown (parsed once, when it finishes); Ctrl+T switches every
 answer between that and its origin-coloured tokens. After each finished answer the
-conversation is saved as JSON in the conversations folder (``session.conversations``)
+conversation is saved as JSON in the conversations folder (``storage.conversations``)
 unless autosave is off; Ctrl+S writes the Markdown transcript and the JSON file to the
 current directory. A conversation given to ``resume`` is shown and continued: its first new
 turn evaluates the earlier prefix, later turns only their new tokens (the session's KV

@@ -7,7 +7,7 @@ transcript) when its answer is empty (stopped before the first token) or when it
 to make room. ``turns_to_drop`` finds how many of the oldest turns must go for a prompt to
 fit; ``save_transcript`` writes the Markdown transcript and the JSON conversation to new,
 timestamped files; ``last_code_block`` finds what Ctrl+O copies. ``to_saved`` and
-``from_saved`` convert to and from the JSON file format (``session.conversations``), which
+``from_saved`` convert to and from the JSON file format (``storage.conversations``), which
 holds finished turns only, without their stats (a resumed turn starts with none).
 """
 

@@ -152,7 +152,7 @@ class Drafter(Protocol):
 
 
 class Corpus(Protocol):
-    """A token corpus to draft from (``session.datastore.TokenIndex``)."""
+    """A token corpus to draft from (``storage.datastore.TokenIndex``)."""
 
     def longest_match(self, context: Sequence[int], n_max: int = 32, n_min: int = 2) -> Any: ...
 

@@ -4,7 +4,7 @@ As REST drafts from a datastore, ``StoreDrafter`` looks the last ``n_max`` commi
 up in token corpora (the user's indexed files, earlier answers) and drafts the continuation
 most occurrences of the longest match share (``copying.vote``). A ``Corpus`` is anything with
 ``longest_match(context, n_max, n_min)`` and ``continuations(match, k, limit)``, as
-``session.datastore.TokenIndex`` has; this module does no I/O of its own.
+``storage.datastore.TokenIndex`` has; this module does no I/O of its own.
 
 Among corpora the longest match wins, then the one with more occurrences. The draft is read
 token by token: at each position the token most still-agreeing occurrences continue with.
