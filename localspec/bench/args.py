@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the CLI imports this module at start; the session's models load later
-    from localspec.session.pair import ModelOptions
+from localspec.session.pair import ModelOptions
 
 
 @dataclass(frozen=True)

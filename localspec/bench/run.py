@@ -143,21 +143,21 @@ def _settings(args: BenchArgs, chosen: tuple[BenchMode, ...]) -> tuple[BenchConf
             trace=args.trace,
             repeat=args.repeat,
         )
-        options = ModelOptions(
-            **{
-                **args.pair.model_dump(),
-                "use_draft": any(m.loads_draft_model for m in config.modes),
-                # Only auto-store drafts from a store, and only from those named; no bench
-                # run adds its answers to the user's history.
-                "stores": tuple(args.store or ()),
-                "history": False,
-                # Cold runs neither start from the user's saved learning nor overwrite it
-                # with what one bench prompt taught.
-                "learn": not args.cold,
-            }
-        )
     except ValidationError as err:
         raise invalid_value(err, command_line("bench")) from None
+    # The pair's options were checked by the command; what the bench sets is its own.
+    options = args.pair.model_copy(
+        update={
+            "use_draft": any(m.loads_draft_model for m in config.modes),
+            # Only auto-store drafts from a store, and only from those named; no bench run
+            # adds its answers to the user's history.
+            "stores": tuple(args.store or ()),
+            "history": False,
+            # Cold runs neither start from the user's saved learning nor overwrite it with
+            # what one bench prompt taught.
+            "learn": not args.cold,
+        }
+    )
     return config, options
 
 

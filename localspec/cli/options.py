@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -25,16 +25,12 @@ from localspec.errors import UsageError
 from localspec.session.options import (
     build_params,
     command_line,
-    invalid_value,
     model_options,
+    pair_options,
     parse_shares,
 )
+from localspec.session.pair import ModelOptions
 from localspec.session.placement import parse_layers
-
-# The session module loads llama.cpp, so ``ModelOptions`` is imported only when options are
-# checked: ``localspec --help`` and ``localspec models list`` start without it.
-if TYPE_CHECKING:
-    from localspec.session.pair import ModelOptions
 
 TargetOpt = Annotated[str | None, typer.Option(help="target: path, catalog name or repo:file")]
 DraftOpt = Annotated[
@@ -128,14 +124,7 @@ class PairChoice:
         values = {**self._values(), **fields}
         if drafter is not None:
             return model_options(drafter, spelling=spelling, **values)
-        from pydantic import ValidationError
-
-        from localspec.session.pair import ModelOptions
-
-        try:
-            return ModelOptions(**values)
-        except ValidationError as err:
-            raise invalid_value(err, spelling) from None
+        return pair_options(spelling=spelling, **values)
 
     def _values(self) -> dict[str, Any]:
         return {

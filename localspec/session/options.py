@@ -9,6 +9,7 @@ command line, ``max_tokens`` and the API's own pointer in Python).
 - ``drafter_mode(value)``: a drafter's name as a ``DrafterMode``;
 - ``build_params(**fields)``: ``GenerationParams``, the fields given as None left at their
   defaults;
+- ``pair_options(**fields)``: ``ModelOptions`` checked, a bad value a ``UsageError``;
 - ``model_options(mode, **fields)``: the ``ModelOptions`` of a pair that runs ``mode``,
   which decides whether the draft is loaded and the machine's costs measured (``self``
   drafts with a draft derived from the target's own layers);
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import UsageError, validation_problem
+from localspec.session.pair import SELF_DRAFT, ModelOptions
 
 # Fields of ModelOptions whose option has another name.
 OPTION_NAMES = {"n_ctx": "ctx", "n_gpu_layers": "gpu_layers"}
@@ -86,11 +88,19 @@ def build_params(*, spelling: Spelling = COMMAND_LINE, **fields: Any) -> Generat
         raise invalid_value(err, spelling) from None
 
 
-def model_options(drafter: DrafterMode, *, spelling: Spelling = COMMAND_LINE, **fields: Any):
+def pair_options(*, spelling: Spelling = COMMAND_LINE, **fields: Any) -> ModelOptions:
+    """``ModelOptions`` of ``fields``; a bad value is a ``UsageError`` worded for ``spelling``."""
+    try:
+        return ModelOptions(**fields)
+    except ValidationError as err:
+        raise invalid_value(err, spelling) from None
+
+
+def model_options(
+    drafter: DrafterMode, *, spelling: Spelling = COMMAND_LINE, **fields: Any
+) -> ModelOptions:
     """The ``ModelOptions`` of a pair that runs ``drafter``; ``use_draft`` and ``calibrate``
     follow from the drafter unless ``fields`` set them."""
-    from localspec.session.pair import SELF_DRAFT, ModelOptions
-
     if drafter.derives_draft:
         if fields.get("draft") not in (None, SELF_DRAFT):
             raise UsageError(
@@ -100,12 +110,10 @@ def model_options(drafter: DrafterMode, *, spelling: Spelling = COMMAND_LINE, **
                 f"{spelling.setting('drafter', 'model')} to draft with that model",
             )
         fields["draft"] = SELF_DRAFT
-    try:
-        return ModelOptions(
-            **{"use_draft": drafter.loads_draft_model, "calibrate": drafter.calibrates, **fields}
-        )
-    except ValidationError as err:
-        raise invalid_value(err, spelling) from None
+    return pair_options(
+        spelling=spelling,
+        **{"use_draft": drafter.loads_draft_model, "calibrate": drafter.calibrates, **fields},
+    )
 
 
 def parse_shares(
