@@ -241,7 +241,7 @@ class ChatApp(App[int]):
         assert session is not None
         self.query(LoadingPanel).remove()
         draft = session.draft_label or "none"
-        self.sub_title = f"{session.target_label} · draft {session.draft_label or 'none'}"
+        self.sub_title = f"{session.target_label} · draft {draft}"
         where = f" ({session.placement.summary()})" if self._placed() else ""
         self._notice(
             f"Ready. Target {session.target_label}, draft {draft}{where}; "
