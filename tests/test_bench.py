@@ -231,6 +231,30 @@ def test_measure_ceiling_caps_the_batches_at_the_context_left():
     assert bench_runner.ceiling_batches(4096, 256) == [16, 32, 64]
 
 
+def test_a_ceiling_after_a_depth_reads_the_context_repeated_to_it():
+    assert bench_runner.ceiling_context([1, 2, 3], 7, 512) == [1, 2, 3, 1, 2, 3, 1]
+    assert len(bench_runner.ceiling_context([1, 2, 3], 5000, 512)) == 512 - 16  # room left
+    assert bench_runner.ceiling_context(list(range(300)), None, 512) == list(range(256))
+    model = TimedFake(n_vocab=24, n_ctx=512)
+    ceiling = bench_runner.measure_ceiling(model, [1, 2, 3], depth=100)
+    assert ceiling["depth"] == 100
+    batches = [(start, n, k) for start, n, k in model.calls if k > 1]
+    assert {(start, n) for start, n, _ in batches} == {(100, 16), (100, 32), (100, 64)}
+
+
+def test_ceilings_are_measured_per_category_where_its_answers_run():
+    session = FakeBenchSession()
+    runner = bench_runner.BenchRunner(session, bench_runner.BenchConfig(max_tokens=40))
+    prompts = fake_prompts()
+    ceilings = runner.ceilings(prompts)
+    assert list(ceilings) == ["code_rewrite", "math"]
+    # The median of each prompt's tokens and half the answer it may write (40 tokens).
+    rewrites = sorted(len(p.prompt) + 20 for p in prompts if p.category == "code_rewrite")
+    assert ceilings["code_rewrite"]["depth"] == int(sum(rewrites) / 2)
+    assert ceilings["math"]["depth"] == len(prompts[2].prompt) + 20
+    assert session.target.cached == []
+
+
 # -- summary arithmetic --------------------------------------------------------------------
 
 
@@ -351,6 +375,33 @@ def test_per_prompt_floor_as_measured_and_by_each_runs_own_plain_steps():
     bare = [rec("chat", "p1", "none", 30.0, 120), rec("chat", "p1", "auto", 25.0, 120)]
     auto = bench_summary.summarize(bare, ("none", "auto"), greedy=True)["overall"]["auto"]
     assert auto["steady_prompts"] == 0 and auto["steady_ratio_to_none"] is None
+
+
+def test_the_share_of_the_ceiling_divides_each_prompts_ratio_by_its_categorys_ceiling():
+    records = [
+        rec("math", "1", "none", 10.0, 100),
+        rec("math", "1", "auto", 15.0, 100),
+        rec("code", "2", "none", 10.0, 100),
+        rec("code", "2", "auto", 30.0, 100),
+        rec("code", "2", "native-ngram", 20.0, 100),
+    ]
+    ceilings = {"math": {"ceiling_ratio": 3.0}, "code": {"ceiling_ratio": 4.0}}
+    summary = bench_summary.summarize(records, ("none", "auto", "native-ngram"), True, ceilings)
+    assert summary["categories"]["math"]["auto"]["of_ceiling"] == pytest.approx(0.5)
+    assert summary["categories"]["code"]["auto"]["of_ceiling"] == pytest.approx(0.75)
+    assert summary["overall"]["auto"]["of_ceiling"] == pytest.approx(
+        math.sqrt(0.5 * 0.75), abs=1e-4
+    )
+    assert "of_ceiling" not in summary["categories"]["code"]["native-ngram"]
+    summary["ceilings"] = {
+        name: {**c, "depth": 900, "batch": 64, "batch_s": 0.5, "plain_tokens_per_s": 30.0}
+        for name, c in ceilings.items()
+    }
+    table = bench_report.render_table(summary)
+    assert "| of ceiling |" in table and "| math | auto | 1 | 100 | 15.0 | 1.50x | 0.50 |" in table
+    assert "- code: 4.00x after 900 tokens of context (a batch of 64 in 500 ms" in table
+    plain = bench_report.render_table(bench_summary.summarize(records, ("none", "auto"), True))
+    assert "of ceiling" not in plain
 
 
 def test_report_files_table_and_chart(tmp_path):
@@ -615,8 +666,9 @@ def test_the_apply_set_is_whole_files_of_this_pythons_standard_library():
 
 def test_auto_prediction_drafts_from_each_prompts_prediction_or_first_code_block():
     session = FakeBenchSession()
+    prompt = session.text_tokens("xyz", raw=False)  # the answer to it is the prediction
     answer = run_to_completion(
-        session.decoder.generate([1, 2, 3], GenerationParams(max_tokens=40, drafter="none"))
+        session.decoder.generate(prompt, GenerationParams(max_tokens=40, drafter="none"))
     ).token_ids
     text = "".join(chr(24 * 5 + t) for t in answer)  # plain_tokens maps it back to answer
     quoting = f"rewrite this:\n```\n{text}\n```\n"

@@ -1,16 +1,17 @@
 """Render a bench summary: a Markdown table, summary.md / summary.json, and a speedup chart.
 
 ``summary`` is the dict ``localspec.bench.summary.summarize`` returns, extended by the caller with
-``meta`` (models, machine, settings) and ``ceiling`` (``runner.measure_ceiling``).
+``meta`` (models, machine, settings), ``ceiling`` (``runner.measure_ceiling``) and
+``ceilings`` (the same per category, at its answers' depth: ``BenchRunner.ceilings``).
 ``render_table`` gives the text printed to stdout and saved as summary.md: one row per
-category and mode (``vs none`` notes the short runs it left out; ``vs best native``,
-``vs native-none`` and ``vs llama-bench`` appear only when the llama.cpp modes they compare
-with ran), a per-prompt table (each
-speculative mode's lowest prompt against ``none``, as measured and timed by each run's own
-plain steps), then notes on native runs that wrote more tokens than asked and the ceiling
-line. ``write_chart`` draws the ratio to
-``none`` per category and mode with matplotlib (Agg backend, imported only here and only
-when asked for, so the rest of the bench runs without it).
+category and mode (``vs none`` notes the short runs it left out; ``of ceiling`` is a mode's
+ratio to ``none`` over its category's ceiling; ``vs best native``, ``vs native-none`` and
+``vs llama-bench`` appear only when the llama.cpp modes they compare with ran), a
+per-prompt table (each speculative mode's lowest prompt against ``none``, as measured and
+timed by each run's own plain steps), then notes on native runs that wrote more tokens than
+asked and the ceiling lines. ``write_chart`` draws the ratio to ``none`` per category and
+mode with matplotlib (Agg backend, imported only here and only when asked for, so the rest
+of the bench runs without it).
 """
 
 from __future__ import annotations
@@ -73,11 +74,16 @@ COLUMNS_AFTER: list[Column] = [
 ]
 
 
+OF_CEILING: Column = ("of ceiling", lambda g: _fmt(g.get("of_ceiling"), ".2f"))
+
+
 def _columns(summary: dict[str, Any]) -> list[Column]:
-    """The table's columns; the native ratios only when some group has them."""
+    """The table's columns; the native ratios and the share of the ceiling only when some
+    group has them."""
     present = {key for g in summary["overall"].values() for key in g}
     native = [column for key, column in NATIVE_COLUMNS.items() if key in present]
-    return [*COLUMNS_BEFORE, *native, *COLUMNS_AFTER]
+    ceiling = [OF_CEILING] if "of_ceiling" in present else []
+    return [*COLUMNS_BEFORE, *ceiling, *native, *COLUMNS_AFTER]
 
 
 def _row(name: str, mode: str, g: dict[str, Any], columns: list[Column]) -> str:
@@ -138,6 +144,19 @@ def _ceiling_lines(ceiling: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _depth_lines(ceilings: dict[str, dict[str, Any]]) -> list[str]:
+    """The ceiling again per category, at the depth where its answers run (``of ceiling``
+    in the table divides by these)."""
+    lines = ["", "The ceiling where each category's answers run (a batch reads the whole context):"]
+    for category, c in ceilings.items():
+        lines.append(
+            f"- {category}: {c['ceiling_ratio']:.2f}x after {c['depth']} tokens of context "
+            f"(a batch of {c['batch']} in {c['batch_s'] * 1000:.0f} ms, "
+            f"{c['plain_tokens_per_s']:.1f} tok/s for a plain step)"
+        )
+    return lines
+
+
 def _lowest(g: dict[str, Any], key: str, overall: bool) -> str:
     low = g.get(key)
     if not low:
@@ -189,6 +208,8 @@ def render_table(summary: dict[str, Any]) -> str:
     lines += _overshoot_note(summary)
     if summary.get("ceiling"):
         lines += _ceiling_lines(summary["ceiling"])
+    if summary.get("ceilings"):
+        lines += _depth_lines(summary["ceilings"])
     return "\n".join(lines)
 
 

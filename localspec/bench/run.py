@@ -1,7 +1,8 @@
 """The whole ``localspec bench`` flow, from its typed arguments to its files and exit status.
 
 ``run_bench(args, on_progress)`` checks the modes and options before any loading, loads the
-pair once, measures the target's ceiling (its best batch of 16, 32 or 64 tokens), runs the
+pair once, measures the target's ceiling (its best batch of 16, 32 or 64 tokens, after a
+short context and again per category where its answers run), runs the
 shipped prompt sets or the user's ``--prompts`` file in every mode (see ``runner.py`` for
 the protocol; ``--cold``, the default, starts every run with nothing learned and keeps the
 user's saved learning untouched, ``--warm`` lets the controllers learn from prompt to
@@ -205,13 +206,16 @@ def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = 
         native = _native_runner(args, session, chosen, native_args)
         runner = BenchRunner(session, config, native)
         ceiling = _ceiling(session, prompts[0].prompt, args.raw)
+        _echo("measuring it again at the depth where each category's answers run")
+        ceilings = runner.ceilings(prompts)
         records, code = _run(runner, prompts, out_dir, len(chosen), config.repeat)
         meta = _meta(session, config, args, native, len(prompts))
     finally:
         session.close()
-    summary = summarize(records, chosen, config.greedy)
+    summary = summarize(records, chosen, config.greedy, ceilings)
     summary["meta"] = meta
     summary["ceiling"] = ceiling
+    summary["ceilings"] = ceilings
     md, js = bench_report.write_summary(summary, out_dir)
     typer.echo(bench_report.render_table(summary))
     written = [str(out_dir / "records.jsonl"), str(md), str(js)]

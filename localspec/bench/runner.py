@@ -26,7 +26,8 @@ plus ``outside_share``: the part of the decode time spent outside llama.cpp
 decoding), ``plain_steps`` and ``plain_step_s`` (how many plain steps the run took, and their
 mean seconds: the machine's speed during that run), and with ``trace`` (the engine's
 per-round list) when the config asks for it. ``measure_ceiling`` times the target's best
-batch throughput. No printing here.
+batch throughput after a given depth of context; ``BenchRunner.ceilings`` measures it per
+category at the depth where that category's answers run. No printing here.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ RECORD_STATS = (
     "tokens_by_origin", "trace",
 )  # fmt: skip
 Measured = dict[str, Any]  # a run's RunRecord fields other than the prompt's and its place
+# Per prompt: its tokens, its prediction's tokens, and the most tokens its answer may have.
+_Prepared = tuple[list[list[int]], list[list[int]], list[int]]
 
 
 class BenchConfig(BaseModel):
@@ -251,18 +254,39 @@ class BenchRunner:
         for mode in self.config.modes:
             self.run_one(tokens, mode, min(WARMUP_TOKENS, self.config.max_tokens), 0)
 
-    def run(
-        self,
-        prompts: Sequence[BenchPrompt],
-        on_record: Callable[[RunRecord, int, int], None] | None = None,
-    ) -> list[RunRecord]:
-        """Run every prompt in every mode; ``on_record(record, done, total)`` after each."""
+    def _prepared(self, prompts: Sequence[BenchPrompt]) -> _Prepared:
         tokenized = [self.session.text_tokens(p.prompt, raw=self.config.raw) for p in prompts]
         predictions = [self._prediction(p) for p in prompts]
         lengths = [
             len(predicted) + ANSWER_SLACK if p.answer_like_prediction else self.config.max_tokens
             for p, predicted in zip(prompts, predictions, strict=True)
         ]
+        return tokenized, predictions, lengths
+
+    def ceilings(self, prompts: Sequence[BenchPrompt]) -> dict[str, dict[str, Any]]:
+        """Per category, the target's ceiling (``measure_ceiling``) at the depth where its
+        answers run: the median, over its prompts, of the prompt's tokens and half the
+        answer it may write. A verify batch costs more the deeper it reads, and more so than
+        a plain step (on a 2-core CPU a batch of 64 took 0.44 s after 256 tokens and 0.64 s
+        after 2,028, a plain step 27 ms and 33 ms), so a ceiling measured after a short
+        context overstates what a whole-file edit could reach."""
+        tokenized, _, lengths = self._prepared(prompts)
+        by_category: dict[str, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            by_category.setdefault(prompt.category, []).append(i)
+        out: dict[str, dict[str, Any]] = {}
+        for category, members in by_category.items():
+            depth = int(statistics.median(len(tokenized[i]) + lengths[i] // 2 for i in members))
+            out[category] = measure_ceiling(self.session.target, tokenized[members[0]], depth)
+        return out
+
+    def run(
+        self,
+        prompts: Sequence[BenchPrompt],
+        on_record: Callable[[RunRecord, int, int], None] | None = None,
+    ) -> list[RunRecord]:
+        """Run every prompt in every mode; ``on_record(record, done, total)`` after each."""
+        tokenized, predictions, lengths = self._prepared(prompts)
         if self.config.warmup and prompts:
             self.warm_up(tokenized[0])
         # Each repeat is a whole interleaved pass, its modes rotated once more, so slow
@@ -298,15 +322,32 @@ def ceiling_batches(n_ctx: int, context_tokens: int) -> list[int]:
     return list(dict.fromkeys(min(b, room) for b in CEILING_BATCHES))
 
 
-def measure_ceiling(model: Any, context: Sequence[int], reps: int = 3) -> dict[str, Any]:
-    """The target's best throughput over batches of 16, 32 and 64 tokens with logits for
-    every position (each the fastest of ``reps`` after a warm-up), vs a plain step.
+def ceiling_context(context: Sequence[int], depth: int | None, n_ctx: int) -> list[int]:
+    """The context to time batches after, leaving room for a batch: ``context`` up to
+    ``CEILING_CONTEXT`` tokens, or when a ``depth`` is given, ``context`` repeated to that
+    many tokens (attention costs the same whatever the tokens are)."""
+    room = n_ctx - CEILING_BATCHES[0]
+    if depth is None:
+        return list(context)[: max(1, min(CEILING_CONTEXT, room))]
+    depth = max(1, min(depth, room))
+    context = list(context) or [0]
+    return (context * (depth // len(context) + 1))[:depth]
 
-    This bounds any lossless speculative method on this machine: no round can emit more
-    than the batch it verified, and no batch worth verifying is cheaper per token than the
-    best one here. ``batch`` is the size that gave the best tokens/s; ``by_batch`` lists all.
+
+def measure_ceiling(
+    model: Any, context: Sequence[int], depth: int | None = None, reps: int = 3
+) -> dict[str, Any]:
+    """The target's best throughput over batches of 16, 32 and 64 tokens with logits for
+    every position after ``context`` (``ceiling_context``: its first ``CEILING_CONTEXT``
+    tokens, or ``depth`` tokens when given), each the
+    fastest of ``reps`` after a warm-up, vs a plain step after the same context.
+
+    This bounds any lossless speculative method at that depth on this machine: no round can
+    emit more than the batch it verified, and no batch worth verifying is cheaper per token
+    than the best one here. ``batch`` is the size that gave the best tokens/s; ``by_batch``
+    lists all; ``depth`` is the context measured after.
     """
-    base = list(context)[: max(1, min(CEILING_CONTEXT, model.n_ctx - CEILING_BATCHES[0]))]
+    base = ceiling_context(context, depth, model.n_ctx)
     sizes = ceiling_batches(model.n_ctx, len(base))
     extra = (base * (max(sizes) // len(base) + 2))[: max(sizes)]
 
@@ -330,6 +371,7 @@ def measure_ceiling(model: Any, context: Sequence[int], reps: int = 3) -> dict[s
         "tokens_per_s": round(batch / batch_s, 3),
         "plain_tokens_per_s": round(1 / plain_s, 3),
         "ceiling_ratio": round(batch * plain_s / batch_s, 3),
+        "depth": len(base),
         "by_batch": [
             {"batch": n, "batch_s": round(s, 6), "tokens_per_s": round(n / s, 3)}
             for n, s in timings

@@ -12,8 +12,10 @@ to ``native-none`` and to ``native-bench`` (``ratio_to_native_none``,
 ``native-bench``, acceptance, mean accepted length, outside share, greedy agreement with
 ``none`` (identical token ids, common-prefix length), for speculative modes the lowest
 per-prompt ratio to ``none`` and the same ratios timed by each run's own plain steps
-(``_steady``), and the list of native runs that overshot. Repeated runs of a prompt and mode
-count once, by their median run. The result is plain JSON data; nothing is printed.
+(``_steady``), the share of the category's ceiling each engine mode reached
+(``of_ceiling``, when ceilings are given), and the list of native runs that overshot.
+Repeated runs of a prompt and mode count once, by their median run. The result is plain
+JSON data; nothing is printed.
 """
 
 from __future__ import annotations
@@ -243,11 +245,15 @@ def median_runs(records: list[RunRecord]) -> list[RunRecord]:
 
 
 def summarize(
-    records: Sequence[RunRecord | dict[str, Any]], modes: Sequence[str], greedy: bool
+    records: Sequence[RunRecord | dict[str, Any]],
+    modes: Sequence[str],
+    greedy: bool,
+    ceilings: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Per category and overall, per mode; ratios are paired with ``none`` per prompt.
     Repeated runs count once each, by their median run (``median_runs``). Records read back
-    from JSON are taken as they are."""
+    from JSON are taken as they are. With ``ceilings`` (per category, as
+    ``runner.measure_ceiling`` gives them) each engine mode also gets ``of_ceiling``."""
     records = median_runs([as_record(r) for r in records])
     refs = _references(records)
     categories = list(dict.fromkeys(r.category for r in records))
@@ -264,4 +270,34 @@ def summarize(
         for mode in modes
         if (mine := [r for r in records if r.mode == mode])
     }
-    return {"categories": by_cat, "overall": overall, "overshoot": overshoots(records)}
+    summary = {"categories": by_cat, "overall": overall, "overshoot": overshoots(records)}
+    if ceilings:
+        _add_ceiling_shares(summary, records, refs, ceilings)
+    return summary
+
+
+def _add_ceiling_shares(
+    summary: dict[str, Any],
+    records: list[RunRecord],
+    refs: _References,
+    ceilings: dict[str, dict[str, Any]],
+) -> None:
+    """``of_ceiling`` for every engine mode with ratios to ``none``: the geometric mean,
+    over its prompts, of each one's ratio to ``none`` over its category's ceiling (the
+    most tokens per plain step a lossless method could reach at that category's depth)."""
+    groups = [
+        *((summary["categories"][c], c) for c in summary["categories"]),
+        (summary["overall"], None),
+    ]
+    for group, category in groups:
+        for mode, g in group.items():
+            if mode in NATIVE_MODES:
+                continue
+            mine = [r for r in records if r.mode == mode and category in (None, r.category)]
+            pairs, _ = paired_runs(mine, refs.baseline)
+            shares = [
+                _ratio(r, ref) / ceilings[r.category]["ceiling_ratio"]
+                for r, ref in pairs
+                if r.category in ceilings
+            ]
+            g["of_ceiling"] = _round(geometric_mean(shares), 4)
