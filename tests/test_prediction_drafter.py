@@ -9,6 +9,8 @@ import pytest
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.costs import CostProfile
 from localspec.core.drafting.base import NOT_CHOSEN, Outcome
+from localspec.core.drafting.copying import HEAD, CopyOffer
+from localspec.core.drafting.follow import RESYNC_MISSES
 from localspec.core.drafting.prediction import PredictionDrafter
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.params import GenerationParams
@@ -176,3 +178,32 @@ def test_a_question_asked_again_is_drafted_from_its_earlier_answer(tiny_pair, mo
     assert again.token_ids == first.token_ids
     assert given[2].prediction == () and given[3].prediction == ()  # another prompt; no auto
     assert other.token_ids and fixed.token_ids
+
+
+def test_a_preamble_of_any_length_waits_for_the_predictions_start():
+    """Chat answers open with a code fence or a sentence before the file: however long,
+    the prediction's start waits, learns no edit from it, and is priced as a long match
+    once the answer has come to it."""
+    d, committed = start()
+    preamble = list(range(60, 60 + 2 * RESYNC_MISSES))  # none of them in the prediction
+    answer(d, committed, preamble)
+    assert d.copy_offer(committed, 64) is None
+    answer(d, committed, [PREDICTION[0]])
+    offer = d.copy_offer(committed, 64)
+    assert offer.head and offer.bucket == HEAD and not offer.resync
+    assert propose(d, committed, 5) == PREDICTION[1:6]
+    assert d.edits == {}
+    pricing = d.pricing
+    resync = CopyOffer(offer.available, resync=True)
+    assert pricing.accepted(offer, 15)[-1] > 2 * pricing.accepted(resync, 15)[-1]
+
+
+def test_an_edit_ends_the_start_and_the_copy_resyncs_as_any_does():
+    d, committed = start()
+    answer(d, committed, [60, 61, 62, PREDICTION[0]])  # a fence, then the prediction
+    written = [*PREDICTION[1:4], 77, *PREDICTION[5:]]  # its fifth token replaced
+    drafted(d, committed, 6, written)
+    answer(d, committed, [written[4]])  # back on the prediction, after the replaced token
+    offer = d.copy_offer(committed, 64)
+    assert offer.resync and not offer.head
+    assert propose(d, committed, 3) == PREDICTION[6:9]

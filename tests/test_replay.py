@@ -54,3 +54,16 @@ def test_a_replay_prices_every_round_at_the_given_costs():
     assert any(r.drafter == "ngram" and r.accepted > 20 for r in replayed.rounds)
     with pytest.raises(ValueError):
         replay(prompt, answer, CPU, GenerationParams(temperature=0.5))
+
+
+def test_a_replay_drafts_from_a_prediction_as_auto_does():
+    prompt = [5, 6, 7]
+    answer = list(range(100, 160))
+    prediction = tuple(range(100, 160))  # ids the prompt and the answer may not hold
+    with_it = replay(prompt, answer, CPU, GenerationParams(max_tokens=60, prediction=prediction))
+    without = replay(prompt, answer, CPU, GenerationParams(max_tokens=60))
+    assert with_it.token_ids == without.token_ids == answer
+    assert any(r.drafter == "prediction" and r.accepted > 10 for r in with_it.rounds)
+    assert with_it.seconds < without.seconds / 2
+    unknown = replay(prompt, answer, CPU, GenerationParams(max_tokens=60, prediction=(999,) * 8))
+    assert unknown.token_ids == answer

@@ -7,7 +7,8 @@ advances a virtual clock by what the evaluation would cost on the machine the co
 measured on (a plain step, a verify batch of k drafts, a draft tree). ``replay`` runs
 ``SpecDecoder.generate`` over it, so a replay makes exactly the engine's choices (a change
 to the engine or the controller shows in the replay without being copied there), and
-returns the rounds and the estimated seconds. Greedy decoding only; no draft model.
+returns the rounds and the estimated seconds. Greedy decoding only; no draft model. A
+prediction in the parameters is drafted from as the prediction drafter drafts in ``auto``.
 
 Token ids are renumbered into a small vocabulary for the replay (the logits rows then stay
 small) and back in what it returns.
@@ -125,8 +126,12 @@ def replay(
     by the real target. ``margin`` replaces the controller's own (a tuning experiment)."""
     if not params.greedy:
         raise ValueError("a replay follows a recorded answer: greedy decoding only")
-    ids = sorted({*prompt, *answer})
+    ids = sorted({*prompt, *answer, *params.prediction})
     index = {t: i for i, t in enumerate(ids)}
+    if params.prediction:
+        params = params.model_copy(
+            update={"prediction": tuple(index[t] for t in params.prediction)}
+        )
     end = len(ids)  # a token of its own after the answer
     stops = frozenset(index[t] for t in ids if ends is not None and ends(t))
     clock = VirtualClock()

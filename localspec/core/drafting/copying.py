@@ -45,6 +45,7 @@ from localspec.core.drafting.base import NOT_CHOSEN, Branching, Offer, Outcome
 # bench's answers (scripts/ngram_replay.py). Which kind of text this is is learned per text
 # (``CopyPricing.copies``).
 BUCKETS = (
+    (-1, 0.73, 0.78),  # HEAD: the answer has come to the prediction's first tokens
     (0, 0.3, 0.25),  # RESYNC: resuming a parted copy
     (1, 0.1, 0.0),
     (2, 0.16, 0.1),
@@ -56,6 +57,10 @@ BUCKETS = (
     (16, 0.92, 0.92),
 )
 RESYNC = 0  # the bucket of drafts that resume a parted copy (``CopyOffer.resync``)
+# The bucket of drafts from a prediction's first tokens, once the answer has come to them
+# (``CopyOffer.head``): as sure as a 12-token match, since the caller said the answer copies
+# the prediction. Replays of the shipped rewrites and file edits drafted best from there.
+HEAD = -1
 COPY_ALPHA = 0.99  # per token along a copy of code (measured)
 STREAK_PRIOR = 0.97  # the previous draft was accepted whole: the copy likely goes on
 # A new text's odds of long copies against the buckets' chances, worth COPY_PSEUDO drafts of
@@ -145,6 +150,7 @@ class CopyOffer:
     match: int = 0  # how many tokens of the suffix matched (the evidence)
     streak: bool = False  # its previous drafts of this copy were accepted whole: it goes on
     resync: bool = False  # resumes a copy that parted a few tokens ago
+    head: bool = False  # reads on from a prediction's first tokens, which the answer has begun
     support: float = 1.0  # share of the match's occurrences that go on as drafted
     # When the occurrences disagree, the share of them that goes on with each distinct next
     # token, the one drafted first (empty: no alternatives).
@@ -153,10 +159,14 @@ class CopyOffer:
     @property
     def bucket(self) -> int:
         """The bucket a match not yet shown to be a copy is priced and graded in."""
+        if self.head:
+            return HEAD
         return RESYNC if self.resync else bucket_of(self.match)
 
     @property
     def evidence(self) -> str:
+        if self.head:
+            return " (the prediction's start)"
         if self.resync:
             return " (resuming a parted copy)"
         if self.match:

@@ -5,10 +5,13 @@ the most part (the old version of a file an edit rewrites). ``PredictionDrafter`
 as prompt lookup reads an earlier occurrence (``core.drafting.follow``), knowing where the
 answer stands in it: its text is the prediction followed by the answer so far, and its
 copy starts at the prediction's first token, so it offers a draft from the answer's first
-token without waiting for a match. As the answer goes on it follows the prediction through
-the edits the answer makes (a replaced or inserted span resyncs, a rename learned once is
-applied again) and, past a longer cut, finds its place again by the longest match of the
-answer's end in the prediction.
+token without waiting for a match. An answer that opens with something else (a code fence,
+"Here is the updated file:") does not lose that place: the prediction's start waits for the
+answer to come to it, and until the copy from there parts or has run a few tokens, its
+drafts are priced as a long match's (``copying.HEAD``). As the answer goes on it follows
+the prediction through the edits the answer makes (a replaced or inserted span resyncs, a
+rename learned once is applied again) and, past a longer cut, finds its place again by the
+longest match of the answer's end in the prediction.
 
 Its offers are priced as every copy is (``copying.CopyPricing``), with odds of long copies
 of its own that start higher than prompt lookup's: a caller who gives a prediction says
@@ -25,6 +28,7 @@ stays exact, as with every drafter.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from difflib import SequenceMatcher
 
 from localspec.core.drafting.base import Resources
@@ -56,6 +60,10 @@ class PredictionDrafter(CopyFollower):
         self.vocab = vocab
         self.prediction: tuple[int, ...] = ()
         self._prompt = 0  # committed tokens before the answer
+        # The answer has not come to the prediction's first token yet (see ``_follow``).
+        self._waiting = False
+        # The copy under way has followed the prediction from its first token, unedited.
+        self._from_head = False
 
     def begin(self, tokens: Sequence[int], params: GenerationParams | None = None) -> None:
         """A new answer after the prompt ``tokens``, predicted by ``params.prediction``."""
@@ -64,8 +72,27 @@ class PredictionDrafter(CopyFollower):
         self.prediction = tuple(prediction[: bad[0]] if bad else prediction)
         self._prompt = len(tokens)
         super().begin(self.prediction, params)
+        self._waiting, self._from_head = bool(self.prediction), False
         if self.prediction:
             self._cursor = Cursor(0)  # the answer starts where the prediction starts
+
+    def _follow(self, i: int, end: int) -> None:
+        """Before the answer has come to the prediction, a token that is not its first is
+        something the answer writes before it (a preamble, a code fence), not an edit:
+        the start waits for the answer however long that takes, and learns nothing."""
+        if self._waiting:
+            if self._cursor is not None and self._run > 0:  # drafts from the start held
+                self._waiting, self._from_head = False, True
+            elif self._tokens[i] == self.prediction[0]:  # the answer came to the start
+                self._waiting, self._from_head = False, True
+                self._cursor, self._run, self._parted = Cursor(1), 1, None
+                return
+            else:
+                self._cursor, self._run, self._parted = None, 0, None
+                return
+        super()._follow(i, end)
+        if self._cursor is None:  # parted: an edit, read on as any copy is
+            self._from_head = False
 
     def _unread(self, committed: Sequence[int]) -> Sequence[int]:
         # The text read is the prediction, then the answer (what follows the prompt).
@@ -78,7 +105,10 @@ class PredictionDrafter(CopyFollower):
         return min(self.n_max, len(self._tokens) - len(self.prediction))
 
     def copy_offer(self, committed: Sequence[int], limit: int) -> CopyOffer | None:
-        return super().copy_offer(committed, limit) if self.prediction else None
+        found = super().copy_offer(committed, limit) if self.prediction else None
+        if found is not None and found.resync and self._from_head and self._run >= 1:
+            return replace(found, resync=False, head=True)  # the answer came to the start
+        return found
 
 
 def build(params: GenerationParams, resources: Resources) -> PredictionDrafter:
