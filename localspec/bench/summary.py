@@ -173,14 +173,35 @@ def _native_ratios(mode: str, records: list[RunRecord], refs: _References) -> di
     return out
 
 
-def _group(mode: str, records: list[RunRecord], refs: _References, greedy: bool) -> dict[str, Any]:
+def _ceiling_share(
+    pairs: list[tuple[RunRecord, RunRecord]], ceilings: dict[str, dict[str, Any]]
+) -> float | None:
+    """The geometric mean, over paired prompts, of each one's ratio to its reference over
+    its category's ceiling (the most tokens per plain step a lossless method could reach at
+    that category's depth)."""
+    shares = [
+        _ratio(r, ref) / ceilings[r.category]["ceiling_ratio"]
+        for r, ref in pairs
+        if r.category in ceilings
+    ]
+    return _round(geometric_mean(shares), 4)
+
+
+def _group(
+    mode: str,
+    records: list[RunRecord],
+    refs: _References,
+    greedy: bool,
+    ceilings: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     tokens = sum(r.generated_tokens for r in records)
     decode = sum(r.decode_s for r in records)
     drafted = sum(r.drafted or 0 for r in records)
     accepted = sum(r.accepted or 0 for r in records)
     with_rounds = [r for r in records if r.rounds]
     with_compute = [r for r in records if r.compute_s is not None]
-    ratios, short = paired_ratios(records, refs.baseline)
+    runs, short = paired_runs(records, refs.baseline)
+    ratios = [_ratio(r, ref) for r, ref in runs]
     rounds = sum(r.rounds for r in with_rounds)
     compute_decode = sum(r.decode_s for r in with_compute)
     compute = sum(r.compute_s for r in with_compute)
@@ -209,6 +230,8 @@ def _group(mode: str, records: list[RunRecord], refs: _References, greedy: bool)
     ]
     if greedy and pairs:
         out["agreement"] = _agreement(pairs)
+    if ceilings and mode not in NATIVE_MODES:
+        out["of_ceiling"] = _ceiling_share(runs, ceilings)
     return out
 
 
@@ -261,43 +284,13 @@ def summarize(
     for cat in categories:
         runs = [r for r in records if r.category == cat]
         by_cat[cat] = {
-            mode: _group(mode, mine, refs, greedy)
+            mode: _group(mode, mine, refs, greedy, ceilings)
             for mode in modes
             if (mine := [r for r in runs if r.mode == mode])
         }
     overall = {
-        mode: _group(mode, mine, refs, greedy)
+        mode: _group(mode, mine, refs, greedy, ceilings)
         for mode in modes
         if (mine := [r for r in records if r.mode == mode])
     }
-    summary = {"categories": by_cat, "overall": overall, "overshoot": overshoots(records)}
-    if ceilings:
-        _add_ceiling_shares(summary, records, refs, ceilings)
-    return summary
-
-
-def _add_ceiling_shares(
-    summary: dict[str, Any],
-    records: list[RunRecord],
-    refs: _References,
-    ceilings: dict[str, dict[str, Any]],
-) -> None:
-    """``of_ceiling`` for every engine mode with ratios to ``none``: the geometric mean,
-    over its prompts, of each one's ratio to ``none`` over its category's ceiling (the
-    most tokens per plain step a lossless method could reach at that category's depth)."""
-    groups = [
-        *((summary["categories"][c], c) for c in summary["categories"]),
-        (summary["overall"], None),
-    ]
-    for group, category in groups:
-        for mode, g in group.items():
-            if mode in NATIVE_MODES:
-                continue
-            mine = [r for r in records if r.mode == mode and category in (None, r.category)]
-            pairs, _ = paired_runs(mine, refs.baseline)
-            shares = [
-                _ratio(r, ref) / ceilings[r.category]["ceiling_ratio"]
-                for r, ref in pairs
-                if r.category in ceilings
-            ]
-            g["of_ceiling"] = _round(geometric_mean(shares), 4)
+    return {"categories": by_cat, "overall": overall, "overshoot": overshoots(records)}
