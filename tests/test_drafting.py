@@ -87,6 +87,36 @@ def test_drafts_passed_over_are_graded_like_drafts():
     assert passed.copies.odds < drafted.copies.odds
 
 
+def test_what_a_draft_accepted_whole_would_have_had_accepted_deeper_is_counted_once():
+    est = AcceptanceEstimate(prior=0.97, extrapolate=True)
+    est.observe(4, 4)
+    est.observe_beyond(4, 3, 2)  # two more would have held, the third parted
+    assert est.tries == [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert est.hits == [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+    est.observe_beyond(4, 3, 0)  # the very next token parted: only it was tested
+    assert est.tries[4:] == [2.0, 1.0, 1.0] and est.hits[4:] == [1.0, 1.0, 0.0]
+
+
+def test_a_copy_whose_deep_tokens_held_again_is_drafted_long_again():
+    """One deep failure shortens a copy's drafts; what the copy went on to write past the
+    shorter drafts, once counted, lengthens them again."""
+    c = Controller(CPU)
+    streak = CopyOffer(64, 32, streak=True)
+    told, untold = CopyPricing(COPY_ODDS), CopyPricing(COPY_ODDS)
+    for pricing in (told, untold):
+        pricing.drafted(streak, 63, 63)
+        for _ in range(3):
+            pricing.drafted(streak, 63, 24)  # edits 25 tokens in
+    short = c.plan([told.offer("ngram", streak)]).k
+    assert short < 63
+    for _ in range(2):
+        for pricing in (told, untold):
+            pricing.drafted(streak, short, short)
+        told.beyond(streak, short, 63 - short, 63 - short)  # the copy went on past them
+    assert c.plan([told.offer("ngram", streak)]).k == 63
+    assert c.plan([untold.offer("ngram", streak)]).k == short
+
+
 def test_passed_over_drafts_of_a_copy_under_way_teach_its_estimate():
     """A copy under way whose estimate is pessimistic (learned from an earlier text whose
     copies parted) is passed over; what its previews would have had accepted raises the

@@ -276,6 +276,47 @@ def test_short_drafts_accepted_whole_in_a_row_add_up_to_a_copy_under_way():
     assert offer is None or not offer.streak
 
 
+def _priced_round(d, toks, k, answer_tokens, accepted):
+    """A round the drafter was offered and chosen for: its pricing learns from it."""
+    d.offer(toks, 64)
+    draft = propose(d, toks, k)
+    toks += answer_tokens
+    d.observe(toks, Outcome(True, len(draft), accepted))
+    return draft
+
+
+def test_a_short_draft_accepted_whole_learns_how_far_the_copy_went_on():
+    """A copy under way drafted shorter than the limit leaves its deeper positions
+    untried; once the answer shows that the copy went on, they count as accepted, so a
+    copy drafted short after one deep failure can be drafted long again."""
+    body = list(range(10, 110))
+    toks = [1, 2, 3, 4, *body, 7, 1, 2, 3, 4]
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    _priced_round(d, toks, 16, body[:17], accepted=16)  # a copy under way
+    assert d.copy_offer(toks, 64).streak
+    _priced_round(d, toks, 10, body[17:28], accepted=10)  # whole, 54 short of the limit
+    (est,) = d.pricing.streaks.values()
+    assert len(est.tries) == 10  # only the drafted depths are known yet
+    for token in body[28:81]:  # the answer goes on along the copy, by plain steps
+        toks.append(token)
+        d.observe(toks)
+    assert len(est.tries) == d.limit
+    assert est.hits[10:] == est.tries[10:] and min(est.tries[10:]) >= 1
+
+
+def test_a_short_draft_whose_copy_parts_right_after_it_learns_that_too():
+    body = list(range(10, 110))
+    toks = [1, 2, 3, 4, *body, 7, 1, 2, 3, 4]
+    d = NgramDrafter(2, 16)
+    d.begin(toks)
+    _priced_round(d, toks, 16, body[:17], accepted=16)
+    _priced_round(d, toks, 10, [*body[17:27], 99], accepted=10)  # the next token parts
+    (est,) = d.pricing.streaks.values()
+    assert len(est.tries) == d.limit  # graded at once: the 11th token was not the copy's
+    assert est.tries[10] == 1 and est.hits[10] == 0 and est.tries[11] == 0
+
+
 # -- disagreeing sources: shares, alternatives, and the branch the target took ---------------
 
 

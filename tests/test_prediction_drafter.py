@@ -11,7 +11,7 @@ from localspec.core.costs import CostProfile
 from localspec.core.drafting.base import NOT_CHOSEN, Outcome
 from localspec.core.drafting.copying import HEAD, CopyOffer
 from localspec.core.drafting.follow import RESYNC_MISSES
-from localspec.core.drafting.prediction import PredictionDrafter
+from localspec.core.drafting.prediction import RESUME_AFTER, PredictionDrafter
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.params import GenerationParams
 from localspec.core.replay import VirtualClock
@@ -207,3 +207,17 @@ def test_an_edit_ends_the_start_and_the_copy_resyncs_as_any_does():
     offer = d.copy_offer(committed, 64)
     assert offer.resync and not offer.head
     assert propose(d, committed, 3) == PREDICTION[6:9]
+
+
+def test_a_copy_that_parted_after_a_long_run_is_resumed_as_at_the_start():
+    """An edit in the middle of a file the answer has been copying for a while: where the
+    answer comes back to the prediction, it is priced as at the prediction's start, not as
+    any resumed copy."""
+    d, committed = start()
+    assert RESUME_AFTER <= 20
+    written = [*PREDICTION[:20], 77, *PREDICTION[21:]]  # the 21st token replaced
+    drafted(d, committed, 24, written)  # 20 followed, then the edit
+    answer(d, committed, [written[21]])  # back on the prediction
+    offer = d.copy_offer(committed, 64)
+    assert offer.head and offer.bucket == HEAD and not offer.resync
+    assert propose(d, committed, 3) == PREDICTION[22:25]

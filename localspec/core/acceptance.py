@@ -89,6 +89,19 @@ class AcceptanceEstimate:
             if i < accepted:
                 self.hits[i] += 1.0
 
+    def observe_beyond(self, offset: int, drafted: int, accepted: int) -> None:
+        """What a draft accepted whole would have had accepted had it been ``drafted``
+        tokens longer: positions ``offset + 1`` on, tested as ``observe`` tests them. The
+        draft itself was observed already (and the decay applied then), so nothing decays
+        here: this only fills in the depths its length kept untried."""
+        while len(self.tries) < offset + drafted:
+            self.hits.append(0.0)
+            self.tries.append(0.0)
+        for i in range(offset, offset + min(drafted, accepted + 1)):
+            self.tries[i] += 1.0
+            if i < offset + accepted:
+                self.hits[i] += 1.0
+
     def to_dict(self) -> dict[str, list[float]]:
         return {
             "hits": [round(h, 4) for h in self.hits],

@@ -20,7 +20,7 @@ Optional capability: a drafter whose sources may disagree (the copying ones) can
 the competing continuations as one draft tree; it then exposes itself as ``branching``
 (a ``Branching``), and its offers price trees (``Offer.tree``). Drafters without it set
 ``branching = None`` and are never planned a tree. ``Previewing`` is what a copying drafter
-shows of a draft a round passed over, for the answer to grade (``copying.PassOver``).
+shows of a draft a round passed over, for the answer to grade (``copying.PassedDraft``).
 
 Optional capability ``Warns``: a drafter that drafts from something that may fail
 outside its control (a datastore on disk) keeps a ``warnings`` list; the engine yields each

@@ -13,7 +13,10 @@ what they have in common:
   streak) is priced by its own estimate per match-length bucket; any other match as a
   mixture: with this text's odds of a long copy it runs on at ``COPY_ALPHA`` a token,
   otherwise it parts at its bucket's rate. The odds are graded from the drafter's drafts
-  and from the drafts rounds passed over (``PassOver``), as the answer goes on.
+  and from the drafts rounds passed over (``PassedDraft``), as the answer goes on; the
+  estimates along a copy under way also from how far the copy went on past a draft
+  accepted whole (``CopyPricing.beyond``), since a draft kept short never tries the
+  depths it might reach again.
 - ``CopyingDrafter``: the protocol's lifecycle around those (offer, observe, learned state),
   for a subclass that finds the copy (``copy_offer``), reads it (``propose``, ``preview``)
   and follows the answer (``advance``).
@@ -299,6 +302,15 @@ class CopyPricing:
         else:
             est.observe(drafted, accepted)
 
+    def beyond(self, found: CopyOffer, offset: int, drafted: int, accepted: int) -> None:
+        """A draft from a copy under way was accepted whole at ``offset`` tokens; the answer
+        has since shown that ``drafted`` more tokens of the copy would have had
+        ``accepted`` accepted. Without this, a copy whose draft once parted deep would be
+        drafted shorter from then on and never show that its deeper tokens hold again."""
+        est = self.estimate(found)
+        if est is not None and drafted > 0:
+            est.observe_beyond(offset, drafted, accepted)
+
     def passed(self, found: CopyOffer, drafted: int, accepted: int) -> None:
         """A round passed over ``found``; the answer has since shown that ``drafted``
         tokens of its continuation would have had ``accepted`` accepted. Free evidence of
@@ -368,6 +380,15 @@ class _Offered:
     at: int  # tokens committed when it was offered
 
 
+@dataclass
+class _Beyond:
+    """What a copy under way would have drafted past a draft accepted whole (``offset``
+    tokens long), graded as the answer goes on (``PassedDraft.verdict``)."""
+
+    offset: int
+    tail: PassedDraft
+
+
 class CopyingDrafter:
     """The drafter protocol around a copy: a subclass finds it (``copy_offer``), reads it
     (``propose``, ``preview``, and ``alternatives``/``take`` if it branches), and follows
@@ -382,12 +403,18 @@ class CopyingDrafter:
         self.limit = limit
         self._offered: _Offered | None = None
         self._passed: PassedDraft | None = None
+        self._beyond: _Beyond | None = None
 
     def copy_offer(self, committed: Sequence[int], limit: int) -> CopyOffer | None:
         raise NotImplementedError
 
     def preview(self, k: int) -> list[int]:
         raise NotImplementedError
+
+    def continuation(self, k: int) -> list[int]:
+        """Up to ``k`` tokens the draft just proposed would have gone on with (none when
+        the drafter cannot say)."""
+        return []
 
     def advance(self, committed: Sequence[int], outcome: Outcome) -> None:
         """Follow the answer to ``committed`` after a round (``outcome``: this drafter's
@@ -396,7 +423,7 @@ class CopyingDrafter:
     def begin_text(self) -> None:
         """A new answer begins: what the drafter keeps of the last one's evidence."""
         self.pricing.new_text()
-        self._offered, self._passed = None, None
+        self._offered, self._passed, self._beyond = None, None, None
 
     def offer(self, committed: Sequence[int], limit: int) -> Offer | None:
         found = self.copy_offer(committed, limit) if limit > 0 else None
@@ -408,12 +435,30 @@ class CopyingDrafter:
         if offered is not None and not outcome.chosen and self._passed is None:
             # What it would have drafted, read before it follows the answer on.
             self._passed = PassedDraft(offered.found, self.preview(COPY_DEPTH), offered.at)
+        if offered is not None and outcome.chosen and self._beyond is None:
+            self._beyond = self._past_draft(offered, outcome)  # read before the copy moves on
         self.advance(committed, outcome)
         if offered is not None and outcome.chosen and outcome.drafted > 0:
             self.pricing.drafted(offered.found, outcome.drafted, outcome.accepted)
         if self._passed is not None and (graded := self._passed.verdict(committed)):
             self.pricing.passed(self._passed.found, *graded)
             self._passed = None
+        if self._beyond is not None and (graded := self._beyond.tail.verdict(committed)):
+            self.pricing.beyond(self._beyond.tail.found, self._beyond.offset, *graded)
+            self._beyond = None
+
+    def _past_draft(self, offered: _Offered, outcome: Outcome) -> _Beyond | None:
+        """For a draft from a copy under way accepted whole and shorter than the longest
+        allowed, the rest of the copy up to that length, to grade once the answer shows it."""
+        drafted = outcome.drafted
+        if not 0 < drafted == outcome.accepted < self.limit:
+            return None
+        if self.pricing.estimate(offered.found) is None:
+            return None
+        tail = self.continuation(self.limit - drafted)
+        if not tail:
+            return None
+        return _Beyond(drafted, PassedDraft(offered.found, tail, offered.at + drafted))
 
     def learned(self) -> dict[str, Any]:
         return self.pricing.learned()

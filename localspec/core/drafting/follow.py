@@ -325,6 +325,12 @@ class CopyFollower(CopyingDrafter):
         self._draft = (planned.start, cursors, planned.run)
         return Draft(self.name, tokens)
 
+    def continuation(self, k: int) -> list[int]:
+        """Up to ``k`` tokens the copy goes on with past the draft just proposed."""
+        if self._draft is None or not self._draft[1]:
+            return []
+        return self.read(self._draft[1][-1], k)[0]
+
     def alternatives(self, k: int, m: int) -> list[list[int]]:
         """Up to ``m`` continuations of up to ``k`` tokens with distinct first tokens, in the
         order of ``CopyOffer.shares``: first what ``propose(k)`` would draft now, then one per

@@ -11,7 +11,8 @@ answer to come to it, and until the copy from there parts or has run a few token
 drafts are priced as a long match's (``copying.HEAD``). As the answer goes on it follows
 the prediction through the edits the answer makes (a replaced or inserted span resyncs, a
 rename learned once is applied again) and, past a longer cut, finds its place again by the
-longest match of the answer's end in the prediction.
+longest match of the answer's end in the prediction; where the answer comes back after an
+edit in a copy it had followed for a while, the copy is priced as at the start again.
 
 Its offers are priced as every copy is (``copying.CopyPricing``), with odds of long copies
 of its own that start higher than prompt lookup's: a caller who gives a prediction says
@@ -40,6 +41,9 @@ NAME = "prediction"
 # Its text's odds of long copies against the match buckets' chances before any evidence:
 # twice prompt lookup's (``copying.COPY_ODDS``), since the caller vouches for it.
 PREDICTION_COPY_ODDS = 1.0
+# A copy of the prediction that parted after following it this far was the answer copying
+# it: an edit interrupts it, and where the answer comes back it goes on copying.
+RESUME_AFTER = 16
 
 
 class PredictionDrafter(CopyFollower):
@@ -64,6 +68,9 @@ class PredictionDrafter(CopyFollower):
         self._waiting = False
         # The copy under way has followed the prediction from its first token, unedited.
         self._from_head = False
+        # The copy parted after following the prediction for ``RESUME_AFTER`` tokens or
+        # more: where the answer comes back to it, it is priced as at the start.
+        self._resumes = False
 
     def begin(self, tokens: Sequence[int], params: GenerationParams | None = None) -> None:
         """A new answer after the prompt ``tokens``, predicted by ``params.prediction``."""
@@ -72,7 +79,7 @@ class PredictionDrafter(CopyFollower):
         self.prediction = tuple(prediction[: bad[0]] if bad else prediction)
         self._prompt = len(tokens)
         super().begin(self.prediction, params)
-        self._waiting, self._from_head = bool(self.prediction), False
+        self._waiting, self._from_head, self._resumes = bool(self.prediction), False, False
         if self.prediction:
             self._cursor = Cursor(0)  # the answer starts where the prediction starts
 
@@ -90,9 +97,14 @@ class PredictionDrafter(CopyFollower):
             else:
                 self._cursor, self._run, self._parted = None, 0, None
                 return
+        run = self._run
         super()._follow(i, end)
-        if self._cursor is None:  # parted: an edit, read on as any copy is
+        if self._cursor is None and self._parted is not None and run:  # parted here: an edit
             self._from_head = False
+            self._resumes = run >= RESUME_AFTER
+        elif self._cursor is None:  # waiting to resync, or its place is lost
+            self._from_head = False
+            self._resumes = self._resumes and self._parted is not None
 
     def _unread(self, committed: Sequence[int]) -> Sequence[int]:
         # The text read is the prediction, then the answer (what follows the prompt).
@@ -106,8 +118,11 @@ class PredictionDrafter(CopyFollower):
 
     def copy_offer(self, committed: Sequence[int], limit: int) -> CopyOffer | None:
         found = super().copy_offer(committed, limit) if self.prediction else None
-        if found is not None and found.resync and self._from_head and self._run >= 1:
-            return replace(found, resync=False, head=True)  # the answer came to the start
+        # The answer came to the prediction's start, or back to a copy it had followed for
+        # a while: priced as at the start.
+        back = self._from_head or self._resumes
+        if found is not None and found.resync and self._run >= 1 and back:
+            return replace(found, resync=False, head=True)
         return found
 
 
