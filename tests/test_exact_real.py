@@ -1,5 +1,5 @@
 """Exact mode on the real default pair (slow): batch-invariant logits, and greedy output
-identical to plain decoding's in every drafter mode."""
+identical to plain decoding's in every drafter mode, and with a prediction."""
 
 from __future__ import annotations
 
@@ -69,6 +69,25 @@ def test_greedy_output_is_plain_decodings_in_every_drafter_mode(real_pair_home, 
             assert same, f"{prompt}: {mode} parted from plain"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["meta"]["exact"] is True
+
+
+def test_greedy_output_with_a_prediction_is_plain_decodings(real_pair_home, tmp_path):
+    """A whole-file edit and a rewrite, each drafted from its prediction (the file, the
+    function it quotes) in ``auto``: the prediction is drafted from, and the answer is
+    plain decoding's, token for token."""
+    home, _, _ = real_pair_home
+    runs = _exact_bench(
+        home,
+        tmp_path / "bench",
+        ["--categories", "apply,code_rewrite", "--limit", "1", "--modes", "none,auto-prediction",
+         "--max-tokens", str(NEW_TOKENS)],
+    )  # fmt: skip
+    assert len(runs) == 2
+    for prompt, by_mode in runs.items():
+        plain, predicted = by_mode["none"], by_mode["auto-prediction"]
+        assert predicted["token_ids"] == plain["token_ids"], prompt
+    apply = next(by_mode for prompt, by_mode in runs.items() if prompt.startswith("apply/"))
+    assert apply["auto-prediction"]["by_drafter"]["prediction"]["accepted"] > 0
 
 
 def test_a_draft_of_the_targets_own_layers_leaves_greedy_output_plain_decodings(
