@@ -78,25 +78,28 @@ class AcceptanceEstimate:
         self.tries = [t * keep for t in self.tries]
 
     def observe(self, drafted: int, accepted: int) -> None:
-        while len(self.tries) < drafted:
-            self.hits.append(0.0)
-            self.tries.append(0.0)
+        self._grow(drafted)
         for i in range(len(self.tries)):
             self.hits[i] *= self.decay
             self.tries[i] *= self.decay
-        for i in range(min(drafted, accepted + 1)):  # positions actually tested
-            self.tries[i] += 1.0
-            if i < accepted:
-                self.hits[i] += 1.0
+        self._count(0, drafted, accepted)
 
     def observe_beyond(self, offset: int, drafted: int, accepted: int) -> None:
         """What a draft accepted whole would have had accepted had it been ``drafted``
         tokens longer: positions ``offset + 1`` on, tested as ``observe`` tests them. The
         draft itself was observed already (and the decay applied then), so nothing decays
         here: this only fills in the depths its length kept untried."""
-        while len(self.tries) < offset + drafted:
+        self._grow(offset + drafted)
+        self._count(offset, drafted, accepted)
+
+    def _grow(self, n: int) -> None:
+        while len(self.tries) < n:
             self.hits.append(0.0)
             self.tries.append(0.0)
+
+    def _count(self, offset: int, drafted: int, accepted: int) -> None:
+        """Positions ``offset + 1`` on of a draft of ``drafted`` with ``accepted`` accepted:
+        those actually tested (up to the first rejected one) and those accepted."""
         for i in range(offset, offset + min(drafted, accepted + 1)):
             self.tries[i] += 1.0
             if i < offset + accepted:

@@ -99,12 +99,12 @@ class PredictionDrafter(CopyFollower):
                 return
         run = self._run
         super()._follow(i, end)
-        if self._cursor is None and self._parted is not None and run:  # parted here: an edit
+        if self._cursor is None:
             self._from_head = False
-            self._resumes = run >= RESUME_AFTER
-        elif self._cursor is None:  # waiting to resync, or its place is lost
-            self._from_head = False
-            self._resumes = self._resumes and self._parted is not None
+            if self._parted is None:  # its place is lost
+                self._resumes = False
+            elif run:  # parted here: an edit
+                self._resumes = run >= RESUME_AFTER
 
     def _unread(self, committed: Sequence[int]) -> Sequence[int]:
         # The text read is the prediction, then the answer (what follows the prompt).
