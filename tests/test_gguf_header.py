@@ -63,3 +63,38 @@ def test_a_sound_header_still_reads(tmp_path):
     path = tmp_path / "ok.gguf"
     path.write_bytes(header(kv_string("general.name", "tiny"), kv_string("a.b", "c")))
     assert gguf.read_metadata(path) == {"general.name": "tiny", "a.b": "c"}
+
+
+def kv_strings(key: str, values: list[str]) -> bytes:
+    return s(key) + struct.pack("<IIQ", ARRAY, STRING, len(values)) + b"".join(map(s, values))
+
+
+def test_a_vocabulary_is_stepped_over_and_the_keys_after_it_still_read(tmp_path):
+    path = tmp_path / "vocab.gguf"
+    tokens = [f"tok{i}" for i in range(50_000)]
+    path.write_bytes(
+        header(kv_strings("tokenizer.ggml.tokens", tokens), kv_string("general.name", "after"))
+    )
+    assert gguf.read_metadata(path) == {"tokenizer.ggml.tokens": None, "general.name": "after"}
+
+
+def test_a_string_in_an_array_that_runs_past_the_end_is_refused(tmp_path):
+    path = tmp_path / "short.gguf"
+    second = struct.pack("<Q", 1000) + b"only a few bytes"  # says 1000 bytes, has fewer
+    array = s("tokens") + struct.pack("<IIQ", ARRAY, STRING, 2) + s("a") + second
+    path.write_bytes(header(array)[:-64])
+    with pytest.raises(ValueError):
+        gguf.read_metadata(path)
+
+
+def test_a_header_is_read_once_per_process_until_the_file_changes(tmp_path, monkeypatch):
+    path = tmp_path / "once.gguf"
+    path.write_bytes(header(kv_string("general.name", "first")))
+    reads = []
+    real = gguf._read_header
+    monkeypatch.setattr(gguf, "_read_header", lambda *a: reads.append(1) or real(*a))
+    assert gguf.read_metadata(path)["general.name"] == "first"
+    assert gguf.read_metadata(path)["general.name"] == "first"
+    assert len(reads) == 1
+    path.write_bytes(header(kv_string("general.name", "second!")))
+    assert gguf.read_metadata(path)["general.name"] == "second!" and len(reads) == 2
