@@ -132,6 +132,14 @@ class FakeBenchSession:
         self.forgotten = 0  # forget_learning calls
         self.store_corpora = []
 
+    @property
+    def has_draft(self):
+        return self.draft is not None
+
+    @property
+    def draft_path(self):
+        return None
+
     def use_stores(self, on):
         self.decoder.corpora = self.store_corpora if on else []
 

@@ -150,7 +150,7 @@ def ngram_auto() -> tuple[Planner, dict]:
     target = FakeModel()
     resources = Resources(costs, target, FakeModel(), lambda: ())
     drafters = build_drafters(GenerationParams(), resources)
-    return Planner(Controller(costs), drafters), drafters
+    return Planner(Controller(costs), drafters, GenerationParams()), drafters
 
 
 def test_learned_state_round_trips_discounted_and_the_texts_copy_odds_start_afresh():

@@ -131,7 +131,7 @@ class Speculator:
     def _check_drafter(self, mode: DrafterMode) -> None:
         """A drafter this pair can run: the draft model it needs was loaded."""
         assert self._session is not None
-        if mode.needs_draft_model and self._session.draft is None:
+        if mode.needs_draft_model and not self._session.has_draft:
             raise UsageError(
                 f"drafter={mode.value!r} needs a draft model, and this pair has none",
                 "load the pair with drafter='auto' or 'model', or use drafter='ngram'",

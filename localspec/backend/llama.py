@@ -21,7 +21,7 @@ import contextlib
 import ctypes
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,9 +120,16 @@ class LoadOptions:
 
 class LlamaModel(LlamaVocabulary, CachedModel):
     def __init__(
-        self, path: Path, options: LoadOptions = LoadOptions(), *, vocab_only: bool = False
+        self,
+        path: Path,
+        options: LoadOptions = LoadOptions(),
+        *,
+        vocab_only: bool = False,
+        abort: Callable[[], bool] | None = None,
     ) -> None:
-        """Load weights and create a context; ``vocab_only`` loads just the tokenizer."""
+        """Load weights and create a context; ``vocab_only`` loads just the tokenizer.
+        ``abort`` is polled while the weights load: once it returns true, llama.cpp stops
+        the load and this raises ``ModelFileError`` (a background load nobody waits for)."""
         super().__init__()
         self.compute_seconds = 0.0  # time inside llama_decode (the bench, the stats' overhead)
         self.refills = 0  # rollbacks done by re-evaluating the prefix (see _remove_from)
@@ -139,7 +146,7 @@ class LlamaModel(LlamaVocabulary, CachedModel):
         self._eog = {}  # is_eog, once per token
         self.exact = options.exact and not vocab_only
         self.tree_seqs = 0  # leaves a draft tree may have (see _tree_capacity)
-        self._load_weights(options, vocab_only)
+        self._load_weights(options, vocab_only, abort)
         if vocab_only:
             self.n_ctx = 0
             return
@@ -148,11 +155,17 @@ class LlamaModel(LlamaVocabulary, CachedModel):
         if self.exact:
             self._check_batch_invariance()
 
-    def _load_weights(self, options: LoadOptions, vocab_only: bool) -> None:
+    def _load_weights(
+        self, options: LoadOptions, vocab_only: bool, abort: Callable[[], bool] | None = None
+    ) -> None:
         ensure_backend()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
         mparams.vocab_only = vocab_only
+        if abort is not None:
+            # llama.cpp stops loading when its progress callback returns false.
+            self._progress = llama_cpp.llama_progress_callback(lambda done, data: not abort())
+            mparams.progress_callback = self._progress
         if options.tensor_split:
             split = list(options.tensor_split)[: llama_cpp.LLAMA_MAX_DEVICES]
             split += [0.0] * (llama_cpp.LLAMA_MAX_DEVICES - len(split))
@@ -164,6 +177,9 @@ class LlamaModel(LlamaVocabulary, CachedModel):
             mparams.use_extra_bufts = False
         clear_llama_log()
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        self._progress = None
+        if not model and abort is not None and abort():
+            raise ModelFileError(f"the load of {self.path.name} was stopped")
         if not model:
             raise ModelFileError(
                 f"llama.cpp could not load {self.path}: {recent_llama_log() or 'no reason given'}",

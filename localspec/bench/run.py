@@ -150,6 +150,8 @@ def _settings(args: BenchArgs, chosen: tuple[BenchMode, ...]) -> tuple[BenchConf
     options = args.pair.model_copy(
         update={
             "use_draft": any(m.loads_draft_model for m in config.modes),
+            # Loaded at once where a mode cannot run without it; else as auto would.
+            "draft_on_demand": not any(m.needs_draft_model for m in config.modes),
             # Only auto-store drafts from a store, and only from those named; no bench run
             # adds its answers to the user's history.
             "stores": tuple(args.store or ()),
@@ -170,7 +172,7 @@ def _native_runner(
     native = NativeRunner(
         args.native_bin,
         session.target.path,
-        session.draft.path if session.draft is not None else None,
+        session.draft_path,
         _detokenizer(session.target),
         threads=args.pair.threads,
         n_ctx=args.pair.n_ctx,

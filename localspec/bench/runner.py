@@ -120,7 +120,7 @@ class BenchRunner:
         if any(m.is_native for m in config.modes) and native is None:
             raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
         for mode in config.modes:
-            if mode.needs_draft_model and session.draft is None:
+            if mode.needs_draft_model and not session.has_draft:
                 raise UsageError(f"mode {mode} needs a draft model", "drop it from --modes")
         if SELF_MODE in config.modes and session.decoder.draft_name != SELF_MODE:
             raise UsageError(

@@ -72,7 +72,7 @@ def measure(options: Any) -> tuple[CostProfile, CostProfile | None]:
             options.model_copy(update={"exact": not options.exact}),
             session.placement,
             session.target.path,
-            session.draft.path if session.draft is not None else None,
+            session.draft_path,
         )
     finally:
         session.close()

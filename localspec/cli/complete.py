@@ -12,6 +12,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
+from localspec.cli import STARTED
 from localspec.cli.common import SystemOpt, cli_errors, echo_progress, read_system
 from localspec.cli.groups import option_groups
 from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
@@ -207,8 +209,11 @@ def run_complete(
 
     running = _Running()
     lost = _on_lost(running, exact=options.exact, json_out=json_out)
+    opening = time.perf_counter()
     session = open_session(options, on_progress=print_warnings, on_lost=lost)
+    running.loaded(opening)
     placement = session.placement
+    slot = session.slot
     try:
         if prediction is not None:
             predicted = tuple(session.plain_tokens(prediction))
@@ -228,6 +233,9 @@ def run_complete(
     totals = finished.stats if finished else running
     if json_out:
         record = _record(finished, running, totals, reason, options.exact, placement)
+        record["timing"] = running.timing()
+        if slot is not None:
+            record["stats"]["draft_model"] = slot.to_dict()
         if params.prediction:  # as OpenAI's usage counts it
             record["prediction"] = _prediction_usage(params.prediction, record["token_ids"])
         sys.stdout.write(json.dumps(record) + "\n")
@@ -235,8 +243,11 @@ def run_complete(
         _write_tail(finished)
     if stats:
         typer.echo(human_stats(totals, reason), err=True)
+        typer.echo(running.timing_line(), err=True)
         if placement:
             typer.echo(f"{placement.summary()} ({placement.reason})", err=True)
+        if slot is not None:
+            typer.echo(slot.summary(), err=True)
     return EXIT_CANCELLED if reason == "cancelled" else 0
 
 
@@ -303,16 +314,54 @@ def _write_tail(finished: Finished | None) -> None:
 
 
 class _Running(GenerationStats):
-    """Totals as the events come, plus the text and ids, for a generation cut short."""
+    """Totals as the events come, plus the text and ids, for a generation cut short, and
+    when the models were loaded and the first token came (from the command's start)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.pieces: list[str] = []
         self.token_ids: list[int] = []
+        self.load_s: float | None = None  # opening the session: resolving, loading, costs
+        self.loaded_at: float | None = None
+        self.first_token_at: float | None = None
+        self.first_token_unix: float | None = None
 
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+    def loaded(self, opening: float) -> None:
+        now = time.perf_counter()
+        self.load_s, self.loaded_at = now - opening, now - STARTED
+
+    def token(self) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter() - STARTED
+            self.first_token_unix = time.time()
+
+    def timing(self) -> dict[str, float | None]:
+        """``--json``'s ``timing``: seconds from the command's start (and the first
+        token's wall-clock time, for a caller that timed the process from outside)."""
+        return {
+            "load_s": _rounded(self.load_s),
+            "loaded_s": _rounded(self.loaded_at),
+            "first_token_s": _rounded(self.first_token_at),
+            "total_s": _rounded(time.perf_counter() - STARTED),
+            "first_token_unix": self.first_token_unix,
+        }
+
+    def timing_line(self) -> str:
+        first = self.first_token_at
+        return (
+            f"time from start: models ready at {self.loaded_at or 0:.2f}s "
+            f"(loading took {self.load_s or 0:.2f}s), first token at "
+            + (f"{first:.2f}s" if first is not None else "none")
+            + f", done at {time.perf_counter() - STARTED:.2f}s"
+        )
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)
 
 
 def _stream(
@@ -328,6 +377,7 @@ def _stream(
             for event in start(cancel):
                 running.observe(event)
                 if isinstance(event, TokenEmitted):
+                    running.token()
                     running.pieces.append(event.text)
                     running.token_ids.append(event.token_id)
                     if not json_out:

@@ -212,7 +212,7 @@ def load_into(state, options, queue_size: int, history: bool = False) -> None:  
         # What auto learns from one client's answers would shape another's next start.
         session.learning = None
     state.model_id = session.target.path.stem
-    state.draft_id = session.draft.path.stem if session.draft is not None else None
+    state.draft_id = session.draft_path.stem if session.draft_path is not None else None
     state.derived_draft = session.decoder.draft_name == "self"
     state.placement = session.placement.to_dict() if session.placement else None
     worker = GenerationWorker(session, max_queue=queue_size, on_client=keep_apart(history))

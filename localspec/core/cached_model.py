@@ -32,7 +32,8 @@ node, as ``keep_path([])`` would, so ``cached`` never parts from the cache. A tr
 bounded by the model: ``tree_seqs`` leaves (one sequence each) and ``n_batch`` tokens in all.
 
 ``TargetModel`` is what the engine needs of a target: a ``CachedModel`` with its tokens'
-bytes and end-of-generation test.
+bytes and end-of-generation test. ``PendingModel`` is a draft model still loading, which the
+engine takes up once it is there.
 """
 
 from __future__ import annotations
@@ -219,3 +220,22 @@ class TargetModel(Protocol):
     def keep_path(self, path: Sequence[int]) -> None: ...
     def token_bytes(self, token: int) -> bytes: ...
     def is_eog(self, token: int) -> bool: ...
+
+
+class PendingModel(Protocol):
+    """A draft model loading while the engine runs (a session's background load).
+
+    ``settled`` turns true once the load has ended, loaded or failed; ``ready()`` is then
+    the model, or None when the load failed, which ``problem`` says; before that it is None.
+    ``wait()`` blocks until the load ends and returns the model, or raises the load's error.
+    """
+
+    @property
+    def settled(self) -> bool: ...
+
+    @property
+    def problem(self) -> str: ...
+
+    def ready(self) -> CachedModel | None: ...
+
+    def wait(self) -> CachedModel: ...

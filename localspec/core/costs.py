@@ -9,14 +9,15 @@ sizes the cost is interpolated but never smoothed over a measured point.
 ``LiveCosts`` corrects the profile's target costs with what rounds actually take, so a
 machine that got busier or quieter since calibrating is judged by its present speed; a
 drafter that times its own work (the draft model) corrects its costs the same way (``Ema``),
-scaled as the target's batches are until it has been timed. Pure arithmetic.
+scaled as the target's batches are until it has been timed. ``could_pay`` says whether a
+drafter could beat plain decoding at all at such costs. Pure arithmetic.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 
 def _positive(value: Any) -> float:
@@ -166,3 +167,25 @@ class LiveCosts:
         if e is None or e.count < 4 * self.min_obs:
             return None
         return e.value / self.base.plain_s
+
+
+class StepCosts(Protocol):
+    """What ``could_pay`` prices with: a ``CostProfile`` or ``LiveCosts``."""
+
+    @property
+    def plain_s(self) -> float: ...
+
+    def verify(self, k: int) -> float: ...
+
+
+def could_pay(costs: StepCosts, limit: int, alpha: float, step_s: float = 0.0) -> bool:
+    """Whether a draft of some length up to ``limit`` could beat a plain step at these
+    costs if each of its tokens were accepted at ``alpha`` and drafting one cost
+    ``step_s`` seconds (0 for drafts that cost nothing to make)."""
+    plain_rate = 1.0 / costs.plain_s
+    hoped = 1.0
+    for k in range(1, limit + 1):
+        hoped += alpha**k
+        if hoped / (costs.verify(k) + k * step_s) > plain_rate:
+            return True
+    return False

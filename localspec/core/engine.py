@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from localspec.core.cached_model import CachedModel, TargetModel
+from localspec.core.cached_model import CachedModel, PendingModel, TargetModel
 from localspec.core.controller import PLAIN_STEP, Controller, Plan
 from localspec.core.costs import CostProfile, LiveCosts
 from localspec.core.drafting.base import (
@@ -140,11 +140,15 @@ class SpecDecoder:
         costs: CostProfile | None = None,
         *,
         clock: Callable[[], float] | None = None,
+        pending_draft: PendingModel | None = None,
     ) -> None:
         """``clock``: what rounds are timed with (default ``time.perf_counter``); a replay
-        gives a virtual one that its models advance by what their evaluations cost."""
+        gives a virtual one that its models advance by what their evaluations cost.
+        ``pending_draft``: a draft model still loading, taken up once it is there (see
+        ``join_draft``)."""
         self.target = target
         self.draft = draft
+        self.pending_draft = pending_draft
         self.clock = clock or time.perf_counter
         self.costs = costs or DEFAULT_COSTS
         self._planners: dict[tuple, Planner] = {}
@@ -161,11 +165,13 @@ class SpecDecoder:
         self._planners.clear()
         self.restored = None
 
-    def _drafters(self, params: GenerationParams, costs: LiveCosts) -> dict[str, Drafter]:
-        resources = Resources(
+    def _resources(self, costs: LiveCosts) -> Resources:
+        return Resources(
             costs, self.target, self.draft, lambda: self.corpora, self.clock, self.draft_name
         )
-        return build_drafters(params, resources)
+
+    def _drafters(self, params: GenerationParams, costs: LiveCosts) -> dict[str, Drafter]:
+        return build_drafters(params, self._resources(costs))
 
     def planner_for(self, params: GenerationParams) -> Planner:
         """One controller and its drafters per mode and limits, kept across calls so what
@@ -183,11 +189,37 @@ class SpecDecoder:
                 trees=params.trees and self.target.supports_trees,
                 max_branches=tree_shape(self.target)[0],
             )
-            planner = Planner(controller, self._drafters(params, controller.costs))
+            planner = Planner(controller, self._drafters(params, controller.costs), params)
             if self.restored is not None and params.drafter.learns:
                 restore_drafters(planner.drafters, self.restored, RESTORE_KEEP)
             self._planners[key] = planner
         return self._planners[key]
+
+    def join_draft(self, *, wait: bool = False) -> list[str]:
+        """Take up the draft model of ``pending_draft`` once its load has ended (``wait``:
+        wait for that; a failed load then raises its error): the planners whose mode drafts
+        with it gain its drafters, weighed after their others, restored from what was
+        learned before. Returns the names of the drafters added (none while it loads)."""
+        pending = self.pending_draft
+        if pending is None or not (wait or pending.settled):
+            return []
+        model = pending.wait() if wait else pending.ready()
+        self.pending_draft = None
+        if model is None:
+            return []
+        self.draft = model
+        added: list[str] = []
+        for planner in self._planners.values():
+            fresh = build_drafters(
+                planner.params,
+                self._resources(planner.controller.costs),
+                draft_model_only=True,
+            )
+            if self.restored is not None and planner.params.drafter.learns:
+                restore_drafters(fresh, self.restored, RESTORE_KEEP)
+            planner.drafters.update(fresh)
+            added += [name for name in fresh if name not in added]
+        return added
 
     def learned(self, params: GenerationParams) -> dict[str, Any]:
         """What the drafters of ``params``' mode learned (for ``restored``, another time)."""
@@ -203,7 +235,10 @@ class SpecDecoder:
     def check(self, prompt: list[int], params: GenerationParams) -> None:
         """Raise what ``generate`` would raise for this prompt before its first event
         (``ContextOverflowError`` for a prompt the context cannot hold, ``InputError`` for
-        an empty one or a drafter without its draft model), without running it."""
+        an empty one or a drafter without its draft model), without running it. A drafter
+        that cannot run without the draft model waits here for a load under way."""
+        if params.drafter.needs_draft_model:
+            self.join_draft(wait=True)
         n_ctx = self.target.n_ctx
         if not prompt:
             raise empty_input()
@@ -277,6 +312,8 @@ class SpecDecoder:
 
     def _round(self, run: _Run) -> Generator[Event, None, FinishReason | None]:
         """One draft-verify round; returns why generation ends, or None to go on."""
+        if self.pending_draft is not None:
+            yield from self._take_up_draft(run)
         t_round = self.clock()
         compute = self._compute(run)
         room = self.target.n_ctx - len(run.committed)
@@ -322,6 +359,22 @@ class SpecDecoder:
         yield run.emit(event)
         yield from self._drafter_warnings(run)
         return outcome.reason
+
+    def _take_up_draft(self, run: _Run) -> Iterator[Event]:
+        """Between rounds: a draft model whose load has ended drafts from this round on
+        (its drafters begin on the text so far); a failed load is said once."""
+        pending = self.pending_draft
+        assert pending is not None
+        if not pending.settled:
+            return
+        problem = pending.problem
+        added = self.join_draft()
+        if problem and not added:
+            yield run.emit(EngineWarning(f"drafting without the draft model: {problem}"))
+        run.timed = self._timed()
+        for name in added:
+            if name in run.drafters:
+                run.drafters[name].begin(run.committed, run.params)
 
     @staticmethod
     def _drafter_warnings(run: _Run) -> Iterator[Event]:

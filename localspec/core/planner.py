@@ -14,6 +14,7 @@ from typing import Any
 
 from localspec.core.controller import Controller
 from localspec.core.drafting.base import Drafter
+from localspec.core.params import GenerationParams
 
 RESTORE_KEEP = 0.5  # what a new process keeps of the evidence an earlier one saved
 
@@ -22,6 +23,7 @@ RESTORE_KEEP = 0.5  # what a new process keeps of the evidence an earlier one sa
 class Planner:
     controller: Controller
     drafters: dict[str, Drafter]
+    params: GenerationParams  # the mode and limits its drafters were built for
 
     def learned(self) -> dict[str, Any]:
         """What the drafters learned, as plain data: one entry per drafter."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,11 +150,18 @@ def candidate_subsets(n_layers: int) -> list[tuple[str, tuple[int, ...]]]:
 # --- measurement ----------------------------------------------------------------------
 
 
-def load_derived(path: Path, options: LoadOptions, target: str = "TARGET") -> LlamaModel:
+def load_derived(
+    path: Path,
+    options: LoadOptions,
+    target: str = "TARGET",
+    *,
+    abort: Callable[[], bool] | None = None,
+) -> LlamaModel:
     """Load a derived draft; llama.cpp's refusal is a ``ModelFileError`` that says how to
-    make the file again (``target`` names the target in that hint)."""
+    make the file again (``target`` names the target in that hint). ``abort`` as for
+    ``LlamaModel``."""
     try:
-        return LlamaModel(path, options)
+        return LlamaModel(path, options, abort=abort)
     except ModelFileError as err:
         raise ModelFileError(
             f"llama.cpp cannot load the derived draft {path}: {err.message}",

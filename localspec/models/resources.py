@@ -10,6 +10,8 @@ this is advice, and the load itself reports broken files. The header is untruste
 beyond ``MAX_*`` (far past any real model) count as unreadable too, so a crafted
 ``block_count`` neither raises nor allocates.
 
+``model_name(path)`` is a model's name as its header gives it (its file's stem otherwise).
+
 ``footprint(path, n_ctx)`` describes a model for GPU placement: its offloadable layers
 (llama.cpp counts the blocks and the output layer), its weights and its KV cache; its
 ``needed(n)`` is the GPU memory ``n`` offloaded layers take.
@@ -107,6 +109,15 @@ class Footprint:
         weights = self.weights * n // self.layers
         kv = self.kv * min(n, blocks) // blocks
         return weights + kv + GPU_COMPUTE_ALLOWANCE
+
+
+def model_name(path: Path) -> str:
+    """The model's ``general.name`` from its header, else the file's stem."""
+    try:
+        name = read_metadata(path).get("general.name")
+    except (OSError, ValueError):
+        name = None
+    return name if isinstance(name, str) and name.strip() else Path(path).stem
 
 
 def footprint(path: Path, n_ctx: int) -> Footprint:

@@ -26,11 +26,13 @@ from localspec.backend.devices import gpu_devices, gpu_hardware
 from localspec.backend.llama import LlamaModel, LoadOptions, exact_kernels
 from localspec.backend.rpc import RpcLink, attach, parse_endpoints
 from localspec.core.costs import CostProfile
+from localspec.core.params import GenerationParams
 from localspec.errors import IncompatibleModelsError, UsageError, WorkersLostError, exit_with
-from localspec.models.resources import footprint
+from localspec.models.resources import footprint, model_name
 from localspec.progress import OnProgress, ProgressKind, tell
 from localspec.session.calibrate import file_identity, machine_key
-from localspec.session.costcache import step_costs
+from localspec.session.costcache import cached_costs, step_costs
+from localspec.session.draftslot import DraftDecision, DraftPlan, DraftSlot, plan_draft
 from localspec.session.pair import SELF_DRAFT, ModelOptions, resolve_pair
 from localspec.session.placement import ALL, ModelPlace, Placement, place
 from localspec.session.session import Session
@@ -40,6 +42,8 @@ from localspec.storage.library import HISTORY, Library, vocabulary_fingerprint
 from localspec.storage.store import STATE_ERRORS
 
 LostHandler = Callable[[str], None]
+# The draft length the draft model is judged by before loading it: the drafter's default.
+DEFAULT_DRAFT_MAX = GenerationParams.model_fields["draft_max"].default
 
 
 def _exit_on_loss(message: str) -> None:
@@ -63,12 +67,14 @@ def open_session(
     target_path, draft_path = resolve_pair(options, on_progress)
     rpc = _connect(options, on_lost, on_progress)
     placement = plan_placement(options, target_path, draft_path)
-    _warn_before_loading(options, placement, rpc, target_path, draft_path, on_progress)
-    target, draft, costs, costs_file = _load_pair(
-        options, placement, rpc, target_path, draft_path, on_progress
+    decision = _draft_decision(options, placement, target_path, draft_path)
+    loaded_draft = draft_path if decision and decision.plan is not DraftPlan.ON_DEMAND else None
+    _warn_before_loading(options, placement, rpc, target_path, loaded_draft, on_progress)
+    target, slot, costs, costs_file = _load_pair(
+        options, placement, rpc, target_path, draft_path, decision, on_progress
     )
-    session = Session(target, draft, costs, costs_file, rpc=rpc, placement=placement)
-    if draft is not None and options.draft == SELF_DRAFT:
+    session = Session(target, None, costs, costs_file, rpc=rpc, placement=placement, slot=slot)
+    if slot is not None and options.draft == SELF_DRAFT:
         session.decoder.draft_name = SELF_DRAFT  # its drafts are labelled as the target's own
     if options.calibrate and options.learn:
         _restore_learning(session, target_path, draft_path, on_progress)
@@ -107,15 +113,33 @@ def _warn_before_loading(
             tell(on_progress, memory_warning, ProgressKind.WARNING)
 
 
+def _draft_decision(
+    options: ModelOptions, placement: Placement, target_path: Path, draft_path: Path | None
+) -> DraftDecision | None:
+    """When the draft model is loaded (session/draftslot.py); None without one."""
+    if draft_path is None:
+        return None
+    optional = options.draft_on_demand
+    cached = cached_costs(options, placement, target_path, draft_path) if optional else None
+    return plan_draft(
+        cached,
+        DEFAULT_DRAFT_MAX,
+        optional=optional,
+        measuring=options.calibrate and (options.recalibrate or cached is None),
+    )
+
+
 def _load_pair(
     options: ModelOptions,
     placement: Placement,
     rpc: RpcLink | None,
     target_path: Path,
     draft_path: Path | None,
+    decision: DraftDecision | None,
     on_progress: OnProgress | None,
-) -> tuple[LlamaModel, LlamaModel | None, CostProfile | None, Path | None]:
-    """Both models loaded, the draft checked against the target, and their costs; what was
+) -> tuple[LlamaModel, DraftSlot | None, CostProfile | None, Path | None]:
+    """The target loaded, the draft loaded now, or in the background, or left for later as
+    ``decision`` says (checked against the target once loaded), and their costs; what was
     loaded is freed again if a later step fails."""
     load = LoadOptions(
         n_ctx=options.n_ctx,
@@ -127,20 +151,50 @@ def _load_pair(
     if options.exact:
         exact_kernels()  # process-wide, so before either model evaluates anything
     target = _load_target(options, target_load, placement, rpc, target_path, on_progress)
-    draft = None
+    slot = None
     try:
-        if draft_path is not None:
-            draft = _load_draft(options, load, placement, draft_path, target_path, on_progress)
-            _check_vocabularies(target, draft, target_path, draft_path, on_progress)
+        if draft_path is not None and decision is not None:
+            slot = _draft_slot(options, load, placement, target, draft_path, decision, on_progress)
+        draft = slot.model if slot is not None else None
         costs, costs_file = step_costs(
             options, placement, target, draft, target_path, draft_path, on_progress
         )
     except BaseException:
         target.close()
-        if draft is not None:
-            draft.close()
+        if slot is not None:
+            slot.close()
         raise
-    return target, draft, costs, costs_file
+    if slot is not None and decision is not None and decision.plan is DraftPlan.BACKGROUND:
+        slot.start()
+    return target, slot, costs, costs_file
+
+
+def _draft_slot(
+    options: ModelOptions,
+    load: LoadOptions,
+    placement: Placement,
+    target: LlamaModel,
+    draft_path: Path,
+    decision: DraftDecision,
+    on_progress: OnProgress | None,
+) -> DraftSlot:
+    """The draft's slot: loaded and checked now (``NOW``), or with a loader that does so
+    later, quietly, in whatever thread asks."""
+    target_path = target.path
+
+    def loader(abort: Callable[[], bool], report: OnProgress | None = None) -> LlamaModel:
+        draft = _load_draft(options, load, placement, draft_path, target_path, report, abort)
+        try:
+            _check_vocabularies(target, draft, target_path, draft_path, report)
+        except BaseException:
+            draft.close()
+            raise
+        return draft
+
+    if decision.plan is DraftPlan.NOW:
+        model = loader(lambda: False, on_progress)
+        return DraftSlot(draft_path, decision, model=model)
+    return DraftSlot(draft_path, decision, loader, label=model_name(draft_path))
 
 
 def _target_load(options: ModelOptions, load: LoadOptions) -> LoadOptions:
@@ -183,6 +237,7 @@ def _load_draft(
     draft_path: Path,
     target_path: Path,
     on_progress: OnProgress | None,
+    abort: Callable[[], bool] | None = None,
 ) -> LlamaModel:
     draft_place = placement.draft
     assert draft_place is not None
@@ -192,8 +247,8 @@ def _load_draft(
     if options.draft == SELF_DRAFT:  # a file localspec wrote: its hint says re-derive
         from localspec.models.selfdraft import load_derived
 
-        return load_derived(draft_path, draft_load, str(target_path))
-    return LlamaModel(draft_path, draft_load)
+        return load_derived(draft_path, draft_load, str(target_path), abort=abort)
+    return LlamaModel(draft_path, draft_load, abort=abort)
 
 
 def _check_vocabularies(

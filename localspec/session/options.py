@@ -11,7 +11,8 @@ command line, ``max_tokens`` and the API's own pointer in Python).
   defaults;
 - ``pair_options(**fields)``: ``ModelOptions`` checked, a bad value a ``UsageError``;
 - ``model_options(mode, **fields)``: the ``ModelOptions`` of a pair that runs ``mode``,
-  which decides whether the draft is loaded and the machine's costs measured (``self``
+  which decides whether the draft is loaded (at once, or only where it may pay) and the
+  machine's costs measured (``self``
   drafts with a draft derived from the target's own layers);
 - ``parse_shares(value)``: the share of the target's layers per RPC worker;
 - ``invalid_value(error)``: a pydantic ``ValidationError`` of option values as a
@@ -110,10 +111,12 @@ def model_options(
                 f"{spelling.setting('drafter', 'model')} to draft with that model",
             )
         fields["draft"] = SELF_DRAFT
-    return pair_options(
-        spelling=spelling,
-        **{"use_draft": drafter.loads_draft_model, "calibrate": drafter.calibrates, **fields},
-    )
+    implied = {
+        "use_draft": drafter.loads_draft_model,
+        "draft_on_demand": drafter.loads_draft_model and not drafter.needs_draft_model,
+        "calibrate": drafter.calibrates,
+    }
+    return pair_options(spelling=spelling, **{**implied, **fields})
 
 
 def parse_shares(

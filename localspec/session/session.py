@@ -33,6 +33,7 @@ from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import Event, Finished, FinishReason
 from localspec.core.params import GenerationParams
+from localspec.session.draftslot import DraftSlot
 from localspec.session.placement import Placement
 from localspec.session.prompts import Prompts
 from localspec.storage.answers import KeptAnswers
@@ -53,29 +54,59 @@ class Session:
         learning: tuple[LearningStore, str] | None = None,
         rpc: RpcLink | None = None,
         placement: Placement | None = None,
+        slot: DraftSlot | None = None,
     ) -> None:
+        """``draft``: a loaded draft model; or ``slot``: the pair's draft model, loaded at
+        once, in the background or when needed (session/draftslot.py)."""
         self.target = target
         self.rpc = rpc  # the workers the target runs on, if any
         self.placement = placement  # where each model runs, and why
         self.closed = False
         self.costs_file = costs_file
-        self.draft = draft
+        self.slot = slot
+        self._draft = draft
         self.costs = costs
-        self.decoder = SpecDecoder(target, draft, costs)
+        if slot is not None and slot.model is not None:
+            draft = slot.model
+        pending = slot if slot is not None and draft is None else None
+        self.decoder = SpecDecoder(target, draft, costs, pending_draft=pending)
         self.learning = learning  # where the auto controller's evidence is kept, and its key
         self.warnings: list[str] = []
         self.n_ctx = target.n_ctx
         self.prompts = Prompts(target)
         self.target_label = self.prompts.label
-        self.draft_label = draft.description() if draft is not None else None
-        # The files loaded, as resolved: a saved chat names them to be continued with them.
+        if slot is not None:
+            self.draft_label: str | None = slot.label
+        else:
+            self.draft_label = draft.description() if draft is not None else None
+        # The files of the pair, as resolved: a saved chat names them to be continued with
+        # them (the draft's even where it was not loaded: it is the pair's).
         self.target_path: Path | None = target.path
-        self.draft_path: Path | None = draft.path if draft is not None else None
+        self.draft_path: Path | None = (
+            slot.path if slot is not None else draft.path if draft is not None else None
+        )
         self.fim = self.prompts.fim
         self.store_corpora: list[tuple[str, Any]] = []  # the datastores auto may draft from
         # The histories answers are kept in and drafted from (storage/answers.py).
         self.answers: list[KeptAnswers] = []
         self._stores_on = True
+
+    # -- the draft model --------------------------------------------------------------------
+
+    @property
+    def draft(self) -> LlamaModel | None:
+        """The draft model if it is loaded now (it may load later: ``has_draft``)."""
+        return self.slot.model if self.slot is not None else self._draft
+
+    @property
+    def has_draft(self) -> bool:
+        """Whether the pair has a draft model, loaded or not: a drafter that needs it then
+        waits for its load."""
+        return self.slot is not None or self._draft is not None
+
+    def draft_status(self) -> dict[str, Any] | None:
+        """What became of the draft model and why (``--json``); None without one."""
+        return self.slot.to_dict() if self.slot is not None else None
 
     # -- datastores -------------------------------------------------------------------------
 
@@ -109,8 +140,9 @@ class Session:
     def forget_context(self) -> None:
         """Empty both models' caches: the next prompt is evaluated whole."""
         self.target.reset()
-        if self.draft is not None:
-            self.draft.reset()
+        draft = self.draft
+        if draft is not None:
+            draft.reset()
 
     def restart_learning(self) -> None:
         """The drafters and controllers as this session restored them at start: nothing
@@ -258,7 +290,9 @@ class Session:
         if self.rpc is not None and self.rpc.lost:
             return  # freeing a target whose workers are gone would wait on them forever
         self.target.close()
-        if self.draft is not None:
-            self.draft.close()
+        if self.slot is not None:
+            self.slot.close()
+        elif self._draft is not None:
+            self._draft.close()
         if self.rpc is not None:
             self.rpc.close()

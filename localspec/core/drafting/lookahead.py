@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from localspec.core.acceptance import AcceptanceEstimate, TextCount
-from localspec.core.costs import LiveCosts
+from localspec.core.costs import LiveCosts, could_pay
 from localspec.core.drafting.base import Draft, Offer, Outcome, Resources
 from localspec.core.params import GenerationParams
 from localspec.core.tree import MAX_BRANCHES, ROOT
@@ -115,13 +115,7 @@ class LookaheadDrafter:
     def could_pay(self) -> bool:
         """Whether a draft of some length could beat a plain step here if each of its
         tokens were accepted at ``HOPED_ALPHA`` (drafting itself costs nothing)."""
-        plain_rate = 1.0 / self.costs.plain_s
-        hoped = 1.0
-        for k in range(1, self.limit + 1):
-            hoped += HOPED_ALPHA**k
-            if hoped / self.costs.verify(k) > plain_rate:
-                return True
-        return False
+        return could_pay(self.costs, self.limit, HOPED_ALPHA)
 
     def offer(self, committed: Sequence[int], limit: int) -> Offer | None:
         self._before = len(committed)

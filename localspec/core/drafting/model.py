@@ -31,7 +31,7 @@ import numpy as np
 
 from localspec.core.acceptance import OPTIMISTIC_ALPHA, AcceptanceEstimate, TextCount
 from localspec.core.cached_model import CachedModel, common_prefix_length
-from localspec.core.costs import Ema, LiveCosts
+from localspec.core.costs import CostProfile, Ema, LiveCosts, could_pay
 from localspec.core.drafting.base import Branching, Draft, Offer, Outcome, Resources
 from localspec.core.params import GenerationParams
 from localspec.core.sampling import sample, top_probability, warp
@@ -124,14 +124,7 @@ class ModelDrafter:
     def could_pay(self) -> bool:
         """Whether a draft of some length could beat a plain step here if its tokens were
         accepted at ``OPTIMISTIC_ALPHA`` each, not counting catching up on the text."""
-        costs, step = self.costs, self.timing.step_s
-        plain_rate = 1.0 / costs.plain_s
-        hoped = 1.0
-        for k in range(1, self.limit + 1):
-            hoped += OPTIMISTIC_ALPHA**k
-            if hoped / (costs.verify(k) + k * step) > plain_rate:
-                return True
-        return False
+        return could_pay(self.costs, self.limit, OPTIMISTIC_ALPHA, self.timing.step_s)
 
     def lag(self, committed: Sequence[int]) -> int:
         """Tokens the draft model would have to evaluate before drafting."""
@@ -216,6 +209,15 @@ class ModelDrafter:
         estimate = AcceptanceEstimate(prior=PRIOR)
         estimate.load(data, keep)
         self.estimate = estimate
+
+
+def could_pay_at(costs: CostProfile, limit: int) -> bool:
+    """Whether, at a pair's measured costs, a draft of the draft model of up to ``limit``
+    tokens could pay (as ``ModelDrafter.could_pay`` judges before it times its own steps);
+    False when no draft step was measured. A session reads it before loading the draft."""
+    if costs.draft_step_s is None:
+        return False
+    return could_pay(costs, limit, OPTIMISTIC_ALPHA, costs.draft_step_s)
 
 
 def build(params: GenerationParams, resources: Resources) -> ModelDrafter | None:

@@ -27,20 +27,27 @@ class Registration:
     name: str
     build: Callable[[GenerationParams, Resources], Drafter | None]
     modes: tuple[DrafterMode, ...]  # the modes that draft with it
+    uses_draft_model: bool = False  # built only where a draft model is loaded
 
 
 REGISTRY = (
     Registration(ngram.NAME, ngram.build, (AUTO, NGRAM)),
     Registration(prediction.NAME, prediction.build, (AUTO,)),
     Registration(store.NAME, store.build, (AUTO,)),
-    Registration(model.NAME, model.build, (AUTO, MODEL, SELF)),
+    Registration(model.NAME, model.build, (AUTO, MODEL, SELF), uses_draft_model=True),
     Registration(lookahead.NAME, lookahead.build, (AUTO, LOOKAHEAD)),
 )
 
 
-def build_drafters(params: GenerationParams, resources: Resources) -> dict[str, Drafter]:
+def build_drafters(
+    params: GenerationParams, resources: Resources, *, draft_model_only: bool = False
+) -> dict[str, Drafter]:
+    """``draft_model_only``: just the drafters that draft with the draft model (for a draft
+    model that was loaded after the others were built)."""
     drafters: dict[str, Drafter] = {}
     for entry in REGISTRY:
+        if draft_model_only and not entry.uses_draft_model:
+            continue
         if params.drafter in entry.modes:
             drafter = entry.build(params, resources)
             if drafter is not None:
