@@ -358,8 +358,8 @@ def args(**changes) -> bench_cli.BenchArgs:
     model = ModelChoice(**{k: v for k, v in changes.items() if k in model_names})
     base = dict(
         categories=None, limit=None, prompts=None, modes="none,auto", store=None, max_tokens=200,
-        temperature=0.0, seed=None, raw=False, cold=True, trace=False, native_bin=None,
-        native_flags="", repeat=1, out=None, chart=False, warmup=True,
+        temperature=0.0, seed=None, raw=False, cold=True, fresh=False, trace=False,
+        native_bin=None, native_flags="", repeat=1, out=None, chart=False, warmup=True,
     )  # fmt: skip
     own = {k: v for k, v in changes.items() if k not in model_names}
     return bench_cli.BenchArgs(**{**base, **own}, pair=model.options(command="bench"))

@@ -47,8 +47,9 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,15 @@ class NativeResult:
     accepted: int
     draft_max: int | None
     samples_tokens_per_s: tuple[float, ...] | None = None  # llama-bench's, one per -r
+    wall_s: float | None = None  # the process, from its start to its exit
+
+    @property
+    def first_token_s(self) -> float | None:
+        """From the process's start to its first token: its wall less its decode time (it
+        prints no earlier mark)."""
+        if self.wall_s is None:
+            return None
+        return round(max(self.wall_s - self.decode_s, 0.0), 4)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -106,6 +116,10 @@ class NativeResult:
             del record["samples_tokens_per_s"]
         else:
             record["samples_tokens_per_s"] = list(self.samples_tokens_per_s)
+        if self.wall_s is None:
+            del record["wall_s"]
+        else:
+            record["first_token_s"] = self.first_token_s
         record.update(
             acceptance_rate=self.acceptance_rate,
             # Rounds are not printed, so tokens per target pass cannot be derived.
@@ -358,8 +372,11 @@ class NativeRunner:
         self, mode: str, prompt: str, max_tokens: int, temperature: float, seed: int | None
     ) -> NativeResult:
         cmd = self.command(mode, prompt, max_tokens, temperature, seed)
+        started = time.perf_counter()
         stdout, stderr = _run(cmd, self.binary.name, mode, self.timeout_s, self.env)
-        return parse_native_output(stderr + "\n" + stdout, mode)  # the timings are logged
+        wall = round(time.perf_counter() - started, 4)
+        result = parse_native_output(stderr + "\n" + stdout, mode)  # the timings are logged
+        return replace(result, wall_s=wall)
 
     def run_bench(self, depth: int, max_tokens: int) -> NativeResult:
         """``native-bench``: llama-bench at the depth of the prompt's ``depth`` tokens."""

@@ -28,6 +28,7 @@ class BenchArgs:
     seed: int | None
     raw: bool
     cold: bool
+    fresh: bool
     trace: bool
     native_bin: Path | None
     native_flags: str

@@ -5,7 +5,8 @@ mode, its place in the run order (``run``, ``repeat``) and start ``time``, the e
 ran it (``localspec`` or ``llama.cpp``), and the stats of that run. ``to_dict`` gives the
 JSON object written as a line of ``records.jsonl`` (the keys and their order as the bench
 has always written them: an engine run's and a native run's have their own keys, and
-``trace``, ``samples_tokens_per_s`` and ``overshoot`` appear only when set);
+``trace``, ``samples_tokens_per_s``, ``overshoot`` and the timings of what a user waits for
+appear only when set);
 ``from_dict`` reads such an object back (records of earlier bench results, or the smaller
 objects scripts and tests build), leaving what it lacks as None and what it does not know
 out.
@@ -26,17 +27,20 @@ ENGINE_KEYS = (
     *_HEAD, "finish_reason", "prompt_tokens", "generated_tokens", "decode_s",
     "decode_tokens_per_s", "prefill_s", "drafted", "accepted", "rounds", "acceptance_rate",
     "mean_accepted_length", "by_drafter", "tokens_by_origin", "trace", "compute_s",
-    "outside_share", "plain_steps", "plain_step_s", "token_ids",
+    "outside_share", "plain_steps", "plain_step_s", "token_ids", "wall_s", "first_token_s",
+    "load_s", "fresh",
 )  # fmt: skip
 # The keys of a native run's record: ``NativeResult.to_record``'s, then the bench's own.
 NATIVE_KEYS = (
     *_HEAD, "prompt_tokens", "prefill_s", "generated_tokens", "decode_s",
     "decode_tokens_per_s", "drafted", "accepted", "draft_max", "samples_tokens_per_s",
     "acceptance_rate", "mean_accepted_length", "rounds", "compute_s", "outside_share",
-    "token_ids", "same_prompt_tokens", "overshoot",
+    "token_ids", "same_prompt_tokens", "overshoot", "wall_s", "first_token_s",
 )  # fmt: skip
 # Written only when the run has them.
-OPTIONAL_KEYS = frozenset({"trace", "samples_tokens_per_s", "overshoot"})
+OPTIONAL_KEYS = frozenset(
+    {"trace", "samples_tokens_per_s", "overshoot", "wall_s", "first_token_s", "load_s", "fresh"}
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,14 @@ class RunRecord:
     trace: list[dict[str, Any]] | None = None  # every round, when the config asks for it
     plain_steps: int | None = None  # how many plain steps the run took
     plain_step_s: float | None = None  # their mean seconds: the machine's speed then
+    # What a user waits for. ``wall_s``: a fresh process's (or a native binary's) whole
+    # life, else the run from its prompt to its last token; ``first_token_s``: from the
+    # same start to the first token (a native run's: its wall less its decode time);
+    # ``load_s``: opening the session (resolving, loading, costs).
+    wall_s: float | None = None
+    first_token_s: float | None = None
+    load_s: float | None = None
+    fresh: bool | None = None  # an engine run in a fresh ``localspec complete`` process
     # Native runs only.
     draft_max: int | None = None
     samples_tokens_per_s: list[float] | None = None  # llama-bench's, one per repetition

@@ -6,7 +6,9 @@
 ``render_table`` gives the text printed to stdout and saved as summary.md: one row per
 category and mode (``vs none`` notes the short runs it left out; ``of ceiling`` is a mode's
 ratio to ``none`` over its category's ceiling; ``vs best native``, ``vs native-none`` and
-``vs llama-bench`` appear only when the llama.cpp modes they compare with ran), a
+``vs llama-bench`` appear only when the llama.cpp modes they compare with ran; ``wall s``,
+``first token s``, ``wall / none`` and ``wall / first native`` when the runs were timed so),
+a
 per-prompt table (each speculative mode's lowest prompt against ``none``, as measured and
 timed by each run's own plain steps), then notes on native runs that wrote more tokens than
 asked and the ceiling lines. ``write_chart`` draws the ratio to ``none`` per category and
@@ -75,15 +77,26 @@ COLUMNS_AFTER: list[Column] = [
 
 
 OF_CEILING: Column = ("of ceiling", lambda g: _fmt(g.get("of_ceiling"), ".2f"))
+# What a user waits for (seconds; the ratios are of wall times: below 1, sooner).
+WAIT_COLUMNS: dict[str, Column] = {
+    "wall_s": ("wall s", lambda g: _fmt(g.get("wall_s"), ".2f")),
+    "first_token_s": ("first token s", lambda g: _fmt(g.get("first_token_s"), ".2f")),
+    "wall_to_none": ("wall / none", lambda g: _ratio(g.get("wall_to_none"))),
+    "wall_to_first_native": (
+        "wall / first native",
+        lambda g: _ratio(g.get("wall_to_first_native")),
+    ),
+}
 
 
 def _columns(summary: dict[str, Any]) -> list[Column]:
-    """The table's columns; the native ratios and the share of the ceiling only when some
-    group has them."""
+    """The table's columns; the native ratios, the share of the ceiling and the wait
+    figures only when some group has them."""
     present = {key for g in summary["overall"].values() for key in g}
     native = [column for key, column in NATIVE_COLUMNS.items() if key in present]
     ceiling = [OF_CEILING] if "of_ceiling" in present else []
-    return [*COLUMNS_BEFORE, *ceiling, *native, *COLUMNS_AFTER]
+    waits = [column for key, column in WAIT_COLUMNS.items() if key in present]
+    return [*COLUMNS_BEFORE, *ceiling, *native, *waits, *COLUMNS_AFTER]
 
 
 def _row(name: str, mode: str, g: dict[str, Any], columns: list[Column]) -> str:

@@ -33,6 +33,7 @@ from localspec.backend.llama import default_kernels_environ
 from localspec.backend.native import NativeRunner, check_binary
 from localspec.bench import report as bench_report
 from localspec.bench.args import BenchArgs
+from localspec.bench.fresh import FreshRunner
 from localspec.bench.modes import (
     BASELINE,
     NATIVE_BENCH,
@@ -141,6 +142,7 @@ def _settings(args: BenchArgs, chosen: tuple[BenchMode, ...]) -> tuple[BenchConf
             raw=args.raw,
             warmup=args.warmup,
             cold=args.cold,
+            fresh=args.fresh,
             trace=args.trace,
             repeat=args.repeat,
         )
@@ -183,6 +185,20 @@ def _native_runner(
     return native
 
 
+def _fresh_runner(args: BenchArgs, session: Session, config: BenchConfig) -> FreshRunner | None:
+    """With ``--fresh``: the runner of fresh ``complete`` processes over the same pair."""
+    if not config.fresh:
+        return None
+    return FreshRunner(
+        args.pair,
+        session.target.path,
+        session.draft_path,
+        cold=config.cold,
+        raw=config.raw,
+        trace=config.trace,
+    )
+
+
 def _ceiling(session: Session, prompt: str, raw: bool) -> dict[str, Any]:
     sizes = ", ".join(map(str, CEILING_BATCHES))
     _echo(f"measuring the target's ceiling (batches of {sizes} tokens, within the context)")
@@ -202,11 +218,17 @@ def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = 
     config, options = _settings(args, chosen)
     if args.chart:
         bench_report.require_matplotlib()
+    if config.fresh:
+        FreshRunner.check(chosen)
     out_dir = _out_dir(args.out)
+    opening = time.perf_counter()
     session = open_session(options, on_progress=on_progress)
+    load_s = time.perf_counter() - opening
+    fresh = None
     try:
         native = _native_runner(args, session, chosen, native_args)
-        runner = BenchRunner(session, config, native)
+        fresh = _fresh_runner(args, session, config)
+        runner = BenchRunner(session, config, native, fresh, load_s)
         ceiling = _ceiling(session, prompts[0].prompt, args.raw)
         _echo("measuring it again at the depth where each category's answers run")
         ceilings = runner.ceilings(prompts)
@@ -214,6 +236,8 @@ def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = 
         meta = _meta(session, config, args, native, len(prompts))
     finally:
         session.close()
+        if fresh is not None:
+            fresh.close()
     summary = summarize(records, chosen, config.greedy, ceilings)
     summary["meta"] = meta
     summary["ceiling"] = ceiling
@@ -276,6 +300,7 @@ def _meta(
         "seed": config.seed,
         "chat_template": not config.raw,
         "cold": config.cold,
+        "fresh": config.fresh,
         "repeat": config.repeat,
         "exact": args.pair.exact,
         "rpc": [str(e) for e in session.rpc.endpoints] if session.rpc is not None else [],

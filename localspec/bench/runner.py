@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.backend.native import NativeResult, NativeRunner
+from localspec.bench.fresh import FreshRunner
 from localspec.bench.modes import (
     CHAINS_MODE,
     ENGINE_MODES,
@@ -52,7 +53,7 @@ from localspec.bench.modes import (
 from localspec.bench.prompts import BenchPrompt
 from localspec.bench.records import ENGINE, NATIVE_ENGINE, RunRecord
 from localspec.core.engine import run_to_completion
-from localspec.core.events import PrefillDone, RoundCompleted
+from localspec.core.events import PrefillDone, RoundCompleted, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.errors import UsageError
 from localspec.session.session import Session
@@ -86,6 +87,7 @@ class BenchConfig(BaseModel):
     raw: bool = False
     warmup: bool = True
     cold: bool = True  # forget what the controllers learned before every engine run
+    fresh: bool = False  # every engine run a fresh ``localspec complete`` process
     trace: bool = False  # keep the engine's per-round trace in each record
     # Runs of every prompt and mode; the summary takes each one's median run. One run's tok/s
     # moves by 10% and more with what else the machine does.
@@ -112,11 +114,20 @@ class BenchRunner:
     """Runs prompts through a session (and optionally the native binary); yields records."""
 
     def __init__(
-        self, session: Session, config: BenchConfig, native: NativeRunner | None = None
+        self,
+        session: Session,
+        config: BenchConfig,
+        native: NativeRunner | None = None,
+        fresh: FreshRunner | None = None,
+        load_s: float | None = None,
     ) -> None:
+        """``fresh``: runs the engine modes as fresh processes (``--fresh``); ``load_s``:
+        how long opening ``session`` took, kept in the records of in-process runs."""
         self.session = session
         self.config = config
         self.native = native
+        self.fresh = fresh
+        self.load_s = load_s
         if any(m.is_native for m in config.modes) and native is None:
             raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
         for mode in config.modes:
@@ -182,9 +193,13 @@ class BenchRunner:
                 marks["start"] = self._compute_seconds()
             elif isinstance(event, RoundCompleted) and event.drafted == 0:
                 plain.append(event.verify_seconds)
+            elif isinstance(event, TokenEmitted) and "first" not in marks:
+                marks["first"] = time.perf_counter() - began
 
         params = self._params(mode, max_tokens, index, prediction)
+        began = time.perf_counter()
         finished = run_to_completion(self.session.generate(tokens, params), on_event)
+        wall = time.perf_counter() - began
         stats = finished.stats
         start, end = marks.get("start"), self._compute_seconds()
         compute = None if start is None or end is None else end - start
@@ -202,6 +217,10 @@ class BenchRunner:
             "plain_steps": len(plain),
             "plain_step_s": round(statistics.fmean(plain), 6) if plain else None,
             "token_ids": list(finished.token_ids),
+            "wall_s": round(wall, 4),
+            "first_token_s": _rounded(marks.get("first")),
+            "load_s": _rounded(self.load_s),
+            "fresh": False,
         }
         if not stats.drafted:
             record["acceptance_rate"] = None  # nothing drafted: no rate, rather than 0%
@@ -237,10 +256,22 @@ class BenchRunner:
         max_tokens: int,
         index: int,
         prediction: Sequence[int] = (),
+        prompt: BenchPrompt | None = None,
     ) -> Measured:
+        """``prompt``: the text ``tokens`` were made from, which a fresh process reads."""
         mode = BenchMode(mode)
         if mode.is_native:
             return self.run_native(tokens, mode, max_tokens, index)
+        if self.fresh is not None and prompt is not None:
+            seed = None if self.config.seed is None else self.config.seed + index
+            return self.fresh.run(
+                prompt.prompt,
+                mode,
+                max_tokens,
+                self.config.temperature,
+                seed,
+                prompt.predicted() or "",
+            )
         return self.run_engine(tokens, mode, max_tokens, index, prediction)
 
     def _prediction(self, prompt: BenchPrompt) -> list[int]:
@@ -249,10 +280,12 @@ class BenchRunner:
         text = prompt.predicted()
         return self.session.plain_tokens(text) if text else []
 
-    def warm_up(self, tokens: list[int]) -> None:
-        """One short run per mode: first calls allocate buffers and pick kernels."""
+    def warm_up(self, tokens: list[int], prompt: BenchPrompt | None = None) -> None:
+        """One short run per mode: first calls allocate buffers and pick kernels (and a
+        fresh process's files are read into the page cache)."""
         for mode in self.config.modes:
-            self.run_one(tokens, mode, min(WARMUP_TOKENS, self.config.max_tokens), 0)
+            length = min(WARMUP_TOKENS, self.config.max_tokens)
+            self.run_one(tokens, mode, length, 0, prompt=prompt)
 
     def _prepared(self, prompts: Sequence[BenchPrompt]) -> _Prepared:
         tokenized = [self.session.text_tokens(p.prompt, raw=self.config.raw) for p in prompts]
@@ -288,7 +321,7 @@ class BenchRunner:
         """Run every prompt in every mode; ``on_record(record, done, total)`` after each."""
         tokenized, predictions, lengths = self._prepared(prompts)
         if self.config.warmup and prompts:
-            self.warm_up(tokenized[0])
+            self.warm_up(tokenized[0], prompts[0])
         # Each repeat is a whole interleaved pass, its modes rotated once more, so slow
         # stretches of the machine fall on every mode alike.
         order = [
@@ -307,12 +340,16 @@ class BenchRunner:
                 run=seq,
                 repeat=rep,
                 time=started,
-                **self.run_one(tokenized[i], mode, lengths[i], i, predictions[i]),
+                **self.run_one(tokenized[i], mode, lengths[i], i, predictions[i], prompt),
             )
             records.append(record)
             if on_record is not None:
                 on_record(record, seq + 1, len(order))
         return records
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)
 
 
 def ceiling_batches(n_ctx: int, context_tokens: int) -> list[int]:

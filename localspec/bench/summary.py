@@ -13,7 +13,11 @@ to ``native-none`` and to ``native-bench`` (``ratio_to_native_none``,
 ``none`` (identical token ids, common-prefix length), for speculative modes the lowest
 per-prompt ratio to ``none`` and the same ratios timed by each run's own plain steps
 (``_steady``), the share of the category's ceiling each engine mode reached
-(``of_ceiling``, when ceilings are given), and the list of native runs that overshot.
+(``of_ceiling``, when ceilings are given), what a user waits for where the runs were timed
+so (``wall_s`` and ``first_token_s``, their means; ``wall_to_none``; for fresh processes
+``wall_to_first_native``, against the speculative llama.cpp process that ended first on
+the same prompt: geometric means of per-prompt wall-time ratios, below 1 sooner), and the
+list of native runs that overshot.
 Repeated runs of a prompt and mode count once, by their median run. The result is plain
 JSON data; nothing is printed.
 """
@@ -60,20 +64,27 @@ class _References:
     best_native: dict[Key, RunRecord]  # the fastest of the NATIVE_SPEC_MODES
     native_none: dict[Key, RunRecord]
     native_bench: dict[Key, RunRecord]
+    # The speculative native process that ended first (its whole wall time, load included).
+    first_native: dict[Key, RunRecord]
 
 
 def _references(records: list[RunRecord]) -> _References:
     best: dict[Key, RunRecord] = {}
+    first: dict[Key, RunRecord] = {}
     for r in records:
         if r.mode in NATIVE_SPEC_MODES:
             held = best.get(_key(r))
             if held is None or r.decode_tokens_per_s > held.decode_tokens_per_s:
                 best[_key(r)] = r
+            held = first.get(_key(r))
+            if r.wall_s is not None and (held is None or r.wall_s < (held.wall_s or 0)):
+                first[_key(r)] = r
     return _References(
         baseline={_key(r): r for r in records if r.mode == BASELINE},
         best_native=best,
         native_none={_key(r): r for r in records if r.mode == NATIVE_PLAIN},
         native_bench={_key(r): r for r in records if r.mode == NATIVE_BENCH},
+        first_native=first,
     )
 
 
@@ -173,6 +184,37 @@ def _native_ratios(mode: str, records: list[RunRecord], refs: _References) -> di
     return out
 
 
+def _wall_ratio(records: list[RunRecord], reference: dict[Key, RunRecord]) -> float | None:
+    """The geometric mean of per-prompt wall-time ratios to the reference run (below 1:
+    the answer came sooner); runs of any length count."""
+    ratios = [
+        r.wall_s / ref.wall_s
+        for r in records
+        if (ref := reference.get(_key(r))) is not None and r.wall_s and ref.wall_s
+    ]
+    return _round(geometric_mean(ratios), 4)
+
+
+def _waiting(mode: str, records: list[RunRecord], refs: _References) -> dict[str, Any]:
+    """What a user waits for: the mean wall time and time to first token of the runs, the
+    wall time against ``none``'s and, for the engine's fresh processes, against the native
+    speculative process that ended first on the same prompt (both as whole processes)."""
+    walls = [r.wall_s for r in records if r.wall_s is not None]
+    if not walls:
+        return {}
+    firsts = [r.first_token_s for r in records if r.first_token_s is not None]
+    out: dict[str, Any] = {
+        "wall_s": round(sum(walls) / len(walls), 4),
+        "first_token_s": round(sum(firsts) / len(firsts), 4) if firsts else None,
+    }
+    if mode != BASELINE and refs.baseline:
+        out["wall_to_none"] = _wall_ratio(records, refs.baseline)
+    fresh = [r for r in records if r.fresh]
+    if mode not in NATIVE_MODES and fresh and refs.first_native:
+        out["wall_to_first_native"] = _wall_ratio(fresh, refs.first_native)
+    return out
+
+
 def _ceiling_share(
     pairs: list[tuple[RunRecord, RunRecord]], ceilings: dict[str, dict[str, Any]]
 ) -> float | None:
@@ -214,6 +256,7 @@ def _group(
         "ratio_to_none": _round(geometric_mean(ratios), 4),
         "short_runs": short,
         **_native_ratios(mode, records, refs),
+        **_waiting(mode, records, refs),
         "acceptance_rate": _round(accepted / drafted if drafted else None, 4),
         "mean_accepted_length": _round(
             1 + sum(r.accepted for r in with_rounds) / rounds if rounds else None, 4

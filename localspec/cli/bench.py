@@ -68,6 +68,13 @@ def bench_command(
             "the controllers keep learning from prompt to prompt",
         ),
     ] = True,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            help="run each engine mode as a fresh localspec complete process, timed from its "
+            "start to its exit as a user waits for it (llama.cpp's modes always are)"
+        ),
+    ] = False,
     trace: Annotated[
         bool,
         typer.Option(help="keep every round (drafter, draft, accepted, timings) in records.jsonl"),

@@ -1,0 +1,185 @@
+"""Engine runs as a user runs them: one fresh ``localspec complete --json`` process per run.
+
+``FreshRunner.run`` starts ``python -m localspec complete --json`` with the prompt on stdin
+and the bench's pair and settings as options, times the process from its start to its exit
+(``wall_s``), reads the wall-clock time of its first token from its ``timing`` to give the
+time to first token from the process's start (``first_token_s``, interpreter start and
+imports included), and its own ``load_s`` (opening the session: resolving, loading, costs).
+The rest of its record is the child's stats, as an in-process run records them.
+
+The processes share a private home (``private_home``): this machine's calibration copied in,
+so none measures it again, and nothing else of the user's: no history, no datastores, no
+learned state. Cold (the default) empties the learned state before every run, as a first
+``localspec complete`` on a machine meets it; warm lets each process start from what the
+previous one saved, as a user's successive calls do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from localspec.bench.modes import CHAINS_MODE, PREDICTION_MODE, SELF_MODE, STORE_MODE, BenchMode
+from localspec.bench.records import ENGINE
+from localspec.errors import BackendError, UsageError
+from localspec.models.paths import ENV_HOME, cache_root
+from localspec.session.pair import ModelOptions
+
+# Modes a fresh process cannot run as the bench does: they need the user's stores or
+# derived drafts, which the private home does not hold.
+NOT_FRESH = (STORE_MODE, SELF_MODE)
+TIMEOUT_S = 3600.0
+
+
+def private_home(directory: Path) -> Path:
+    """A localspec home under ``directory`` with this machine's calibration copied in."""
+    home = directory / "home"
+    home.mkdir()
+    calibration = cache_root() / "calibration"
+    if calibration.is_dir():
+        shutil.copytree(calibration, home / "calibration")
+    return home
+
+
+def _layers(value: int | None) -> list[str]:
+    return [] if value is None else ["all" if value == -1 else str(value)]
+
+
+def pair_flags(pair: ModelOptions, target: Path, draft: Path | None) -> list[str]:
+    """``complete``'s options for the bench's pair, as loaded."""
+    flags = ["--target", str(target), "--ctx", str(pair.n_ctx)]
+    if draft is not None:
+        flags += ["--draft", str(draft)]
+    if pair.threads:
+        flags += ["--threads", str(pair.threads)]
+    if layers := _layers(pair.n_gpu_layers):
+        flags += ["--gpu-layers", *layers]
+    if layers := _layers(pair.draft_gpu_layers):
+        flags += ["--draft-gpu-layers", *layers]
+    if pair.exact:
+        flags.append("--exact")
+    return flags
+
+
+class FreshRunner:
+    """Runs engine modes as fresh ``complete`` processes; see the module docstring."""
+
+    def __init__(
+        self,
+        pair: ModelOptions,
+        target: Path,
+        draft: Path | None,
+        *,
+        cold: bool = True,
+        raw: bool = False,
+        trace: bool = False,
+    ) -> None:
+        self.flags = pair_flags(pair, target, draft)
+        self.cold, self.raw, self.trace = cold, raw, trace
+        self._tmp = tempfile.TemporaryDirectory(prefix="localspec-fresh-")
+        self.home = private_home(Path(self._tmp.name))
+
+    @staticmethod
+    def check(modes: tuple[BenchMode, ...]) -> None:
+        refused = [m for m in modes if m in NOT_FRESH]
+        if refused:
+            raise UsageError(
+                f"--fresh runs each mode as a new localspec complete process, which cannot "
+                f"run {', '.join(refused)} here",
+                "drop them from --modes, or run without --fresh",
+            )
+
+    def command(
+        self,
+        mode: BenchMode,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+        prediction: Path | None,
+    ) -> list[str]:
+        cmd = [sys.executable, "-m", "localspec", "complete", "--json", "--no-history"]
+        cmd += ["--drafter", mode.drafter.value, "--max-tokens", str(max_tokens)]
+        cmd += ["--temperature", str(temperature), *self.flags]
+        if seed is not None:
+            cmd += ["--seed", str(seed)]
+        if self.raw:
+            cmd.append("--raw")
+        if mode == CHAINS_MODE:
+            cmd.append("--no-trees")
+        if mode == PREDICTION_MODE and prediction is not None:
+            cmd += ["--prediction", str(prediction)]
+        # Always traced: its plain steps' times are the run's own clock (``plain_step_s``).
+        return [*cmd, "--trace"]
+
+    def run(
+        self,
+        prompt: str,
+        mode: BenchMode,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+        prediction: str = "",
+    ) -> dict[str, Any]:
+        """One fresh process: its record's measured fields."""
+        if self.cold:
+            shutil.rmtree(self.home / "learning", ignore_errors=True)
+        predicted = None
+        if mode == PREDICTION_MODE and prediction:
+            predicted = self.home / "prediction.txt"
+            predicted.write_text(prediction, encoding="utf-8")
+        cmd = self.command(mode, max_tokens, temperature, seed, predicted)
+        env = {**os.environ, ENV_HOME: str(self.home), "LOCALSPEC_HISTORY": "0"}
+        spawned, t0 = time.time(), time.perf_counter()
+        done = subprocess.run(
+            cmd, input=prompt, capture_output=True, text=True, env=env, timeout=TIMEOUT_S
+        )
+        wall = time.perf_counter() - t0
+        if done.returncode != 0:
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            raise BackendError(
+                f"localspec complete ({mode}) failed with exit code {done.returncode}: {tail}",
+                "run it by hand with the same options to see why",
+            )
+        return self._record(json.loads(done.stdout.strip().splitlines()[-1]), spawned, wall)
+
+    def _record(self, result: dict[str, Any], spawned: float, wall: float) -> dict[str, Any]:
+        stats, timing = result["stats"], result.get("timing") or {}
+        trace = stats.get("trace") or []
+        plain = [r["verify_seconds"] for r in trace if not r.get("drafted")]
+        first = timing.get("first_token_unix")
+        record = {
+            "engine": ENGINE,
+            "finish_reason": result["finish_reason"],
+            **{k: stats[k] for k in _STATS if k in stats},
+            "plain_steps": len(plain),
+            "plain_step_s": round(statistics.fmean(plain), 6) if plain else None,
+            "token_ids": result["token_ids"],
+            "wall_s": round(wall, 4),
+            "first_token_s": None if first is None else round(first - spawned, 4),
+            "load_s": timing.get("load_s"),
+            "fresh": True,
+        }
+        if self.trace:
+            record["trace"] = trace
+        if not stats.get("drafted"):
+            record["acceptance_rate"] = None
+        return record
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+# The stats a fresh process reports that its record carries, as an in-process run's does.
+_STATS = (
+    "prompt_tokens", "generated_tokens", "decode_s", "decode_tokens_per_s", "prefill_s",
+    "drafted", "accepted", "rounds", "acceptance_rate", "mean_accepted_length", "by_drafter",
+    "tokens_by_origin",
+)  # fmt: skip
