@@ -1,5 +1,5 @@
 """The draft model is loaded only where it can pay: at once, in the background, or when a
-drafter needs it (session/draftslot.py), and the engine takes up a draft that arrives late.
+drafter needs it (session/loading.py), and the engine takes up a draft that arrives late.
 
 The session tests write a cost profile into the test's own calibration cache and count
 loads of the draft through ``LlamaModel`` as ``session.open`` calls it (the loader faked at
@@ -16,7 +16,7 @@ from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import EngineWarning, RoundCompleted
 from localspec.core.params import GenerationParams
-from localspec.session.draftslot import DraftDecision, DraftPlan, DraftSlot, plan_draft
+from localspec.session.loading import DraftDecision, DraftPlan, DraftSlot, plan_draft
 from tests.fakes import FakeModel, plain_greedy
 
 # A small CPU's shape: a verify batch costs several plain steps, a draft step half of one.

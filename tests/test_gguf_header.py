@@ -4,6 +4,7 @@ instead of allocating gigabytes or looping for ever."""
 
 from __future__ import annotations
 
+import json
 import struct
 import time
 
@@ -98,3 +99,30 @@ def test_a_header_is_read_once_per_process_until_the_file_changes(tmp_path, monk
     assert len(reads) == 1
     path.write_bytes(header(kv_string("general.name", "second!")))
     assert gguf.read_metadata(path)["general.name"] == "second!" and len(reads) == 2
+
+
+def test_a_header_is_kept_on_disk_for_the_next_process(tmp_path, monkeypatch):
+    path = tmp_path / "kept.gguf"
+    path.write_bytes(header(kv_string("general.name", "kept")))
+    assert gguf.read_metadata(path)["general.name"] == "kept"
+    monkeypatch.setattr(gguf, "_READ_CACHE", {})  # a new process
+    monkeypatch.setattr(gguf, "_read_header", lambda *a: pytest.fail("read again"))
+    assert gguf.read_metadata(path) == {"general.name": "kept"}
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ['{"x": ', "[]", '{"%s": {"stamp": 1, "values": {}}}', '{"%s": {"values": {"a": {}}}}'],
+)
+def test_a_damaged_header_cache_is_read_past(tmp_path, monkeypatch, damage):
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(header(kv_string("general.name", "real")))
+    assert gguf.read_metadata(path)["general.name"] == "real"
+    cache = gguf._cache_file()
+    text = damage % str(path.resolve()) if "%s" in damage else damage
+    if "values" in damage and "stamp" not in damage:
+        kept = json.loads(cache.read_text())[str(path.resolve())]
+        text = json.dumps({str(path.resolve()): {"stamp": kept["stamp"], "values": {"a": {}}}})
+    cache.write_text(text)
+    monkeypatch.setattr(gguf, "_READ_CACHE", {})
+    assert gguf.read_metadata(path) == {"general.name": "real"}

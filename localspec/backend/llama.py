@@ -116,6 +116,9 @@ class LoadOptions:
     # Leaves a draft tree may have (see MAX_TREE_SEQS); 0 gives a one-sequence context that
     # cannot verify trees. Ignored in exact mode and for recurrent or hybrid models.
     tree_seqs: int = MAX_TREE_SEQS
+    # Evaluate one token once loaded, so that the first step timed is like the others (see
+    # _warm_up); a load whose steps are not timed now (costs already measured) spares it.
+    warm_up: bool = True
 
 
 class LlamaModel(LlamaVocabulary, CachedModel):
@@ -151,7 +154,8 @@ class LlamaModel(LlamaVocabulary, CachedModel):
             self.n_ctx = 0
             return
         self._create_context(options)
-        self._warm_up()
+        if options.warm_up:
+            self._warm_up()
         if self.exact:
             self._check_batch_invariance()
 

@@ -24,7 +24,6 @@ from localspec.cli import STARTED
 from localspec.cli.common import SystemOpt, cli_errors, echo_progress, read_system
 from localspec.cli.groups import option_groups
 from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
-from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
@@ -294,6 +293,8 @@ def _record(
 
 
 def _prediction_usage(prediction: tuple[int, ...], token_ids: list[int]) -> dict[str, int]:
+    from localspec.core.drafting.prediction import prediction_counts
+
     accepted, rejected = prediction_counts(prediction, token_ids)
     return {
         "tokens": len(prediction),

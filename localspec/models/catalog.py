@@ -30,14 +30,19 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from localspec.errors import ModelFileError, ModelNotFoundError, validation_problem
-from localspec.models import fetch, paths
+from localspec.models import paths
 from localspec.models.gguf import check_gguf
 from localspec.models.schema import Catalog, HubSource, ModelEntry, PypiSource, Role
-from localspec.models.transfer import ShowProgress
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from localspec.models.transfer import ShowProgress
 
 __all__ = ["Catalog", "HubSource", "ModelEntry", "PypiSource", "Role", "check_gguf"]
 
@@ -86,7 +91,7 @@ def find_hf_cache_ggufs() -> list[HfCachedFile]:
         from huggingface_hub import scan_cache_dir
     except ImportError:
         return []
-    cache = fetch.hf_cache_dir()
+    cache = _fetch().hf_cache_dir()
     if not cache.is_dir():
         return []
     try:
@@ -222,6 +227,15 @@ def _looks_like_path(ref: str) -> bool:
     return ref.endswith(".gguf") or any(sep and sep in ref for sep in ("/", os.sep, os.altsep))
 
 
+def _fetch() -> ModuleType:
+    """The downloading module, imported where a model is fetched or looked for in the Hub's
+    cache: it brings the download client and progress bars, which a model already in
+    localspec's own cache does not need."""
+    from localspec.models import fetch
+
+    return fetch
+
+
 def locate_model(ref: str | None, role: Role = "target") -> Path | None:
     """The file ``ref`` names if it is already on this machine; never touches the network."""
     ref = ref or default_name(role)
@@ -236,10 +250,10 @@ def locate_model(ref: str | None, role: Role = "target") -> Path | None:
     if entry is not None:
         if cached_path(entry.name).is_file():
             return cached_path(entry.name)
-        return fetch.find_in_hf_cache(entry)
+        return _fetch().find_in_hf_cache(entry)
     match = _HUB_REF.match(ref)
     if match:
-        return fetch.hub_cached_file(match["repo"], match["file"])
+        return _fetch().hub_cached_file(match["repo"], match["file"])
     return None
 
 
@@ -271,11 +285,11 @@ def resolve_model(
         found = locate_model(entry.name)
         if found is not None:
             return check_gguf(found)
-        return check_gguf(fetch.pull(entry, progress=progress, offline=bool(offline)))
+        return check_gguf(_fetch().pull(entry, progress=progress, offline=bool(offline)))
 
     match = _HUB_REF.match(ref)
     if match:
-        path = fetch.pull_hub_file(
+        path = _fetch().pull_hub_file(
             match["repo"], match["file"], progress=progress, offline=bool(offline)
         )
         return check_gguf(path)

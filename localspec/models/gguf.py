@@ -3,18 +3,22 @@
 ``check_gguf(path)`` is the cheap test that a path is a readable GGUF file (it exists, is a
 file, starts with the GGUF magic and is not truncated), raising ``ModelFileError`` with a
 hint otherwise. ``read_metadata(path, wanted)`` reads key/values straight from the header,
-in tens of milliseconds even for models with large vocabularies, once per file per process.
+in tens of milliseconds even for models with large vocabularies, and kept for later reads.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import mmap
 import os
 import struct
+import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
 from localspec.errors import ModelFileError
+from localspec.models import paths
 
 GGUF_MAGIC = b"GGUF"
 # A GGUF header plus one tensor is already more than this; anything smaller is truncated.
@@ -71,6 +75,10 @@ MAX_KEPT_ARRAY = 4096
 # self-draft all ask for the same few files.
 _READ_CACHE: dict[tuple, dict[str, object]] = {}
 _READ_CACHE_SIZE = 16
+# Headers read before, kept on disk by file identity: a model's header is read at every
+# start, and stepping over its vocabulary costs more than reading this file.
+HEADER_CACHE = "headers.json"
+HEADER_CACHE_ENTRIES = 32
 
 
 def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, object]:
@@ -78,9 +86,10 @@ def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, objec
 
     Array values come back as ``None`` (per-layer arrays of numbers are kept): the
     vocabulary and merges are skipped by their lengths, never decoded, so a header with a
-    150,000-token vocabulary reads in tens of milliseconds. Each file is read once per
-    process (by path, size and modification time); ``wanted`` is accepted for callers that
-    name the keys they use and changes nothing.
+    150,000-token vocabulary reads in tens of milliseconds. What was read is kept, by the
+    file's path, size, times and inode, for the rest of the process and on disk
+    (``HEADER_CACHE`` in localspec's home) for the next ones; ``wanted`` is accepted for
+    callers that name the keys they use and changes nothing.
     Raises ``ValueError`` on anything that is not a GGUF v2/v3 header. The header is
     untrusted: every length and count is bounded by the bytes left in the file, so a
     crafted one fails fast instead of allocating or looping without end.
@@ -88,14 +97,69 @@ def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, objec
     path = Path(path)
     with open(path, "rb") as fh:
         st = os.fstat(fh.fileno())
-        key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        name = str(path.resolve())
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        key = (name, *stamp)
         found = _READ_CACHE.get(key)
         if found is None:
-            found = _read_header(fh, st.st_size)
+            found = _kept(name, stamp)
+            if found is None:
+                found = _read_header(fh, st.st_size)
+                _keep(name, stamp, found)
             if len(_READ_CACHE) >= _READ_CACHE_SIZE:
                 _READ_CACHE.pop(next(iter(_READ_CACHE)))
             _READ_CACHE[key] = found
     return dict(found)
+
+
+def _cache_file() -> Path:
+    return paths.cache_root() / HEADER_CACHE
+
+
+def _load_kept() -> dict[str, object]:
+    try:
+        with open(_cache_file(), encoding="utf-8") as fh:
+            kept = json.load(fh)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def _kept(name: str, stamp: list[int]) -> dict[str, object] | None:
+    """The header kept on disk for the file ``name`` as ``stamp`` identifies it; None if
+    none is, or what is kept is not a header's values (a damaged or edited file)."""
+    entry = _load_kept().get(name)
+    if not isinstance(entry, dict) or entry.get("stamp") != stamp:
+        return None
+    values = entry.get("values")
+    if not isinstance(values, dict) or not all(_plain(v) for v in values.values()):
+        return None
+    return values
+
+
+def _plain(value: object) -> bool:
+    """A value the reader gives: a number, text, a truth value, None, or numbers in a list."""
+    if isinstance(value, list):
+        return all(isinstance(x, int | float) for x in value)
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def _keep(name: str, stamp: list[int], values: dict[str, object]) -> None:
+    """Keep a header read now for the next process; best effort (a cache that cannot be
+    written only costs the next start the read)."""
+    kept = _load_kept()
+    kept.pop(name, None)  # re-inserted last: the oldest entries are dropped first
+    kept[name] = {"stamp": stamp, "values": values}
+    target = _cache_file()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=".headers-")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(dict(list(kept.items())[-HEADER_CACHE_ENTRIES:]), fh)
+        os.replace(temporary, target)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.unlink(temporary)
 
 
 def _read_header(fh: BinaryIO, size: int) -> dict[str, object]:

@@ -17,9 +17,11 @@ default that ends the process with a ``WorkersLostError``, reported as every err
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localspec.backend.compat import check_vocabularies
 from localspec.backend.devices import gpu_devices, gpu_hardware
@@ -32,14 +34,17 @@ from localspec.models.resources import footprint, model_name
 from localspec.progress import OnProgress, ProgressKind, tell
 from localspec.session.calibrate import file_identity, machine_key
 from localspec.session.costcache import cached_costs, step_costs
-from localspec.session.draftslot import DraftDecision, DraftPlan, DraftSlot, plan_draft
+from localspec.session.loading import DraftDecision, DraftPlan, DraftSlot, Loading, plan_draft
 from localspec.session.pair import SELF_DRAFT, ModelOptions, resolve_pair
 from localspec.session.placement import ALL, ModelPlace, Placement, place
-from localspec.session.session import Session
-from localspec.storage.answers import KeptAnswers
-from localspec.storage.learning import LearningStore
-from localspec.storage.library import HISTORY, Library, vocabulary_fingerprint
-from localspec.storage.store import STATE_ERRORS
+
+if TYPE_CHECKING:  # imported while the target loads (see _load_pair)
+    from localspec.session.session import Session
+    from localspec.storage.learning import LearningStore
+
+# Modules the session needs once the target is loaded (the engine, its drafters, the
+# stores): imported while it loads, which llama.cpp does without Python's lock.
+WHILE_LOADING = ("localspec.session.session", "localspec.storage.answers")
 
 LostHandler = Callable[[str], None]
 # The draft length the draft model is judged by before loading it: the drafter's default.
@@ -63,16 +68,22 @@ def open_session(
     those workers; ``on_lost`` is called (from another thread) if they fail mid-evaluation,
     which then never returns: see backend/rpc.py."""
     if options.calibrate and options.stores:
+        from localspec.storage.library import Library
+
         Library().check_exist(options.stores)  # a misspelt --store fails before any load
     target_path, draft_path = resolve_pair(options, on_progress)
     rpc = _connect(options, on_lost, on_progress)
     placement = plan_placement(options, target_path, draft_path)
-    decision = _draft_decision(options, placement, target_path, draft_path)
+    cached = cached_costs(options, placement, target_path, draft_path)
+    measuring = options.calibrate and (options.recalibrate or cached is None)
+    decision = _draft_decision(options, draft_path, cached, measuring)
     loaded_draft = draft_path if decision and decision.plan is not DraftPlan.ON_DEMAND else None
     _warn_before_loading(options, placement, rpc, target_path, loaded_draft, on_progress)
     target, slot, costs, costs_file = _load_pair(
-        options, placement, rpc, target_path, draft_path, decision, on_progress
+        options, placement, rpc, target_path, draft_path, decision, measuring, on_progress
     )
+    from localspec.session.session import Session
+
     session = Session(target, None, costs, costs_file, rpc=rpc, placement=placement, slot=slot)
     if slot is not None and options.draft == SELF_DRAFT:
         session.decoder.draft_name = SELF_DRAFT  # its drafts are labelled as the target's own
@@ -114,19 +125,17 @@ def _warn_before_loading(
 
 
 def _draft_decision(
-    options: ModelOptions, placement: Placement, target_path: Path, draft_path: Path | None
+    options: ModelOptions,
+    draft_path: Path | None,
+    cached: CostProfile | None,
+    measuring: bool,
 ) -> DraftDecision | None:
-    """When the draft model is loaded (session/draftslot.py); None without one."""
+    """When the draft model is loaded (session/loading.py), from the costs cached for
+    the pair; None without one."""
     if draft_path is None:
         return None
     optional = options.draft_on_demand
-    cached = cached_costs(options, placement, target_path, draft_path) if optional else None
-    return plan_draft(
-        cached,
-        DEFAULT_DRAFT_MAX,
-        optional=optional,
-        measuring=options.calibrate and (options.recalibrate or cached is None),
-    )
+    return plan_draft(cached, DEFAULT_DRAFT_MAX, optional=optional, measuring=measuring)
 
 
 def _load_pair(
@@ -136,6 +145,7 @@ def _load_pair(
     target_path: Path,
     draft_path: Path | None,
     decision: DraftDecision | None,
+    measuring: bool,
     on_progress: OnProgress | None,
 ) -> tuple[LlamaModel, DraftSlot | None, CostProfile | None, Path | None]:
     """The target loaded, the draft loaded now, or in the background, or left for later as
@@ -146,11 +156,20 @@ def _load_pair(
         n_threads=options.threads,
         n_gpu_layers=placement.target.n_gpu_layers,
         flash_attn=options.flash_attn,
+        warm_up=measuring,  # the steps measured now must not pay the first pass's mapping
     )
-    target_load = _target_load(options, load)
+    # Only the target needs batch-invariant kernels: what the draft proposes never changes
+    # what the target accepts, so the draft keeps the fast ones.
+    target_load = replace(_target_load(options, load), exact=options.exact)
     if options.exact:
         exact_kernels()  # process-wide, so before either model evaluates anything
-    target = _load_target(options, target_load, placement, rpc, target_path, on_progress)
+    _say_loading(options, placement, rpc, target_path, on_progress)
+    loading = Loading(lambda: _load_target(target_load, rpc, target_path))
+    try:
+        for module in WHILE_LOADING:
+            importlib.import_module(module)
+    finally:
+        target = loading.result()
     slot = None
     try:
         if draft_path is not None and decision is not None:
@@ -210,21 +229,21 @@ def _target_load(options: ModelOptions, load: LoadOptions) -> LoadOptions:
     return replace(load, tensor_split=options.rpc_split)
 
 
-def _load_target(
+def _say_loading(
     options: ModelOptions,
-    load: LoadOptions,
     placement: Placement,
     rpc: RpcLink | None,
     target_path: Path,
     on_progress: OnProgress | None,
-) -> LlamaModel:
+) -> None:
     where = f" onto {len(options.rpc)} RPC worker(s)" if rpc else ""
     if not rpc and placement.target.on_gpu:
         where = f" onto {placement.target.summary()}"
     tell(on_progress, f"loading target {target_path.name}{where}")
-    # Only the target needs batch-invariant kernels: what the draft proposes never changes
-    # what the target accepts, so the draft keeps the fast ones.
-    target = LlamaModel(target_path, replace(load, exact=options.exact))
+
+
+def _load_target(load: LoadOptions, rpc: RpcLink | None, target_path: Path) -> LlamaModel:
+    target = LlamaModel(target_path, load)
     if rpc is not None:
         rpc.watch(target)
     return target
@@ -273,6 +292,9 @@ def _open_stores(session: Session, options: ModelOptions, on_progress: OnProgres
     """Attach the datastores auto may draft from, and the history answers are kept in and
     drafted from (whether it is on is read at each answer). The tokenizer's fingerprint is
     computed only when a store or the history needs it."""
+    from localspec.storage.answers import KeptAnswers
+    from localspec.storage.library import HISTORY, Library, vocabulary_fingerprint
+
     library = Library()
     names = options.stores
     drafting = options.calibrate and names != ()  # calibrate: auto may run
@@ -301,6 +323,7 @@ def _open_stores(session: Session, options: ModelOptions, on_progress: OnProgres
 
 def learning_store() -> LearningStore:
     from localspec.models.paths import cache_root
+    from localspec.storage.learning import LearningStore
 
     return LearningStore(cache_root() / "learning")
 
@@ -331,6 +354,8 @@ def _restore_learning(
 ) -> None:
     """Start the auto controller from what earlier sessions learned for this pair, where
     it runs now: the same laptop with and without its GPU keeps two."""
+    from localspec.storage.store import STATE_ERRORS
+
     store = learning_store()
     where = session.placement.key() if session.placement else ()
     key = machine_key(file_identity(target_path), file_identity(draft_path), *where)

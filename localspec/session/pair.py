@@ -27,7 +27,7 @@ class ModelOptions(BaseModel):
     draft: str | None = None
     use_draft: bool = True  # False skips loading the draft model (drafter none / ngram)
     # True where the drafter may draft without the draft model (auto): it is loaded only
-    # where this machine's costs say it may pay, or once a drafter needs it (draftslot.py).
+    # where this machine's costs say it may pay, or once a drafter needs it (loading.py).
     draft_on_demand: bool = False
     threads: int | None = Field(None, ge=1)
     n_ctx: int = Field(4096, ge=64)

@@ -33,7 +33,7 @@ from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import Event, Finished, FinishReason
 from localspec.core.params import GenerationParams
-from localspec.session.draftslot import DraftSlot
+from localspec.session.loading import DraftSlot
 from localspec.session.placement import Placement
 from localspec.session.prompts import Prompts
 from localspec.storage.answers import KeptAnswers
@@ -57,7 +57,7 @@ class Session:
         slot: DraftSlot | None = None,
     ) -> None:
         """``draft``: a loaded draft model; or ``slot``: the pair's draft model, loaded at
-        once, in the background or when needed (session/draftslot.py)."""
+        once, in the background or when needed (session/loading.py)."""
         self.target = target
         self.rpc = rpc  # the workers the target runs on, if any
         self.placement = placement  # where each model runs, and why

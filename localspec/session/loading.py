@@ -1,4 +1,10 @@
-"""A pair's draft model: loaded at once, in the background, or only when a drafter needs it.
+"""Models loading beside other work: the target in a thread while the process finishes its
+set-up (``Loading``), and a pair's draft model at once, in the background, or only when a
+drafter needs it (``DraftSlot``).
+
+``Loading(load)`` runs ``load()`` in a thread and ``result()`` waits for it (raising its
+error): llama.cpp's load runs without Python's lock, so the imports and set-up that do not
+need the model go on beside it.
 
 A draft model costs a second load (about a second for a 0.5B model on a small CPU) and,
 where no draft of it can pay, buys nothing. ``plan_draft`` decides from the drafter asked
@@ -33,6 +39,28 @@ from typing import Any
 
 from localspec.core.costs import CostProfile
 from localspec.core.drafting.model import could_pay_at
+
+
+class Loading:
+    """``load()`` running in a daemon thread (see the module docstring)."""
+
+    def __init__(self, load: Callable[[], Any]) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(load,), name="load", daemon=True)
+        self._thread.start()
+
+    def _run(self, load: Callable[[], Any]) -> None:
+        try:
+            self._value = load()
+        except BaseException as err:  # handed to the caller of result()
+            self._error = err
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class DraftPlan(StrEnum):
