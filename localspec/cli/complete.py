@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localspec.cli import STARTED
+from localspec.cli import PROCESS, STARTED
 from localspec.cli.common import SystemOpt, cli_errors, echo_progress, read_system
 from localspec.cli.groups import option_groups
 from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
@@ -227,7 +227,8 @@ def run_complete(
         for problem in session.warnings:
             typer.echo(f"warning: {problem}", err=True)
     finally:
-        session.close()
+        # A process that ends with this command leaves the models to the system.
+        session.close(free=not PROCESS.ends_with_command)
     reason = finished.reason.value if finished else "cancelled"
     totals = finished.stats if finished else running
     if json_out:

@@ -250,11 +250,12 @@ class DraftSlot:
             return f"draft model {name}: not loaded; {self.decision.reason}"
         return f"draft model {name}: loaded; {self.decision.reason}"
 
-    def close(self) -> None:
-        """Abort a load under way, then free the model."""
+    def close(self, *, free: bool = True) -> None:
+        """Abort a load under way, then free the model (unless ``free`` is false: the
+        process is about to end)."""
         self._closing.set()
         if self._thread is not None:
             self._thread.join()
         model, self._model = self._model, None
-        if model is not None:
+        if model is not None and free:
             model.close()

@@ -282,17 +282,20 @@ class Session:
                 self.costs_file.unlink(missing_ok=True)
                 return
 
-    def close(self) -> None:
+    def close(self, *, free: bool = True) -> None:
+        """End the session: a draft model still loading is stopped, and the models are
+        freed unless ``free`` is false (a process about to end leaves them to the system)."""
         if self.closed:
             return
         self.closed = True
         self.forget_stale_costs()
         if self.rpc is not None and self.rpc.lost:
             return  # freeing a target whose workers are gone would wait on them forever
-        self.target.close()
+        if free:
+            self.target.close()
         if self.slot is not None:
-            self.slot.close()
-        elif self._draft is not None:
+            self.slot.close(free=free)
+        elif self._draft is not None and free:
             self._draft.close()
         if self.rpc is not None:
             self.rpc.close()
