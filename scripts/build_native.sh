@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-speculative-simple and llama-bench from the llama-cpp-python sdist
-# that localspec uses, so `localspec bench --native-bin` compares against the same llama.cpp
-# sources (its native-bench mode runs the llama-bench beside llama-speculative-simple).
+# Build llama.cpp's llama-speculative-simple, llama-bench, llama-simple and llama-server from
+# the llama-cpp-python sdist that localspec uses, so `localspec bench --native-bin` compares
+# against the same llama.cpp sources (its native-bench mode runs the llama-bench beside
+# llama-speculative-simple; llama-simple is the leanest one-shot run, llama-server the
+# server to set beside `localspec serve`).
 #
 #   scripts/build_native.sh DIR      # DIR/build/bin/llama-speculative-simple and llama-bench
 #
@@ -36,7 +38,7 @@ fi
 # CPU backend without them, as scripts/setup.sh does for llama-cpp-python.
 cmake -S "$SRC" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
     -DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__
-cmake --build "$DIR/build" --target llama-speculative-simple llama-bench -j"$JOBS"
+cmake --build "$DIR/build" --target llama-speculative-simple llama-bench llama-simple llama-server -j"$JOBS"
 
 BIN="$DIR/build/bin/llama-speculative-simple"
 BENCH="$DIR/build/bin/llama-bench"
