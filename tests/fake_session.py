@@ -133,6 +133,7 @@ class FakeSession:
         self.n_ctx = n_ctx
         self.target_label = target_label
         self.draft_label = draft_label
+        self.draft_summary: str | None = None
         self.plain = plain_tokens_per_s
         self.token_delay = token_delay
         self.hold_after = hold_after

@@ -149,6 +149,17 @@ async def test_loading_shows_progress_then_ready() -> None:
 
 
 @pytest.mark.asyncio
+async def test_ready_says_why_the_draft_model_was_not_loaded() -> None:
+    session = FakeSession()
+    session.draft_summary = "draft model d.gguf: not loaded; no draft of it can pay here"
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        notices = [str(n.render()) for n in app.query(Notice)]
+        assert "Draft model d.gguf: not loaded; no draft of it can pay here." in notices
+
+
+@pytest.mark.asyncio
 async def test_load_error_shows_message_and_hint_and_exits_1() -> None:
     error = ModelNotFoundError("no model named 'qwen9'", hint="`localspec models` lists them")
     app = make_app(FakeSession(), error=error)

@@ -219,4 +219,6 @@ def load_into(state, options, queue_size: int, history: bool = False) -> None:  
     worker.start()
     state.worker = worker
     state.loading = False
+    if session.slot is not None:  # whether the draft model was loaded, and why
+        typer.echo(session.slot.summary(), err=True)
     typer.echo("ready", err=True)

@@ -104,6 +104,11 @@ class Session:
         waits for its load."""
         return self.slot is not None or self._draft is not None
 
+    @property
+    def draft_summary(self) -> str | None:
+        """One line on the draft model: loaded, loading or left unloaded, and why."""
+        return self.slot.summary() if self.slot is not None else None
+
     def draft_status(self) -> dict[str, Any] | None:
         """What became of the draft model and why (``--json``); None without one."""
         return self.slot.to_dict() if self.slot is not None else None

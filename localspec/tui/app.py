@@ -247,6 +247,8 @@ class ChatApp(App[int]):
             f"Ready. Target {session.target_label}, draft {draft}{where}; "
             f"context {session.n_ctx} tokens; {describe_params(self.chat.params)}."
         )
+        if session.draft_summary:
+            self._notice(session.draft_summary[:1].upper() + session.draft_summary[1:] + ".")
         self._show_system()
         if self.chat.resumed is not None:
             self._show_resumed(self.chat.resumed)

@@ -39,6 +39,7 @@ class ChatSession(Protocol):
 
     target_label: str
     draft_label: str | None
+    draft_summary: str | None  # whether the draft model was loaded, and why
     target_path: Path | None  # the model files, as resolved
     draft_path: Path | None
     n_ctx: int
