@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.core.cached_model import CachedModel, common_prefix_length
+from localspec.core.cached_model import CachedModel, Greedy, common_prefix_length
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import Event, RoundCompleted
@@ -41,7 +41,8 @@ class VirtualClock:
 
 class OracleTarget(CachedModel):
     """A target whose greedy choice after a prefix of ``text`` is the text's next token
-    (``end`` after all of it); its evaluations advance ``clock`` by ``costs``. ``stops``:
+    (``end`` after all of it), given as token ids (``greedy_after``, ``greedy_tree``) or
+    one-hot rows; its evaluations advance ``clock`` by ``costs``. ``stops``:
     the text's own end-of-generation tokens (the ends of the template's turns)."""
 
     def __init__(
@@ -75,24 +76,31 @@ class OracleTarget(CachedModel):
         return rows
 
     def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
-        if n_logits:  # a round's batch of k drafts: priced as verifying them
-            self.clock.now += self.costs.verify(n_logits - 1)
+        return self._rows(self._evaluate_greedy(tokens, n_logits, False, self.n_vocab).ids)
+
+    def _evaluate_greedy(self, tokens: list[int], n: int, confidence: bool, vocab: int) -> Greedy:
+        if n:  # a round's batch of k drafts: priced as verifying them
+            self.clock.now += self.costs.verify(n - 1)
         context = [*self.cached, *tokens]
         agreed = common_prefix_length(context, self.text)
-        ends = range(len(context) - n_logits + 1, len(context) + 1)
-        return self._rows([self._choice(context[:n], min(agreed, n)) for n in ends])
+        ends = range(len(context) - n + 1, len(context) + 1)
+        ids = [self._choice(context[:m], min(agreed, m)) for m in ends]
+        return Greedy(ids, [1.0] * n if confidence else None)
 
     def _remove_from(self, n: int) -> None:
         pass  # the cached list is the whole state
 
     def _evaluate_tree(self, start: int, last: int, tree: DraftTree) -> np.ndarray:
+        return self._rows(self._evaluate_tree_greedy(start, last, tree))
+
+    def _evaluate_tree_greedy(self, start: int, last: int, tree: DraftTree) -> list[int]:
         self.clock.now += self.costs.verify(len(tree))
         context = [*self.cached, last]
         paths = [
             context,
             *([*context, *(tree.tokens[j] for j in tree.path(i))] for i in range(len(tree))),
         ]
-        return self._rows([self._choice(p, common_prefix_length(p, self.text)) for p in paths])
+        return [self._choice(p, common_prefix_length(p, self.text)) for p in paths]
 
     def _keep_path(self, start: int, tree: DraftTree, path: list[int]) -> None:
         pass
