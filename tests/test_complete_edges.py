@@ -23,6 +23,7 @@ class StubSession:
         self.closed = False
         self.warnings: list[str] = []
         self.placement = None  # where the models run: nothing loaded here
+        self.verification = "host"
 
     def complete(self, prompt, params, **kwargs):
         yield TokenEmitted(7, "ab", TARGET, 0)

@@ -209,6 +209,7 @@ def run_complete(
     lost = _on_lost(running, exact=options.exact, json_out=json_out)
     session = open_session(options, on_progress=print_warnings, on_lost=lost)
     placement = session.placement
+    verification = session.verification
     try:
         if prediction is not None:
             predicted = tuple(session.plain_tokens(prediction))
@@ -228,6 +229,7 @@ def run_complete(
     totals = finished.stats if finished else running
     if json_out:
         record = _record(finished, running, totals, reason, options.exact, placement)
+        record["stats"]["verification"] = verification
         if params.prediction:  # as OpenAI's usage counts it
             record["prediction"] = _prediction_usage(params.prediction, record["token_ids"])
         sys.stdout.write(json.dumps(record) + "\n")

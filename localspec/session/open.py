@@ -17,6 +17,7 @@ default that ends the process with a ``WorkersLostError``, reported as every err
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +39,8 @@ from localspec.storage.answers import KeptAnswers
 from localspec.storage.learning import LearningStore
 from localspec.storage.library import HISTORY, Library, vocabulary_fingerprint
 from localspec.storage.store import STATE_ERRORS
+
+DEVICE_VERIFY = "LOCALSPEC_DEVICE_VERIFY"  # 0: greedy choices from rows on the host
 
 LostHandler = Callable[[str], None]
 
@@ -122,6 +125,7 @@ def _load_pair(
         n_threads=options.threads,
         n_gpu_layers=placement.target.n_gpu_layers,
         flash_attn=options.flash_attn,
+        device_greedy=device_verification(),
     )
     target_load = _target_load(options, load)
     if options.exact:
@@ -130,7 +134,10 @@ def _load_pair(
     draft = None
     try:
         if draft_path is not None:
-            draft = _load_draft(options, load, placement, draft_path, target_path, on_progress)
+            draft_load = replace(load, greedy_confidence=True, greedy_vocab=target.n_vocab)
+            draft = _load_draft(
+                options, draft_load, placement, draft_path, target_path, on_progress
+            )
             _check_vocabularies(target, draft, target_path, draft_path, on_progress)
         costs, costs_file = step_costs(
             options, placement, target, draft, target_path, draft_path, on_progress
@@ -141,6 +148,18 @@ def _load_pair(
             draft.close()
         raise
     return target, draft, costs, costs_file
+
+
+def device_verification() -> bool:
+    """Whether greedy choices are made on the device (``LOCALSPEC_DEVICE_VERIFY``: ``1``,
+    the default, or ``0``, from logits rows on the host, for comparison)."""
+    value = os.environ.get(DEVICE_VERIFY, "1").strip()
+    if value not in ("0", "1"):
+        raise UsageError(
+            f"{DEVICE_VERIFY}={value!r} is neither 0 nor 1",
+            f"set {DEVICE_VERIFY}=0 to verify on the host, or unset it",
+        )
+    return value == "1"
 
 
 def _target_load(options: ModelOptions, load: LoadOptions) -> LoadOptions:

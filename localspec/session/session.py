@@ -68,6 +68,9 @@ class Session:
         self.prompts = Prompts(target)
         self.target_label = self.prompts.label
         self.draft_label = draft.description() if draft is not None else None
+        # Where greedy verification picks the target's tokens: "device" (llama.cpp's
+        # backend sampler; only token ids come back) or "host" (from logits rows).
+        self.verification: str = target.greedy_where
         # The files loaded, as resolved: a saved chat names them to be continued with them.
         self.target_path: Path | None = target.path
         self.draft_path: Path | None = draft.path if draft is not None else None
