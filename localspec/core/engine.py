@@ -78,12 +78,11 @@ from localspec.core.events import (
 )
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.core.planner import RESTORE_KEEP, Planner, restore_drafters
-from localspec.core.sampling import warp
 from localspec.core.stats import GenerationStats
 from localspec.core.text import TextAssembler
 from localspec.core.tree import ROOT, DraftTree
 from localspec.core.tree_round import tree_shape, verify_branches
-from localspec.core.verify import Verdict, verify_greedy, verify_sampled
+from localspec.core.verify import Verdict, verify_greedy, verify_rows
 from localspec.errors import ContextOverflowError, InputError, empty_input
 
 # Used when no calibration is given: batch costs typical of a small CPU (see the design note).
@@ -423,7 +422,7 @@ class SpecDecoder:
         else:
             rows = self.target.forward_after(start, tail, len(batch), borrow=True)
             # The rows are borrowed: consumed here, before the target evaluates anything else.
-            verdict = self._verify_sampled(rows, draft, run.params, run.rng)
+            verdict = verify_rows(rows, draft.tokens, draft.probs, run.params, run.rng)
             choices = greedy_ids(rows) if self._watchers(run) else []
         chain = list(range(ROOT, len(draft.tokens) - 1))  # node i's parent is i - 1
         for watcher in self._watchers(run) if choices else ():
@@ -431,19 +430,6 @@ class SpecDecoder:
         self.target.truncate(len(committed) + verdict.accepted)
         run.target_changes = self.target.changes
         return verdict
-
-    @staticmethod
-    def _verify_sampled(
-        rows: np.ndarray, draft: Draft, params: GenerationParams, rng: np.random.Generator
-    ) -> Verdict:
-        warped: dict[int, np.ndarray] = {}
-
-        def target_probs(i: int) -> np.ndarray:
-            if i not in warped:
-                warped[i] = warp(rows[i], params)
-            return warped[i]
-
-        return verify_sampled(target_probs, draft.tokens, draft.probs, rng)
 
 
 def run_to_completion(

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.core.sampling import sample
+from localspec.core.params import GenerationParams
+from localspec.core.sampling import sample, warp
 
 
 @dataclass(frozen=True)
@@ -78,3 +79,22 @@ def verify_sampled(
         # total == 0 only when p == q, where rejection has probability 0; guard rounding.
         return Verdict(i, sample(residual / total if total > 0 else p, rng))
     return Verdict(len(draft), sample(target_probs(len(draft)), rng))
+
+
+def verify_rows(
+    rows: np.ndarray,
+    draft: Sequence[int],
+    draft_probs: Sequence[np.ndarray] | None,
+    params: GenerationParams,
+    rng: np.random.Generator,
+) -> Verdict:
+    """``verify_sampled`` over the target's logits rows, each warped by ``params`` only
+    when it is reached."""
+    warped: dict[int, np.ndarray] = {}
+
+    def target_probs(i: int) -> np.ndarray:
+        if i not in warped:
+            warped[i] = warp(rows[i], params)
+        return warped[i]
+
+    return verify_sampled(target_probs, draft, draft_probs, rng)
