@@ -1,18 +1,21 @@
 """Load a GGUF model with llama.cpp and drive it token by token.
 
 ``LlamaModel`` is a ``CachedModel``: ``forward`` evaluates a batch on sequence 0 and returns
-logits only for the positions asked for (prefill asks for none), and rolls the KV cache
-back with ``llama_memory_seq_rm``. Asked for greedy choices (``greedy_after``,
-``greedy_tree``), it lets llama.cpp's backend sampler pick them where the logits are computed
+logits only for the positions asked for (prefill asks for none), and rolls the KV cache back
+with ``llama_memory_seq_rm``. Asked for greedy choices (``greedy_after``, ``greedy_tree``),
+it lets llama.cpp's backend sampler pick them where the logits are computed
 (``backend/sampling.py``): only token ids come back, no logits row (``greedy_where`` is
-``"device"``; ``LoadOptions.device_greedy`` off, or a backend that cannot, keeps the host's
-way). Its rows are read-only views of llama.cpp's own logits
-buffer (``borrowed_rows``): ``forward`` copies them unless the caller borrows them, which the
-engine does for rows it consumes before the next evaluation (no copy of n_vocab floats a
-row on every step). It verifies draft trees too (``forward_tree``), with
-sequence ids as branch tags in one unified cache (``backend/trees.py``). Its vocabulary
-side (tokenizing, token bytes, GGUF metadata, fill-in-the-middle tokens) is
-``LlamaVocabulary`` (backend/vocab.py).
+``"device"``). It does so by default where its output layer runs on a GPU (or an RPC
+worker); on the CPU a row's copy is a memcpy, and llama.cpp's sampling graph costs more than
+it saves (a scalar argmax over the vocabulary and a padded copy of the logits, about half a
+millisecond a step with Qwen2.5's vocabulary), so there it reads rows
+(``LoadOptions.device_greedy`` chooses either way). Its rows are read-only views of
+llama.cpp's own logits buffer (``borrowed_rows``): ``forward`` copies them unless the caller
+borrows them, which the engine does for rows it consumes before the next evaluation (no copy
+of n_vocab floats a row on every step). It verifies draft trees too (``forward_tree``), with
+sequence ids as branch tags in one unified cache (``backend/trees.py``). Its vocabulary side
+(tokenizing, token bytes, GGUF metadata, fill-in-the-middle tokens) is ``LlamaVocabulary``
+(backend/vocab.py).
 
 Importing this module leaves llama.cpp alone: the first load initialises it
 (``runtime.ensure_backend``). llama.cpp's own log lines are captured, not printed; the last
@@ -121,10 +124,11 @@ class LoadOptions:
     # Leaves a draft tree may have (see MAX_TREE_SEQS); 0 gives a one-sequence context that
     # cannot verify trees. Ignored in exact mode and for recurrent or hybrid models.
     tree_seqs: int = MAX_TREE_SEQS
-    # Greedy choices made by llama.cpp's backend sampler (token ids only come back), set up
-    # at load for what this model is asked: the target's ids, or a draft model's ids among
-    # its target's first ``greedy_vocab`` ids (0: all) with their probabilities.
-    device_greedy: bool = True
+    # Greedy choices made by llama.cpp's backend sampler (token ids only come back): None
+    # where the output layer is offloaded (see the module docstring), or always, or never.
+    # Set up at load for what this model is asked: the target's ids, or a draft model's ids
+    # among its target's first ``greedy_vocab`` ids (0: all) with their probabilities.
+    device_greedy: bool | None = None
     greedy_confidence: bool = False
     greedy_vocab: int = 0
 
@@ -228,7 +232,7 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
         )
         if self.exact:
             cparams.type_k = cparams.type_v = GGML_TYPE_BF16
-        if options.device_greedy:
+        if self._greedy_on_device(options):
             vocab = options.greedy_vocab or self.n_vocab
             self._device = DeviceGreedy(
                 cparams.n_seq_max, vocab, confidence=options.greedy_confidence
@@ -236,6 +240,13 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
             cparams.samplers, cparams.n_samplers = self._device.configs()
             cparams.n_outputs_max_per_seq = cparams.n_batch  # a batch may be one sequence's
         return cparams
+
+    def _greedy_on_device(self, options: LoadOptions) -> bool:
+        """Whether greedy choices are made by the backend sampler (see ``LoadOptions``)."""
+        if options.device_greedy is not None:
+            return options.device_greedy
+        offloaded = options.n_gpu_layers > llama_cpp.llama_model_n_layer(self._model)
+        return offloaded and bool(llama_cpp.llama_supports_gpu_offload())
 
     def _tree_capacity(self, options: LoadOptions, n_batch: int, stateful: bool) -> int:
         """Sequence ids for tree leaves: none in exact mode (batch invariance is checked for

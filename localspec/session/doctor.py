@@ -146,20 +146,27 @@ def _verification(report: Diagnosis) -> None:
     from localspec.session.open import DEVICE_VERIFY, device_verification
 
     try:
-        on = device_verification()
+        setting = device_verification()
     except LocalspecError as err:
         report.problems.append(_said(err))
         return
+    placement = report.pair.get("placement") or {}
+    target = placement.get("target") or {}
+    offloaded = bool(target) and target.get("gpu_layers") == target.get("layers")
+    on = setting if setting is not None else offloaded
+    if on:
+        why = (
+            "llama.cpp's backend sampler picks each verified token where the logits are "
+            "computed; only token ids come back"
+        )
+    elif setting is None:
+        why = "the target's output layer runs on the CPU, where reading its rows costs less"
+    else:
+        why = "every verified position's logits row is read on the host"
     report.verification = {
         "greedy": "device" if on else "host",
-        "why": (
-            "llama.cpp's backend sampler picks each verified token where the logits are "
-            f"computed; only token ids come back ({DEVICE_VERIFY}=0: from logits rows on "
-            "the host). A backend that cannot falls back to the host, as --json's "
-            "stats.verification says."
-            if on
-            else f"{DEVICE_VERIFY}=0: every verified position's logits row is copied to the host"
-        ),
+        "setting": {None: "auto", True: "1", False: "0"}[setting],
+        "why": f"{why} ({DEVICE_VERIFY}=auto|1|0)",
     }
 
 

@@ -40,7 +40,7 @@ from localspec.storage.learning import LearningStore
 from localspec.storage.library import HISTORY, Library, vocabulary_fingerprint
 from localspec.storage.store import STATE_ERRORS
 
-DEVICE_VERIFY = "LOCALSPEC_DEVICE_VERIFY"  # 0: greedy choices from rows on the host
+DEVICE_VERIFY = "LOCALSPEC_DEVICE_VERIFY"  # auto, 1 or 0: see device_verification
 
 LostHandler = Callable[[str], None]
 
@@ -150,16 +150,17 @@ def _load_pair(
     return target, draft, costs, costs_file
 
 
-def device_verification() -> bool:
-    """Whether greedy choices are made on the device (``LOCALSPEC_DEVICE_VERIFY``: ``1``,
-    the default, or ``0``, from logits rows on the host, for comparison)."""
-    value = os.environ.get(DEVICE_VERIFY, "1").strip()
-    if value not in ("0", "1"):
+def device_verification() -> bool | None:
+    """Where greedy choices are made (``LOCALSPEC_DEVICE_VERIFY``): ``auto``, the default
+    (None: on the device where the output layer is offloaded, else from rows on the host),
+    ``1`` (always on the device, the CPU's backend included) or ``0`` (always on the host)."""
+    value = os.environ.get(DEVICE_VERIFY, "auto").strip().lower()
+    if value not in ("auto", "0", "1"):
         raise UsageError(
-            f"{DEVICE_VERIFY}={value!r} is neither 0 nor 1",
+            f"{DEVICE_VERIFY}={value!r} is neither auto, 0 nor 1",
             f"set {DEVICE_VERIFY}=0 to verify on the host, or unset it",
         )
-    return value == "1"
+    return None if value == "auto" else value == "1"
 
 
 def _target_load(options: ModelOptions, load: LoadOptions) -> LoadOptions:
