@@ -28,11 +28,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from localspec.bench.prompts import load_prompt_file, load_prompts
-from localspec.core.cached_model import common_prefix_length
 from localspec.core.controller import SPECULATE_MARGIN
 from localspec.core.costs import CostProfile
 from localspec.core.params import GenerationParams
 from localspec.core.replay import replay as replay_engine
+from localspec.core.replay import replay_ngram_simple
 from localspec.session.open import open_session
 from localspec.session.pair import ModelOptions
 
@@ -52,37 +52,6 @@ def replay(
     replayed = replay_engine(prompt, answer, costs, params, ends, margin=margin)
     drafts = [(r.drafted, r.accepted, r.match) for r in replayed.rounds if r.drafted]
     return replayed.seconds, drafts
-
-
-def replay_ngram_simple(
-    prompt: list[int], answer: list[int], costs: CostProfile, n: int = 12, m: int = 48
-) -> tuple[float, int, list[tuple[int, int, int]]]:
-    """Estimated seconds of llama.cpp's ``ngram-simple`` (defaults: a 12-token match, drafts
-    of up to 48 tokens) over the same answer, the tokens it covers (it may run past the
-    answer's end, as the binary runs past ``-n``; those are not counted), and its drafts.
-    Follows ``common_ngram_simple_draft``: the last ``n`` tokens are looked for in the text
-    before them, most recent first, and the up to ``m`` tokens after the match are drafted
-    when at least ``n`` are available."""
-    committed, done, seconds, drafts = list(prompt), 0, 0.0, []
-    while done < len(answer):
-        tokens: list[int] = []
-        cur = len(committed)
-        if cur > n + m + 1:
-            pattern = committed[cur - n :]
-            for j in range(cur - n - 1, 0, -1):
-                if committed[j : j + n] == pattern:
-                    copy = min(m, cur - (j + n))
-                    if copy >= n:
-                        tokens = committed[j + n : j + n + copy]
-                    break
-        accepted = common_prefix_length(tokens, answer[done : done + len(tokens)])
-        seconds += costs.verify(len(tokens))
-        emitted = min(accepted + 1, len(answer) - done)
-        committed.extend(answer[done : done + emitted])
-        done += emitted
-        if tokens:
-            drafts.append((len(tokens), accepted, n))
-    return seconds, done, drafts
 
 
 def _geo(values: list[float]) -> float:

@@ -4,14 +4,17 @@
 rollback bookkeeping and that nothing is evaluated twice. Two fakes built with the same
 ``seed`` agree everywhere; ``noise`` makes a draft disagree with its target some of the time.
 It evaluates draft trees too: a node's row is exactly what the chain from the root down to
-that node would give.
+that node would give. Asked for greedy choices (``greedy_after``, ``greedy_tree``), it gives
+token ids without handing out a row, and ``rows_read`` counts the rows it did hand out, so
+tests can check that greedy decoding asks for none.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from localspec.core.cached_model import CachedModel
+from localspec.core.cached_model import CachedModel, Greedy
+from localspec.core.sampling import top_probability
 from localspec.core.tree import DraftTree, TreeVerdict
 
 
@@ -35,6 +38,7 @@ class FakeModel(CachedModel):
         self.window = window
         self.sharpness = sharpness
         self.calls: list[tuple[int, int, int]] = []  # (start position, tokens, logits rows)
+        self.rows_read = 0  # logits rows handed out (greedy choices are not rows)
 
     def logits_after(self, context: list[int]) -> np.ndarray:
         tail = [int(t) for t in context[-self.window :]]
@@ -45,7 +49,7 @@ class FakeModel(CachedModel):
             ).normal(size=self.n_vocab)
         return (self.sharpness * base).astype(np.float32)
 
-    def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
+    def _logits(self, tokens: list[int], n_logits: int) -> np.ndarray:
         self.calls.append((len(self.cached), len(tokens), n_logits))
         ctx = list(self.cached)
         rows = []
@@ -55,6 +59,15 @@ class FakeModel(CachedModel):
                 rows.append(self.logits_after(ctx))
         return np.array(rows, dtype=np.float32).reshape(n_logits, self.n_vocab)
 
+    def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
+        self.rows_read += n_logits
+        return self._logits(tokens, n_logits)
+
+    def _evaluate_greedy(self, tokens: list[int], n: int, confidence: bool, vocab: int) -> Greedy:
+        rows = self._logits(tokens, n)[:, :vocab]
+        probs = [top_probability(row) for row in rows] if confidence else None
+        return Greedy(np.argmax(rows, axis=-1).tolist(), probs)
+
     def _remove_from(self, n: int) -> None:
         pass  # nothing to free: the cached list is the whole state
 
@@ -63,6 +76,13 @@ class FakeModel(CachedModel):
         return True
 
     def _evaluate_tree(self, start: int, last: int, tree: DraftTree) -> np.ndarray:
+        self.rows_read += 1 + len(tree)
+        return self._tree_logits(start, last, tree)
+
+    def _evaluate_tree_greedy(self, start: int, last: int, tree: DraftTree) -> list[int]:
+        return np.argmax(self._tree_logits(start, last, tree), axis=-1).tolist()
+
+    def _tree_logits(self, start: int, last: int, tree: DraftTree) -> np.ndarray:
         self.calls.append((start, 1 + len(tree), 1 + len(tree)))
         ctx = [*self.cached, last]
         rows = [self.logits_after(ctx)]
@@ -89,14 +109,14 @@ class TimedFake(FakeModel):
         super().__init__(**kw)
         self.clock, self.costs = clock, costs
 
-    def _evaluate(self, tokens, n_logits):
+    def _logits(self, tokens, n_logits):
         if n_logits:
             self.clock.now += self.costs.verify(n_logits - 1)
-        return super()._evaluate(tokens, n_logits)
+        return super()._logits(tokens, n_logits)
 
-    def _evaluate_tree(self, start, last, tree):
+    def _tree_logits(self, start, last, tree):
         self.clock.now += self.costs.verify(len(tree))
-        return super()._evaluate_tree(start, last, tree)
+        return super()._tree_logits(start, last, tree)
 
 
 def plain_greedy(model: FakeModel, prompt: list[int], n: int) -> list[int]:

@@ -99,7 +99,7 @@ def test_rounds_of_trees_give_plain_greedy_tokens(models):
         truth = expected[len(committed) : len(committed) + 3]
         wrong = [int(t) for t in rng.integers(3, model.n_vocab, size=3)]
         tree = DraftTree.from_branches([wrong, truth[: int(rng.integers(0, 4))], wrong[:1]])
-        verdict = verify_tree_greedy(model.forward_tree(committed, tree), tree)
+        verdict = verify_tree_greedy(model.greedy_tree(committed, tree), tree)
         model.keep_path(verdict.path)
         committed += verdict_tokens(verdict, tree)
     assert committed[: len(expected)] == expected

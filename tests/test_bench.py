@@ -111,9 +111,9 @@ class TimedFake(FakeModel):
         self.compute_seconds = 0.0
         self.resets = 0
 
-    def _evaluate(self, tokens, n_logits):
+    def _logits(self, tokens, n_logits):
         t0 = time.perf_counter()
-        rows = super()._evaluate(tokens, n_logits)
+        rows = super()._logits(tokens, n_logits)
         self.compute_seconds += time.perf_counter() - t0
         return rows
 

@@ -24,13 +24,14 @@ class StubSession:
         self.warnings: list[str] = []
         self.placement = None  # where the models run: nothing loaded here
         self.slot = None  # no draft model
+        self.verification = "host"
 
     def complete(self, prompt, params, **kwargs):
         yield TokenEmitted(7, "ab", TARGET, 0)
         yield TokenEmitted(9, "cd", TARGET, 1)
         raise self.then
 
-    def close(self) -> None:
+    def close(self, *, free: bool = True) -> None:
         self.closed = True
 
 

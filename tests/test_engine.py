@@ -32,6 +32,20 @@ def run(decoder, prompt, **kw):
     return events, events[-1]
 
 
+@pytest.mark.parametrize("mode", ["none", "ngram", "model", "lookahead", "auto"])
+def test_greedy_decoding_asks_for_token_ids_and_sampling_for_rows(mode):
+    target = FakeModel(seed=1, window=2)
+    draft = FakeModel(seed=1, window=2, noise=0.6)
+    decoder = SpecDecoder(target, draft, CHEAP_VERIFY)
+    _, fin = run(decoder, PROMPT, max_tokens=40, drafter=mode)
+    assert list(fin.token_ids) == plain_greedy(target, PROMPT, 40)
+    assert target.rows_read == draft.rows_read == 0 and len(target.calls) > 1
+    run(decoder, PROMPT, max_tokens=20, drafter=mode, temperature=0.8, seed=2)
+    assert target.rows_read > 0
+    if mode != "auto":  # whether auto drafts with the draft model depends on its offers
+        assert (draft.rows_read > 0) == (mode == "model")  # q: the draft's distribution
+
+
 @pytest.mark.parametrize("mode", ["none", "ngram", "model", "auto"])
 @pytest.mark.parametrize("noise", [0.0, 0.6, 3.0])
 def test_greedy_output_equals_the_targets_own_decoding(mode, noise):

@@ -29,20 +29,13 @@ def drafter(costs=FLAT, fixed=True) -> LookaheadDrafter:
     return d
 
 
-def rows_choosing(tokens: list[int]) -> np.ndarray:
-    """Logits rows whose argmax is each of ``tokens``."""
-    rows = np.zeros((len(tokens), VOCAB), dtype=np.float32)
-    rows[np.arange(len(tokens)), tokens] = 5.0
-    return rows
-
-
 def test_a_pass_recycles_successors_and_pools_the_ngrams_of_its_branch():
     d = drafter()
     committed = [1, 2, 3]
     d.offer(committed, 8)
     # A chain [10, 11, 12] after 3; the target chose 10 after 3, 11 after 10, 20 after 11
     # (the draft's 12 was wrong) and 21 after 12.
-    d.watch([10, 11, 12], [ROOT, 0, 1], rows_choosing([10, 11, 20, 21]))
+    d.watch([10, 11, 12], [ROOT, 0, 1], [10, 11, 20, 21])
     committed += [10, 11, 20]  # two accepted, then the target's own
     d.observe(committed, Outcome(True, 3, 2))
     assert d.successors[3] == [10] and d.successors[10] == [11] and d.successors[11] == [20]
@@ -60,7 +53,7 @@ def test_the_window_is_drafted_when_it_follows_the_text_and_dropped_when_not():
     d = drafter()
     committed = [1, 2, 3]
     d.offer(committed, 8)
-    d.watch([10, 11, 12, 13], [ROOT, 0, 1, 2], rows_choosing([10, 11, 20, 21, 22]))
+    d.watch([10, 11, 12, 13], [ROOT, 0, 1, 2], [10, 11, 20, 21, 22])
     committed += [10, 11, 20]
     d.observe(committed, Outcome(True, 4, 2))
     assert d.window == [21, 22]

@@ -8,7 +8,7 @@ from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import RoundCompleted
 from localspec.core.params import GenerationParams
-from localspec.core.replay import VirtualClock, replay
+from localspec.core.replay import DraftChoices, VirtualClock, replay, replay_ngram_simple
 from tests.fakes import FakeModel, TimedFake, plain_greedy
 
 CPU = CostProfile(
@@ -67,3 +67,51 @@ def test_a_replay_drafts_from_a_prediction_as_auto_does():
     assert with_it.seconds < without.seconds / 2
     unknown = replay(prompt, answer, CPU, GenerationParams(max_tokens=60, prediction=(999,) * 8))
     assert unknown.token_ids == answer
+
+
+GPU = CostProfile(
+    plain_s=1.0, verify_s={1: 1.05, 4: 1.1, 8: 1.2, 16: 1.4, 63: 2.5}, draft_step_s=0.1
+)
+
+
+def _answer_and_prompt(seed: int = 5) -> tuple[list[int], list[int]]:
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
+    return prompt, plain_greedy(FakeModel(seed=seed, window=2), prompt, 80)
+
+
+def test_a_draft_that_guesses_the_answer_is_chosen_where_drafts_are_cheap():
+    prompt, answer = _answer_and_prompt()
+    params = GenerationParams(max_tokens=80)
+    alone = replay(prompt, answer, GPU, params)
+    right = DraftChoices([*answer, 0], [0.95] * (len(answer) + 1))
+    drafted = replay(prompt, answer, GPU, params, draft=right)
+    assert drafted.token_ids == alone.token_ids == answer
+    by_model = [r for r in drafted.rounds if r.drafter == "model"]
+    assert by_model and sum(r.accepted for r in by_model) > len(answer) // 2
+    assert drafted.seconds < alone.seconds / 2
+
+
+def test_a_draft_that_never_guesses_right_costs_draft_steps_and_is_left():
+    prompt, answer = _answer_and_prompt()
+    params = GenerationParams(max_tokens=80, drafter="model")
+    wrong = DraftChoices([9999] * (len(answer) + 1), [0.99] * (len(answer) + 1))
+    replayed = replay(prompt, answer, GPU, params, draft=wrong)
+    assert replayed.token_ids == answer
+    assert all(r.accepted == 0 for r in replayed.rounds)
+    # Every round drafted (fixed policy), each draft running on past its wrong first token
+    # at the confidence it had there, and every draft step was priced.
+    left = len(answer)
+    for r in replayed.rounds:  # as long as max_tokens leaves room for
+        assert r.drafted == min(params.draft_max, left - 1)
+        left -= 1
+    plain = len(answer) * GPU.plain_s
+    assert replayed.seconds > plain
+
+
+def test_ngram_simple_replay_drafts_a_repeated_stretch():
+    text = list(range(100, 180))
+    prompt = text + [7, 8]
+    answer = text[:60]
+    seconds, done, drafts = replay_ngram_simple(prompt, answer, CPU)
+    assert done == 60 and drafts and drafts[0][1] > 0
+    assert seconds < 60 * CPU.plain_s

@@ -29,9 +29,9 @@ class TimedDraft(FakeModel):
         super().__init__(**kw)
         self.clock, self.step_s = clock, step_s
 
-    def _evaluate(self, tokens, n_logits):
+    def _logits(self, tokens, n_logits):
         self.clock.now += self.step_s * max(1, len(tokens) // 4 if len(tokens) > 1 else 1)
-        return super()._evaluate(tokens, n_logits)
+        return super()._logits(tokens, n_logits)
 
 
 @pytest.mark.parametrize("costs, pays", [(CHEAP, True), (DEAR, False)])

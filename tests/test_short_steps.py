@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from localspec.core.cached_model import CachedModel, common_prefix_length
+from localspec.core.cached_model import CachedModel, common_prefix_length, greedy_ids
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import PrefillDone, RoundCompleted, TokenEmitted
 from localspec.core.params import GenerationParams
@@ -168,10 +168,10 @@ class Timed(FakeModel):
         super().__init__(**kw)
         self.compute_seconds = 0.0
 
-    def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
+    def _logits(self, tokens: list[int], n_logits: int) -> np.ndarray:
         t0 = time.perf_counter()
         time.sleep(0.001)
-        rows = super()._evaluate(tokens, n_logits)
+        rows = super()._logits(tokens, n_logits)
         self.compute_seconds += time.perf_counter() - t0
         return rows
 
@@ -219,7 +219,7 @@ def test_the_cached_model_contract_is_unchanged_for_plain_callers():
     assert CachedModel.forward.__kwdefaults__ == {"borrow": False}
 
 
-# --- greedy verification reads rows in doubling chunks ---
+# --- greedy verification reads token ids ---
 
 
 def one_pass_greedy(rows: np.ndarray, draft: list[int]) -> tuple[int, int]:
@@ -232,7 +232,7 @@ def one_pass_greedy(rows: np.ndarray, draft: list[int]) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 7, 8, 15, 16, 17, 48])
-def test_chunked_greedy_verification_equals_one_pass(k):
+def test_greedy_verification_of_the_rows_choices_equals_one_pass_over_the_rows(k):
     rng = np.random.default_rng(k)
     for _ in range(40):
         rows = rng.normal(size=(k + 1, 50)).astype(np.float32)
@@ -241,15 +241,16 @@ def test_chunked_greedy_verification_equals_one_pass(k):
         draft = [int(c) for c in choices[:k]]
         if cut < k:
             draft[cut] = (draft[cut] + 1 + int(rng.integers(0, 48))) % 50
-        verdict = verify_greedy(rows, draft)
+        verdict = verify_greedy(greedy_ids(rows), draft)
         assert (verdict.accepted, verdict.token) == one_pass_greedy(rows, draft)
         assert isinstance(verdict.token, int)
 
 
-def test_greedy_verification_keeps_the_first_of_tied_maxima():
+def test_greedy_choices_read_off_rows_keep_the_first_of_tied_maxima():
     rows = np.zeros((3, 6), dtype=np.float32)
-    rows[:, 2] = rows[:, 4] = 1.0  # a tie: argmax takes the first
-    assert verify_greedy(rows, [2, 4]) == Verdict(1, 2)
+    rows[:, 2] = rows[:, 4] = 1.0  # a tie: the lowest id is taken
+    assert greedy_ids(rows) == [2, 2, 2]
+    assert verify_greedy(greedy_ids(rows), [2, 4]) == Verdict(1, 2)
 
 
 def test_a_round_without_offers_is_the_plain_step_the_controller_would_plan():

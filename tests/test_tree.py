@@ -13,14 +13,6 @@ COMMITTED = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
 V = 10  # vocabulary of the hand-made rows
 
 
-def rows_choosing(*choices: int) -> np.ndarray:
-    """Logits rows whose argmax is each of ``choices`` in turn."""
-    rows = np.zeros((len(choices), V), dtype=np.float32)
-    for i, c in enumerate(choices):
-        rows[i, c] = 5.0
-    return rows
-
-
 # -- the trie ---------------------------------------------------------------------------
 
 
@@ -70,34 +62,33 @@ def test_is_path():
 def test_verify_accepts_down_the_branch_the_target_takes():
     tree = DraftTree.from_branches([[3, 4, 5], [3, 6, 1], [7]])  # nodes 3,4,5,6,1,7
     # root -> 3 (node 0) -> 6 (node 3) -> 2: node 4 carries 1, so 2 is the correction.
-    rows = rows_choosing(3, 6, 0, 0, 2, 0, 0)
-    verdict = verify_tree_greedy(rows, tree)
+    verdict = verify_tree_greedy([3, 6, 0, 0, 2, 0, 0], tree)
     assert verdict == TreeVerdict(path=(0, 3), accepted=2, token=2)
     assert verdict_tokens(verdict, tree) == [3, 6, 2]
 
 
 def test_verify_stops_at_the_root_with_the_correction():
     tree = DraftTree.from_branches([[3, 4], [7]])
-    verdict = verify_tree_greedy(rows_choosing(9, 4, 0, 0), tree)
+    verdict = verify_tree_greedy([9, 4, 0, 0], tree)
     assert verdict == TreeVerdict((), 0, 9)
     assert verdict_tokens(verdict, tree) == [9]
 
 
 def test_verify_adds_the_bonus_token_after_a_fully_accepted_leaf():
     tree = DraftTree.from_branches([[3, 4], [7, 8]])  # nodes 3,4,7,8
-    verdict = verify_tree_greedy(rows_choosing(7, 0, 0, 8, 1), tree)
+    verdict = verify_tree_greedy([7, 0, 0, 8, 1], tree)
     assert verdict == TreeVerdict((2, 3), 2, 1)
     assert verdict_tokens(verdict, tree) == [7, 8, 1]
 
 
 def test_verify_an_empty_tree_is_a_plain_step():
-    verdict = verify_tree_greedy(rows_choosing(6), DraftTree.from_branches([]))
+    verdict = verify_tree_greedy([6], DraftTree.from_branches([]))
     assert verdict == TreeVerdict((), 0, 6)
 
 
 def test_verify_needs_a_row_per_node():
-    with pytest.raises(ValueError, match="rows"):
-        verify_tree_greedy(rows_choosing(1, 2), DraftTree.from_branches([[1, 2]]))
+    with pytest.raises(ValueError, match="choices"):
+        verify_tree_greedy([1, 2], DraftTree.from_branches([[1, 2]]))
 
 
 # -- FakeModel: rows and cache bookkeeping ----------------------------------------------
@@ -196,7 +187,7 @@ def test_tree_rounds_give_the_targets_own_greedy_tokens():
         wrong = [int(rng.integers(0, target.n_vocab)) for _ in range(3)]
         tree = DraftTree.from_branches([wrong, good] if rounds % 2 else [good, wrong])
         before = target.evaluated_tokens
-        verdict = verify_tree_greedy(target.forward_tree(committed, tree), tree)
+        verdict = verify_tree_greedy(target.greedy_tree(committed, tree), tree)
         assert target.calls[-1][0] == len(committed) - 1  # the cache held committed[:-1]
         assert target.evaluated_tokens - before == 1 + len(tree)
         target.keep_path(verdict.path)

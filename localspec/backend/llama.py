@@ -1,14 +1,21 @@
 """Load a GGUF model with llama.cpp and drive it token by token.
 
 ``LlamaModel`` is a ``CachedModel``: ``forward`` evaluates a batch on sequence 0 and returns
-logits only for the positions asked for (prefill asks for none), and rolls the KV cache
-back with ``llama_memory_seq_rm``. Its rows are read-only views of llama.cpp's own logits
-buffer (``borrowed_rows``): ``forward`` copies them unless the caller borrows them, which the
-engine does for rows it consumes before the next evaluation (no copy of n_vocab floats a
-row on every step). It verifies draft trees too (``forward_tree``), with
-sequence ids as branch tags in one unified cache (see "draft trees" below). Its vocabulary
-side (tokenizing, token bytes, GGUF metadata, fill-in-the-middle tokens) is
-``LlamaVocabulary`` (backend/vocab.py).
+logits only for the positions asked for (prefill asks for none), and rolls the KV cache back
+with ``llama_memory_seq_rm``. Asked for greedy choices (``greedy_after``, ``greedy_tree``),
+it lets llama.cpp's backend sampler pick them where the logits are computed
+(``backend/sampling.py``): only token ids come back, no logits row (``greedy_where`` is
+``"device"``). It does so by default where its output layer runs on a GPU (or an RPC
+worker); on the CPU a row's copy is a memcpy, and llama.cpp's sampling graph costs more than
+it saves (a scalar argmax over the vocabulary and a padded copy of the logits, about half a
+millisecond a step with Qwen2.5's vocabulary), so there it reads rows
+(``LoadOptions.device_greedy`` chooses either way). Its rows are read-only views of
+llama.cpp's own logits buffer (``borrowed_rows``): ``forward`` copies them unless the caller
+borrows them, which the engine does for rows it consumes before the next evaluation (no copy
+of n_vocab floats a row on every step). It verifies draft trees too (``forward_tree``), with
+sequence ids as branch tags in one unified cache (``backend/trees.py``). Its vocabulary side
+(tokenizing, token bytes, GGUF metadata, fill-in-the-middle tokens) is ``LlamaVocabulary``
+(backend/vocab.py).
 
 Importing this module leaves llama.cpp alone: the first load initialises it
 (``runtime.ensure_backend``). llama.cpp's own log lines are captured, not printed; the last
@@ -21,17 +28,19 @@ import contextlib
 import ctypes
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
 
 from localspec.backend.runtime import clear_llama_log, ensure_backend, recent_llama_log
+from localspec.backend.sampling import DeviceGreedy
+from localspec.backend.trees import TreeBatches
 from localspec.backend.vocab import LlamaVocabulary
-from localspec.core.cached_model import CachedModel
-from localspec.core.tree import DraftTree
+from localspec.core.cached_model import DEVICE, HOST, CachedModel, Greedy
 from localspec.errors import BackendError, ModelFileError
 
 # Exact mode keeps keys and values in bf16. llama.cpp's CPU flash attention has two kernels
@@ -119,9 +128,16 @@ class LoadOptions:
     # Evaluate one token once loaded, so that the first step timed is like the others (see
     # _warm_up); a load whose steps are not timed now (costs already measured) spares it.
     warm_up: bool = True
+    # Greedy choices made by llama.cpp's backend sampler (token ids only come back): None
+    # where the output layer is offloaded (see the module docstring), or always, or never.
+    # Set up at load for what this model is asked: the target's ids, or a draft model's ids
+    # among its target's first ``greedy_vocab`` ids (0: all) with their probabilities.
+    device_greedy: bool | None = None
+    greedy_confidence: bool = False
+    greedy_vocab: int = 0
 
 
-class LlamaModel(LlamaVocabulary, CachedModel):
+class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
     def __init__(
         self,
         path: Path,
@@ -143,6 +159,7 @@ class LlamaModel(LlamaVocabulary, CachedModel):
         self._model = None
         self._ctx = None
         self._batch = None
+        self._device: DeviceGreedy | None = None  # greedy choices on the device
         # The last view of the logits buffer: its address, its rows, the view (see _rows).
         self._logits: tuple[int, int, np.ndarray] | None = None
         self._pieces = {}  # token_bytes, once per token
@@ -154,10 +171,12 @@ class LlamaModel(LlamaVocabulary, CachedModel):
             self.n_ctx = 0
             return
         self._create_context(options)
-        if options.warm_up:
-            self._warm_up()
         if self.exact:
             self._check_batch_invariance()
+        # Device greedy choices are set up by the warm-up pass, which a load whose costs are
+        # already measured spares otherwise.
+        if options.warm_up or self._device is not None:
+            self._warm_up(options)
 
     def _load_weights(
         self, options: LoadOptions, vocab_only: bool, abort: Callable[[], bool] | None = None
@@ -208,6 +227,12 @@ class LlamaModel(LlamaVocabulary, CachedModel):
         self.n_ctx = llama_cpp.llama_n_ctx(ctx)
         self.n_batch = cparams.n_batch
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, cparams.n_seq_max)
+        if self._device is not None:
+            self._device.bind(ctx)
+
+    @property
+    def greedy_where(self) -> str:  # type: ignore[override]
+        return DEVICE if self._device is not None else HOST
 
     def _context_params(self, options: LoadOptions):
         """llama.cpp's context parameters for ``options``; sets ``tree_seqs``."""
@@ -230,7 +255,21 @@ class LlamaModel(LlamaVocabulary, CachedModel):
         )
         if self.exact:
             cparams.type_k = cparams.type_v = GGML_TYPE_BF16
+        if self._greedy_on_device(options):
+            vocab = options.greedy_vocab or self.n_vocab
+            self._device = DeviceGreedy(
+                cparams.n_seq_max, vocab, confidence=options.greedy_confidence
+            )
+            cparams.samplers, cparams.n_samplers = self._device.configs()
+            cparams.n_outputs_max_per_seq = cparams.n_batch  # a batch may be one sequence's
         return cparams
+
+    def _greedy_on_device(self, options: LoadOptions) -> bool:
+        """Whether greedy choices are made by the backend sampler (see ``LoadOptions``)."""
+        if options.device_greedy is not None:
+            return options.device_greedy
+        offloaded = options.n_gpu_layers > llama_cpp.llama_model_n_layer(self._model)
+        return offloaded and bool(llama_cpp.llama_supports_gpu_offload())
 
     def _tree_capacity(self, options: LoadOptions, n_batch: int, stateful: bool) -> int:
         """Sequence ids for tree leaves: none in exact mode (batch invariance is checked for
@@ -242,11 +281,22 @@ class LlamaModel(LlamaVocabulary, CachedModel):
             return 0
         return max(0, min(options.tree_seqs, LLAMA_MAX_SEQ - 1, n_batch - 1))
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, options: LoadOptions) -> None:
         """Evaluate one token with logits and forget it, as llama.cpp's tools do before
         timing: the first pass maps every weight (the output layer too, which a prefill
-        without logits never touches) and picks kernels, which the first step would pay."""
-        self.forward([self.vocab_info().bos if self.vocab_info().bos >= 0 else 0], 1)
+        without logits never touches) and picks kernels, which the first step would pay.
+        With device greedy choices, the pass sets their samplers up as this model will be
+        asked (see ``LoadOptions``)."""
+        first = [self.vocab_info().bos if self.vocab_info().bos >= 0 else 0]
+        if self._device is not None:
+            found = self.greedy(
+                first, 1, confidence=options.greedy_confidence, vocab=options.greedy_vocab
+            )
+            if found.ids[0] < 0 and self._device is not None:  # the backend took no chain
+                self._device.detach()
+                self._device = None
+        else:
+            self.forward(first, 1)
         self.reset()
         self.evaluated_tokens = 0
         self.compute_seconds = 0.0
@@ -280,6 +330,8 @@ class LlamaModel(LlamaVocabulary, CachedModel):
     borrowed_rows = True
 
     def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
+        if n_logits and self._device is not None:
+            self._device.detach()  # rows are wanted: llama.cpp copies them again
         start = len(self.cached)
         total = len(tokens)
         first_logit = total - n_logits  # index in ``tokens`` of the first logits row
@@ -295,9 +347,40 @@ class LlamaModel(LlamaVocabulary, CachedModel):
             return np.empty((0, self.n_vocab), dtype=np.float32)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
-    def _decode(self, chunk: list[int], pos: int, first_logit: int) -> np.ndarray | None:
+    def _evaluate_greedy(self, tokens: list[int], n: int, confidence: bool, vocab: int) -> Greedy:
+        device = self._device_for(confidence, vocab)
+        if device is None:
+            return super()._evaluate_greedy(tokens, n, confidence, vocab)
+        start, total = len(self.cached), len(tokens)
+        ids: list[int] = []
+        probs: list[float] = []
+        for off in range(0, total, self.n_batch):
+            chunk = tokens[off : off + self.n_batch]
+            wanted = self._decode(chunk, start + off, total - n - off, greedy=True)
+            if wanted:
+                ids += device.tokens(wanted)
+                probs += device.probabilities(wanted) if confidence else []
+        return Greedy(ids, probs if confidence else None)
+
+    def _device_for(self, confidence: bool, vocab: int) -> DeviceGreedy | None:
+        """The device's samplers, attached and able to answer (set up anew when they were
+        set up for other questions); None where the backend cannot run them, from then on."""
+        device = self._device
+        if device is None:
+            return None
+        if device.vocab != vocab or (confidence and not device.confidence):
+            device.detach()
+            device = DeviceGreedy(device.seqs, vocab, confidence=confidence)
+            device.bind(self._ctx)
+            self._device = device
+        if not device.attach():
+            self._device = None
+        return self._device
+
+    def _decode(self, chunk: list[int], pos: int, first_logit: int, *, greedy: bool = False) -> Any:
         """One ``llama_decode`` of ``chunk`` at positions ``pos``...; logits rows for its
-        tokens from index ``first_logit`` on (none when it is past the chunk's end)."""
+        tokens from index ``first_logit`` on (none when it is past the chunk's end), or
+        with ``greedy`` how many outputs the device chose tokens for."""
         b = self._batch
         assert b is not None
         b.n_tokens = len(chunk)
@@ -308,8 +391,10 @@ class LlamaModel(LlamaVocabulary, CachedModel):
             n_seq_id[j] = 1
             seq_id[j][0] = 0
             logits[j] = j >= first_logit
+        want = max(0, len(chunk) - max(0, first_logit))
         try:
-            return self._run_batch(pos, max(0, len(chunk) - max(0, first_logit)))
+            rows = self._run_batch(pos, want, greedy=greedy)
+            return want if greedy else rows
         except BackendError:
             # Drop whatever part of the batch made it in, so the cache matches ``cached``.
             rm_from = min(pos, len(self.cached))
@@ -318,8 +403,9 @@ class LlamaModel(LlamaVocabulary, CachedModel):
             self.changes += 1
             raise
 
-    def _run_batch(self, pos: int, want: int) -> np.ndarray | None:
-        """``llama_decode`` of the batch as filled, timed; its ``want`` logits rows."""
+    def _run_batch(self, pos: int, want: int, *, greedy: bool = False) -> np.ndarray | None:
+        """``llama_decode`` of the batch as filled, timed; its ``want`` logits rows (none
+        with ``greedy``: the device's choices are read from ``_device``)."""
         t0 = time.perf_counter()
         self.busy_since = time.monotonic()  # an RPC link times evaluations (backend/rpc.py)
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
@@ -330,12 +416,16 @@ class LlamaModel(LlamaVocabulary, CachedModel):
                 "the context may be full; try a larger --ctx or a shorter prompt",
             )
         _note_decoded()
-        # llama_get_logits waits for the evaluation to finish (a GPU's or an RPC worker's
-        # decode returns before): inside the timed and watched span.
-        ptr = llama_cpp.llama_get_logits(self._ctx) if want else None
+        # Wait for the evaluation to finish (a GPU's or an RPC worker's decode returns
+        # before) inside the timed and watched span; llama_get_logits waits too.
+        ptr = None
+        if greedy or not want:
+            llama_cpp.llama_synchronize(self._ctx)
+        else:
+            ptr = llama_cpp.llama_get_logits(self._ctx)
         self.busy_since = None
         self.compute_seconds += time.perf_counter() - t0
-        return self._rows(ptr, want) if want else None
+        return self._rows(ptr, want) if ptr is not None else None
 
     def _rows(self, ptr, want: int) -> np.ndarray:
         """The first ``want`` rows of the logits buffer at ``ptr`` as a read-only view,
@@ -366,78 +456,6 @@ class LlamaModel(LlamaVocabulary, CachedModel):
             chunk = keep[off : off + self.n_batch]
             self._decode(chunk, off, len(chunk))
 
-    # -- draft trees --------------------------------------------------------------------
-    #
-    # Sequence 0 holds the committed tokens. A tree with m leaves gives leaf j sequence j
-    # (1..m): the committed prefix is tagged with every one of them (``seq_cp``, which in a
-    # unified cache only adds tags), the last committed token carries 0..m, and each node
-    # carries the sequences of the leaves below it. llama.cpp masks attention by sequence
-    # and position, so a node sees the prefix, the last token and its own ancestors, never
-    # another branch. Keeping a path tags its cells with 0; ``seq_keep(0)`` then frees the
-    # cells of every other node and drops the branch tags from the rest.
-
-    @property
-    def supports_trees(self) -> bool:
-        return self.tree_seqs > 0
-
-    def _evaluate_tree(self, start: int, last: int, tree: DraftTree) -> np.ndarray:
-        seqs = self._leaf_seqs(tree)
-        if 1 + len(tree) > self.n_batch:
-            raise ValueError(
-                f"a tree of {len(tree)} nodes does not fit a batch of {self.n_batch} tokens"
-            )
-        m = len(tree.leaves())
-        for j in range(1, m + 1):
-            llama_cpp.llama_memory_seq_cp(self._memory, 0, j, -1, -1)
-        self._fill(0, last, start, range(m + 1))
-        for i, tok in enumerate(tree.tokens):
-            self._fill(1 + i, tok, start + tree.depth(i), seqs[i])
-        assert self._batch is not None
-        self._batch.n_tokens = 1 + len(tree)
-        try:
-            rows = self._run_batch(start, 1 + len(tree))
-        except BackendError:
-            self._drop_tree(start)
-            raise
-        assert rows is not None
-        return rows
-
-    def _leaf_seqs(self, tree: DraftTree) -> list[list[int]]:
-        """For each node, the sequence ids of the leaves below it (leaf j: sequence j + 1)."""
-        leaves = tree.leaves()
-        if len(leaves) > self.tree_seqs:
-            raise ValueError(
-                f"a tree of {len(leaves)} leaves needs more sequences than the "
-                f"{self.tree_seqs} this context has"
-            )
-        seqs: list[list[int]] = [[] for _ in tree.tokens]
-        for j, leaf in enumerate(leaves, start=1):
-            for node in tree.path(leaf):
-                seqs[node].append(j)
-        return seqs
-
-    def _fill(self, j: int, token: int, pos: int, seqs: Sequence[int]) -> None:
-        """Row ``j`` of the batch: ``token`` at ``pos`` in ``seqs``, with logits."""
-        b = self._batch
-        assert b is not None
-        b.token[j] = token
-        b.pos[j] = pos
-        b.n_seq_id[j] = len(seqs)
-        for k, s in enumerate(seqs):
-            b.seq_id[j][k] = s
-        b.logits[j] = True
-
-    def _keep_path(self, start: int, tree: DraftTree, path: list[int]) -> None:
-        if path:
-            leaf = self._leaf_seqs(tree)[path[-1]][0]  # a leaf's sequence runs along path
-            llama_cpp.llama_memory_seq_cp(self._memory, leaf, 0, start, start + len(path))
-        llama_cpp.llama_memory_seq_keep(self._memory, 0)
-
-    def _drop_tree(self, start: int) -> None:
-        """After a failed tree pass: back to the committed prefix, ``start`` tokens."""
-        llama_cpp.llama_memory_seq_keep(self._memory, 0)
-        self._remove_from(start)
-
     # -- lifetime -----------------------------------------------------------------------
 
     def close(self) -> None:
@@ -448,6 +466,9 @@ class LlamaModel(LlamaVocabulary, CachedModel):
         if self._ctx:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+        if self._device is not None:
+            self._device.free()  # its chains outlive the context that used them
+            self._device = None
         if self._model:
             llama_cpp.llama_model_free(self._model)
             self._model = None

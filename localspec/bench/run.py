@@ -303,6 +303,7 @@ def _meta(
         "fresh": config.fresh,
         "repeat": config.repeat,
         "exact": args.pair.exact,
+        "verification": session.verification,
         "rpc": [str(e) for e in session.rpc.endpoints] if session.rpc is not None else [],
         "min_ratio_tokens": MIN_RATIO_TOKENS,
         # The costs the cost model started from (scripts/break_even.py prices drafters by them).

@@ -213,6 +213,7 @@ def run_complete(
     running.loaded(opening)
     placement = session.placement
     slot = session.slot
+    verification = session.verification
     try:
         if prediction is not None:
             predicted = tuple(session.plain_tokens(prediction))
@@ -236,6 +237,7 @@ def run_complete(
         record["timing"] = running.timing()
         if slot is not None:
             record["stats"]["draft_model"] = slot.to_dict()
+        record["stats"]["verification"] = verification
         if params.prediction:  # as OpenAI's usage counts it
             record["prediction"] = _prediction_usage(params.prediction, record["token_ids"])
         sys.stdout.write(json.dumps(record) + "\n")

@@ -59,6 +59,10 @@ def render(report: dict[str, Any]) -> str:
             f"{device['description']}{memory}"
         )
     lines += _pair_lines(report.get("pair") or {})
+    verification = report.get("verification")
+    if verification:
+        where, why = verification["greedy"], verification["why"]
+        lines.append(f"verification     greedy on the {where}: {why}")
     for model in report.get("models", []):
         lines.append(f"on disk          {model['name']} ({_gib(model['bytes'])}): {model['path']}")
     for profile in report.get("cost_profiles", []):

@@ -31,6 +31,15 @@ keeps the accepted nodes and drops the others. A subclass that can do this sets
 node, as ``keep_path([])`` would, so ``cached`` never parts from the cache. A tree's size is
 bounded by the model: ``tree_seqs`` leaves (one sequence each) and ``n_batch`` tokens in all.
 
+Greedy choices instead of rows. Greedy decoding needs only the token with the highest logit
+after each position, so ``greedy_after(start, tail, n)`` (and ``greedy``, ``greedy_tree``)
+moves the cache as ``forward_after`` (``forward_tree``) does and returns those token ids
+(``Greedy``), with the top token's probability at temperature 1 where ``confidence`` asks
+(a draft model's stopping rule). Here they are read off the rows (``np.argmax``: the lowest
+id among equal top logits); a backend that picks them where the rows are computed overrides
+``_evaluate_greedy`` and ``_evaluate_tree_greedy``, so no row reaches the host, and says so
+in ``greedy_where`` (``"device"``; ``"host"`` here).
+
 ``TargetModel`` is what the engine needs of a target: a ``CachedModel`` with its tokens'
 bytes and end-of-generation test. ``PendingModel`` is a draft model still loading, which the
 engine takes up once it is there.
@@ -40,11 +49,30 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from localspec.core.sampling import top_probabilities
 from localspec.core.tree import MAX_BRANCHES, TREE_MAX_NODES, DraftTree
+
+HOST = "host"  # greedy choices read off rows copied to the host
+DEVICE = "device"  # greedy choices made where the rows are computed
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """The greedy token after each asked-for position, in order, and (where asked for) its
+    probability at temperature 1."""
+
+    ids: list[int]
+    top_p: list[float] | None = None
+
+
+def greedy_ids(rows: np.ndarray) -> list[int]:
+    """The greedy token of each logits row: the lowest id among equal top logits."""
+    return np.argmax(rows, axis=-1).tolist() if len(rows) else []
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -71,6 +99,7 @@ class CachedModel(ABC):
     # Whether _evaluate and _evaluate_tree return views of a buffer the next evaluation
     # overwrites (then copied unless the caller borrows them).
     borrowed_rows = False
+    greedy_where = HOST  # where greedy choices are made (see the module docstring)
 
     def __init__(self) -> None:
         self.cached: list[int] = []  # tokens whose keys/values are in the cache, in order
@@ -92,6 +121,36 @@ class CachedModel(ABC):
     ) -> np.ndarray:
         """``forward(cached[:start] + tail, n_logits)``: the first ``start`` cached tokens
         are kept unread, the rest compared with ``tail`` from there."""
+        new = self._advance(start, tail, n_logits)
+        if new is None:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        rows = self._evaluate(new, n_logits)
+        self._extend(new)
+        return self._handed(rows, borrow)
+
+    def greedy(
+        self, tokens: Sequence[int], n: int, *, confidence: bool = False, vocab: int = 0
+    ) -> Greedy:
+        """Cache exactly ``tokens``; the greedy choices after its last ``n`` positions."""
+        return self.greedy_after(0, tokens, n, confidence=confidence, vocab=vocab)
+
+    def greedy_after(
+        self, start: int, tail: Sequence[int], n: int, *, confidence: bool = False, vocab: int = 0
+    ) -> Greedy:
+        """``forward_after(start, tail, n)``, returning the greedy choices after those ``n``
+        positions (and their probabilities where ``confidence`` asks) instead of rows.
+        ``vocab``: choose among the first ``vocab`` ids only (0: all of them), as a draft
+        model whose vocabulary is larger than its target's must."""
+        new = self._advance(start, tail, n)
+        if new is None:
+            return Greedy([], [] if confidence else None)
+        found = self._evaluate_greedy(new, n, confidence, vocab or self.n_vocab)
+        self._extend(new)
+        return found
+
+    def _advance(self, start: int, tail: Sequence[int], n_logits: int) -> list[int] | None:
+        """Roll the cache back to what ``cached[:start] + tail`` keeps of it; the tokens
+        left to evaluate (None when nothing is, and no row is asked for)."""
         self._settle()
         if not 0 <= start <= len(self.cached):
             raise ValueError(f"the cache holds {len(self.cached)} tokens, not {start}")
@@ -106,15 +165,16 @@ class CachedModel(ABC):
         keep = min(agreed, total - n_logits)
         if n_logits == 0 and keep == total:
             self.truncate(keep)
-            return np.empty((0, self.n_vocab), dtype=np.float32)
+            return None
         # Rows wanted for cached tokens before ``start`` mean evaluating those again.
         new = [*self.cached[keep:start], *tail] if keep < start else list(tail[keep - start :])
         self.truncate(keep)
-        rows = self._evaluate(new, n_logits)
+        return new
+
+    def _extend(self, new: list[int]) -> None:
         self.cached.extend(new)
         self.changes += 1
         self.evaluated_tokens += len(new)
-        return self._handed(rows, borrow)
 
     def _handed(self, rows: np.ndarray, borrow: bool) -> np.ndarray:
         """Rows as the caller may keep them: the caller's own unless it borrows them."""
@@ -129,6 +189,20 @@ class CachedModel(ABC):
         shape (1 + len(tree), n_vocab): row 0 after ``committed[-1]``, row 1 + i after node
         i (borrowed: see the module docstring). The cache is in a provisional state until
         ``keep_path`` is called."""
+        self._open_tree(committed, tree)
+        rows = self._evaluate_tree(len(self.cached), int(committed[-1]), tree)
+        self._hang_tree(committed, tree)
+        return self._handed(rows, borrow)
+
+    def greedy_tree(self, committed: Sequence[int], tree: DraftTree) -> list[int]:
+        """``forward_tree``, returning the greedy choice after ``committed[-1]`` and after
+        each node (1 + len(tree) ids) instead of rows."""
+        self._open_tree(committed, tree)
+        ids = self._evaluate_tree_greedy(len(self.cached), int(committed[-1]), tree)
+        self._hang_tree(committed, tree)
+        return ids
+
+    def _open_tree(self, committed: Sequence[int], tree: DraftTree) -> None:
         if not self.supports_trees:
             raise NotImplementedError(f"{type(self).__name__} cannot evaluate draft trees")
         if not committed:
@@ -139,12 +213,12 @@ class CachedModel(ABC):
                 f"of {self.n_ctx}"
             )
         self.forward(committed[:-1], 0)
-        rows = self._evaluate_tree(len(self.cached), int(committed[-1]), tree)
+
+    def _hang_tree(self, committed: Sequence[int], tree: DraftTree) -> None:
         self.cached.append(int(committed[-1]))
         self.changes += 1
         self.evaluated_tokens += 1 + len(tree)
         self._tree = tree
-        return self._handed(rows, borrow)
 
     def keep_path(self, path: Sequence[int]) -> None:
         """After ``forward_tree``: keep the nodes of ``path`` (a root-to-node path, possibly
@@ -184,6 +258,16 @@ class CachedModel(ABC):
     def _remove_from(self, n: int) -> None:
         """Drop cached positions ``>= n``."""
 
+    def _evaluate_greedy(self, tokens: list[int], n: int, confidence: bool, vocab: int) -> Greedy:
+        """``_evaluate``'s greedy choices among the first ``vocab`` ids for its last ``n``
+        positions, read off its rows."""
+        rows = self._evaluate(tokens, n)[:, :vocab]
+        return Greedy(greedy_ids(rows), top_probabilities(rows) if confidence else None)
+
+    def _evaluate_tree_greedy(self, start: int, last: int, tree: DraftTree) -> list[int]:
+        """``_evaluate_tree``'s greedy choices, read off its rows."""
+        return greedy_ids(self._evaluate_tree(start, last, tree))
+
     def _evaluate_tree(self, start: int, last: int, tree: DraftTree) -> np.ndarray:
         """Evaluate ``last`` at position ``start`` and the nodes of ``tree`` after it (node i
         at ``start + tree.depth(i)``) in one batch; 1 + len(tree) logits rows."""
@@ -205,6 +289,8 @@ class TargetModel(Protocol):
     tree_seqs: int
     n_batch: int
 
+    @property
+    def greedy_where(self) -> str: ...
     def forward(
         self, tokens: Sequence[int], n_logits: int, *, borrow: bool = False
     ) -> np.ndarray: ...
@@ -218,6 +304,13 @@ class TargetModel(Protocol):
         self, committed: Sequence[int], tree: DraftTree, *, borrow: bool = False
     ) -> np.ndarray: ...
     def keep_path(self, path: Sequence[int]) -> None: ...
+    def greedy_after(
+        self, start: int, tail: Sequence[int], n: int, *, confidence: bool = False, vocab: int = 0
+    ) -> Greedy: ...
+    def greedy(
+        self, tokens: Sequence[int], n: int, *, confidence: bool = False, vocab: int = 0
+    ) -> Greedy: ...
+    def greedy_tree(self, committed: Sequence[int], tree: DraftTree) -> list[int]: ...
     def token_bytes(self, token: int) -> bytes: ...
     def is_eog(self, token: int) -> bool: ...
 

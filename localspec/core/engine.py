@@ -6,7 +6,8 @@ last committed token is still to be evaluated. A round (``_round``) then
 1. asks every drafter what it could draft (each prices its own offer) and the controller
    which offer to take and how far (k = 0 is a plain step);
 2. drafts ``d1..dk`` with the chosen drafter;
-3. evaluates ``[last, d1..dk]`` on the target in one batch, logits for those k+1 positions;
+3. evaluates ``[last, d1..dk]`` on the target in one batch: its greedy choices after those
+   k+1 positions (greedy decoding), or their logits rows (sampling);
 4. verifies (greedy, or exact speculative sampling), rolls the target's cache back to the
    accepted length, and emits the accepted drafts plus the target's own token;
 5. tells the controller what verifying took, every drafter how the round went (each learns
@@ -27,13 +28,16 @@ The engine prints nothing and imports no UI: front ends render the events it yie
 context holds, a drafter without its draft model), with a typed ``localspec.errors`` error.
 Cancellation is cooperative (a ``threading.Event`` checked between rounds). After a round,
 drafters with the ``Warns`` capability (``drafting.base``) have their warnings yielded as
-``EngineWarning`` events. Drafters that draft from the target's own rows (``Watching``, the
-lookahead drafter) are shown every pass's rows, chain or tree, before they are released.
+``EngineWarning`` events. Drafters that draft from the target's own choices (``Watching``, the
+lookahead drafter) are shown the target's greedy choice after every position of every pass,
+chain or tree.
 
 Short steps. On a GPU a target step takes a few milliseconds, so a round's own work must
 not grow with the context: the target is given only the round's new tokens while its cache
-is as the last round left it (``CachedModel.changes``), its logits rows are borrowed, not
-copied (consumed before the next evaluation), and each round reports the time it spent
+is as the last round left it (``CachedModel.changes``), greedy decoding asks it for token
+ids only (a backend that picks them on the device copies no logits row to the host), rows
+for sampling are borrowed, not copied (consumed before the next evaluation), and each
+round reports the time it spent
 outside the models' evaluations (``RoundCompleted.compute_seconds``, the stats' overhead).
 """
 
@@ -47,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from localspec.core.cached_model import CachedModel, PendingModel, TargetModel
+from localspec.core.cached_model import CachedModel, PendingModel, TargetModel, greedy_ids
 from localspec.core.controller import PLAIN_STEP, Controller, Plan
 from localspec.core.costs import CostProfile, LiveCosts
 from localspec.core.drafting.base import (
@@ -74,12 +78,11 @@ from localspec.core.events import (
 )
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.core.planner import RESTORE_KEEP, Planner, restore_drafters
-from localspec.core.sampling import warp
 from localspec.core.stats import GenerationStats
 from localspec.core.text import TextAssembler
 from localspec.core.tree import ROOT, DraftTree
 from localspec.core.tree_round import tree_shape, verify_branches
-from localspec.core.verify import Verdict, verify_greedy, verify_sampled
+from localspec.core.verify import Verdict, verify_greedy, verify_rows
 from localspec.errors import ContextOverflowError, InputError, empty_input
 
 # Used when no calibration is given: batch costs typical of a small CPU (see the design note).
@@ -386,7 +389,7 @@ class SpecDecoder:
 
     @staticmethod
     def _watchers(run: _Run) -> list[Watching]:
-        """The drafters that read the target's rows this round (``Watching``)."""
+        """The drafters shown the target's choices this round (``Watching``)."""
         found = (getattr(d, "watching", None) for d in run.drafters.values())
         return [w for w in found if w is not None]
 
@@ -424,9 +427,9 @@ class SpecDecoder:
         t_verify = self.clock()
         watchers = self._watchers(run)
 
-        def watch(tree: DraftTree, rows: np.ndarray) -> None:
+        def watch(tree: DraftTree, choices: list[int]) -> None:
             for watcher in watchers:
-                watcher.watch(tree.tokens, tree.parents, rows)
+                watcher.watch(tree.tokens, tree.parents, choices)
 
         tried = verify_branches(self.target, run.committed, branches, watch if watchers else None)
         t_done = self.clock()
@@ -458,38 +461,28 @@ class SpecDecoder:
 
     def _verify_round(self, run: _Run, draft: Draft) -> Verdict:
         """Evaluate ``[last, drafts]`` in one target batch, verify, and roll the target's
-        cache back so that it holds ``committed[:-1]`` of the next round."""
+        cache back so that it holds ``committed[:-1]`` of the next round. Greedy decoding
+        asks the target for its greedy choices only, never for a row."""
         committed = run.committed
         batch = [committed[-1], *draft.tokens]
-        if run.target_changes == self.target.changes:  # as the last round left it
-            rows = self.target.forward_after(len(committed) - 1, batch, len(batch), borrow=True)
-        else:  # someone else used the target meanwhile: compare the whole context
-            rows = self.target.forward([*committed[:-1], *batch], len(batch), borrow=True)
-        # The rows are borrowed: consumed here, before the target evaluates anything else.
-        verdict = self._verify(rows, draft, run.params, run.rng)
-        watchers = self._watchers(run)
-        if watchers:
-            chain = list(range(ROOT, len(draft.tokens) - 1))  # node i's parent is i - 1
-            for watcher in watchers:
-                watcher.watch(draft.tokens, chain, rows)
+        # As the last round left it, the target is given the new tokens only; if someone
+        # else used it meanwhile, the whole context is compared.
+        start = len(committed) - 1 if run.target_changes == self.target.changes else 0
+        tail = batch if start else [*committed[:-1], *batch]
+        if run.params.greedy:
+            choices = self.target.greedy_after(start, tail, len(batch)).ids
+            verdict = verify_greedy(choices, draft.tokens)
+        else:
+            rows = self.target.forward_after(start, tail, len(batch), borrow=True)
+            # The rows are borrowed: consumed here, before the target evaluates anything else.
+            verdict = verify_rows(rows, draft.tokens, draft.probs, run.params, run.rng)
+            choices = greedy_ids(rows) if self._watchers(run) else []
+        chain = list(range(ROOT, len(draft.tokens) - 1))  # node i's parent is i - 1
+        for watcher in self._watchers(run) if choices else ():
+            watcher.watch(draft.tokens, chain, choices)
         self.target.truncate(len(committed) + verdict.accepted)
         run.target_changes = self.target.changes
         return verdict
-
-    @staticmethod
-    def _verify(
-        rows: np.ndarray, draft: Draft, params: GenerationParams, rng: np.random.Generator
-    ) -> Verdict:
-        if params.greedy:
-            return verify_greedy(rows, draft.tokens)
-        warped: dict[int, np.ndarray] = {}
-
-        def target_probs(i: int) -> np.ndarray:
-            if i not in warped:
-                warped[i] = warp(rows[i], params)
-            return warped[i]
-
-        return verify_sampled(target_probs, draft.tokens, draft.probs, rng)
 
 
 def run_to_completion(

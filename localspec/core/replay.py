@@ -7,8 +7,19 @@ advances a virtual clock by what the evaluation would cost on the machine the co
 measured on (a plain step, a verify batch of k drafts, a draft tree). ``replay`` runs
 ``SpecDecoder.generate`` over it, so a replay makes exactly the engine's choices (a change
 to the engine or the controller shows in the replay without being copied there), and
-returns the rounds and the estimated seconds. Greedy decoding only; no draft model. A
-prediction in the parameters is drafted from as the prediction drafter drafts in ``auto``.
+returns the rounds and the estimated seconds. Greedy decoding only. A prediction in the
+parameters is drafted from as the prediction drafter drafts in ``auto``.
+
+A draft model can take part too (``DraftChoices``: its greedy choice and that choice's
+probability after every prefix of the recorded text, from one pass of the real draft model
+over it): ``OracleDraft`` answers with them while a draft follows the text and, once a draft
+has left it (its tokens are rejected from there on anyway), with a token of its own at the
+probability it had where it left, so drafts run on as long as the real one's would until its
+confidence cut-off. Its steps advance the clock by the profile's draft step, a catch-up batch
+as ``DraftCosts`` prices one; reading the prompt is prefill time, as in the engine.
+
+``replay_ngram_simple`` replays llama.cpp's ``ngram-simple`` speculation over the same answer
+at the same costs, for a side-by-side.
 
 Token ids are renumbered into a small vocabulary for the replay (the logits rows then stay
 small) and back in what it returns.
@@ -21,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.core.cached_model import CachedModel, common_prefix_length
+from localspec.core.cached_model import CachedModel, Greedy, common_prefix_length
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import Event, RoundCompleted
@@ -39,9 +50,19 @@ class VirtualClock:
         return self.now
 
 
+@dataclass(frozen=True)
+class DraftChoices:
+    """A draft model's greedy choice after ``prompt + answer[:i]`` for every i (one more
+    than the answer's tokens), and its probability at temperature 1."""
+
+    ids: list[int]
+    top_p: list[float]
+
+
 class OracleTarget(CachedModel):
     """A target whose greedy choice after a prefix of ``text`` is the text's next token
-    (``end`` after all of it); its evaluations advance ``clock`` by ``costs``. ``stops``:
+    (``end`` after all of it), given as token ids (``greedy_after``, ``greedy_tree``) or
+    one-hot rows; its evaluations advance ``clock`` by ``costs``. ``stops``:
     the text's own end-of-generation tokens (the ends of the template's turns)."""
 
     def __init__(
@@ -75,24 +96,31 @@ class OracleTarget(CachedModel):
         return rows
 
     def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
-        if n_logits:  # a round's batch of k drafts: priced as verifying them
-            self.clock.now += self.costs.verify(n_logits - 1)
+        return self._rows(self._evaluate_greedy(tokens, n_logits, False, self.n_vocab).ids)
+
+    def _evaluate_greedy(self, tokens: list[int], n: int, confidence: bool, vocab: int) -> Greedy:
+        if n:  # a round's batch of k drafts: priced as verifying them
+            self.clock.now += self.costs.verify(n - 1)
         context = [*self.cached, *tokens]
         agreed = common_prefix_length(context, self.text)
-        ends = range(len(context) - n_logits + 1, len(context) + 1)
-        return self._rows([self._choice(context[:n], min(agreed, n)) for n in ends])
+        ends = range(len(context) - n + 1, len(context) + 1)
+        ids = [self._choice(context[:m], min(agreed, m)) for m in ends]
+        return Greedy(ids, [1.0] * n if confidence else None)
 
     def _remove_from(self, n: int) -> None:
         pass  # the cached list is the whole state
 
     def _evaluate_tree(self, start: int, last: int, tree: DraftTree) -> np.ndarray:
+        return self._rows(self._evaluate_tree_greedy(start, last, tree))
+
+    def _evaluate_tree_greedy(self, start: int, last: int, tree: DraftTree) -> list[int]:
         self.clock.now += self.costs.verify(len(tree))
         context = [*self.cached, last]
         paths = [
             context,
             *([*context, *(tree.tokens[j] for j in tree.path(i))] for i in range(len(tree))),
         ]
-        return self._rows([self._choice(p, common_prefix_length(p, self.text)) for p in paths])
+        return [self._choice(p, common_prefix_length(p, self.text)) for p in paths]
 
     def _keep_path(self, start: int, tree: DraftTree, path: list[int]) -> None:
         pass
@@ -102,6 +130,46 @@ class OracleTarget(CachedModel):
 
     def is_eog(self, token: int) -> bool:
         return token == self.end or token in self.stops
+
+
+class OracleDraft(CachedModel):
+    """A draft model that chooses as ``choices`` say after each prefix of ``text`` from its
+    ``start``-th token on; off the text, ``filler`` at the probability it had there."""
+
+    def __init__(
+        self, text: list[int], start: int, choices: DraftChoices, filler: int, n_vocab: int,
+        costs: CostProfile, clock: VirtualClock,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.text, self.start, self.choices, self.filler = text, start, choices, filler
+        self.n_vocab, self.n_ctx = n_vocab, len(text) + CONTEXT_ROOM
+        self.costs, self.clock = costs, clock
+
+    def _evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
+        found = self._evaluate_greedy(tokens, n_logits, False, self.n_vocab)
+        rows = np.zeros((n_logits, self.n_vocab), dtype=np.float32)
+        rows[np.arange(n_logits), found.ids] = 1.0
+        return rows
+
+    def _evaluate_greedy(self, tokens: list[int], n: int, confidence: bool, vocab: int) -> Greedy:
+        step = self.costs.draft_step_s or 0.0
+        if n and len(tokens) == 1:
+            self.clock.now += step
+        elif n:  # a catch-up batch, as DraftCosts prices one before it has timed any
+            per_token = self.costs.draft_prefill_s or step / 4
+            self.clock.now += max(len(tokens) * per_token, step)
+        context = [*self.cached, *tokens]
+        agreed = common_prefix_length(context, self.text)
+        ids, probs = [], []
+        for m in range(len(context) - n + 1, len(context) + 1):
+            on = min(agreed, m) - self.start  # the last choice made on the text
+            on = max(0, min(on, len(self.choices.ids) - 1))
+            ids.append(self.choices.ids[on] if agreed >= m >= self.start else self.filler)
+            probs.append(self.choices.top_p[on])
+        return Greedy(ids, probs if confidence else None)
+
+    def _remove_from(self, n: int) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -119,25 +187,31 @@ def replay(
     ends: Callable[[int], bool] | None = None,
     *,
     margin: float | None = None,
+    draft: DraftChoices | None = None,
 ) -> Replayed:
     """Replay ``answer`` to ``prompt`` with a cold engine (as a fresh process starts) at
     ``costs``: the answer ends where it ended, at an end of generation or at
     ``params.max_tokens``. ``ends`` tells end-of-generation tokens, as the drafters are told
-    by the real target. ``margin`` replaces the controller's own (a tuning experiment)."""
+    by the real target. ``margin`` replaces the controller's own (a tuning experiment).
+    ``draft``: a draft model's choices along the text (see the module docstring)."""
     if not params.greedy:
         raise ValueError("a replay follows a recorded answer: greedy decoding only")
-    ids = sorted({*prompt, *answer, *params.prediction})
+    ids = sorted({*prompt, *answer, *params.prediction, *(draft.ids if draft else ())})
     index = {t: i for i, t in enumerate(ids)}
     if params.prediction:
         params = params.model_copy(
             update={"prediction": tuple(index[t] for t in params.prediction)}
         )
-    end = len(ids)  # a token of its own after the answer
+    end = len(ids)  # a token of its own after the answer; end + 1: a draft's off the text
     stops = frozenset(index[t] for t in ids if ends is not None and ends(t))
     clock = VirtualClock()
     text = [index[t] for t in (*prompt, *answer)]
-    target = OracleTarget(text, end, end + 1, costs, clock, stops)
-    decoder = SpecDecoder(target, None, costs, clock=clock)
+    target = OracleTarget(text, end, end + 2, costs, clock, stops)
+    oracle = None
+    if draft is not None:
+        renumbered = DraftChoices([index[t] for t in draft.ids], list(draft.top_p))
+        oracle = OracleDraft(text, len(prompt), renumbered, end + 1, end + 2, costs, clock)
+    decoder = SpecDecoder(target, oracle, costs, clock=clock)
     if margin is not None:
         decoder.planner_for(params).controller.margin = margin
     rounds: list[RoundCompleted] = []
@@ -148,3 +222,34 @@ def replay(
 
     finished = run_to_completion(decoder.generate(text[: len(prompt)], params), keep)
     return Replayed(finished.stats.decode_s, rounds, [ids[t] for t in finished.token_ids])
+
+
+def replay_ngram_simple(
+    prompt: list[int], answer: list[int], costs: CostProfile, n: int = 12, m: int = 48
+) -> tuple[float, int, list[tuple[int, int, int]]]:
+    """Estimated seconds of llama.cpp's ``ngram-simple`` (defaults: a 12-token match, drafts
+    of up to 48 tokens) over the same answer, the tokens it covers (it may run past the
+    answer's end, as the binary runs past ``-n``; those are not counted), and its drafts.
+    Follows ``common_ngram_simple_draft``: the last ``n`` tokens are looked for in the text
+    before them, most recent first, and the up to ``m`` tokens after the match are drafted
+    when at least ``n`` are available."""
+    committed, done, seconds, drafts = list(prompt), 0, 0.0, []
+    while done < len(answer):
+        tokens: list[int] = []
+        cur = len(committed)
+        if cur > n + m + 1:
+            pattern = committed[cur - n :]
+            for j in range(cur - n - 1, 0, -1):
+                if committed[j : j + n] == pattern:
+                    copy = min(m, cur - (j + n))
+                    if copy >= n:
+                        tokens = committed[j + n : j + n + copy]
+                    break
+        accepted = common_prefix_length(tokens, answer[done : done + len(tokens)])
+        seconds += costs.verify(len(tokens))
+        emitted = min(accepted + 1, len(answer) - done)
+        committed.extend(answer[done : done + emitted])
+        done += emitted
+        if tokens:
+            drafts.append((len(tokens), accepted, n))
+    return seconds, done, drafts

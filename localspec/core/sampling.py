@@ -54,3 +54,8 @@ def top_probability(logits: np.ndarray) -> float:
     x = np.asarray(logits, dtype=np.float64)
     m = x.max()
     return float(1.0 / np.exp(x - m).sum())
+
+
+def top_probabilities(rows: np.ndarray) -> list[float]:
+    """``top_probability`` of each row."""
+    return [top_probability(row) for row in rows]

@@ -5,23 +5,21 @@ Nodes are stored parents first, so a batch in node order always evaluates a node
 ancestors; ``from_branches`` merges shared prefixes, so each prefix is evaluated once, and
 puts the first branch's nodes first, in order, so a one-branch tree is exactly that chain.
 
-``verify_tree_greedy`` walks the tree with the target's argmax at each node: it accepts the
-child carrying that token and goes on, else stops and returns the argmax as the correction
+``verify_tree_greedy`` walks the tree with the target's greedy choice at each node: it accepts
+the child carrying that token and goes on, else stops and returns the choice as the correction
 (or, after a fully accepted leaf, as the bonus token). The accepted tokens are then exactly
 the target's own greedy decoding, as for a chain. Only greedy verification is supported:
 exact speculative sampling over a tree needs per-branch residual distributions (as in
 SpecInfer's multi-step rejection), which this module does not implement.
 
-Rows follow ``CachedModel.forward_tree``: ``rows[0]`` is the target's logits after the last
-committed token, ``rows[1 + i]`` after node ``i``.
+Choices follow ``CachedModel.greedy_tree``: ``choices[0]`` is the target's greedy token after
+the last committed token, ``choices[1 + i]`` after node ``i``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 ROOT = -1  # the parent index of a child of the last committed token
 MAX_BRANCHES = 4  # most branches of a draft tree (each takes one of the target's sequences)
@@ -97,14 +95,14 @@ class TreeVerdict:
     token: int  # the target's own token after the accepted path (correction or bonus)
 
 
-def verify_tree_greedy(rows: np.ndarray, tree: DraftTree) -> TreeVerdict:
-    """Accept the path of the target's own greedy choices; ``rows`` has 1 + len(tree) rows."""
-    if len(rows) < len(tree) + 1:
-        raise ValueError(f"{len(rows)} logits rows for a tree of {len(tree)} nodes")
+def verify_tree_greedy(choices: Sequence[int], tree: DraftTree) -> TreeVerdict:
+    """Accept the path of the target's own greedy choices; ``choices`` has 1 + len(tree)."""
+    if len(choices) < len(tree) + 1:
+        raise ValueError(f"{len(choices)} greedy choices for a tree of {len(tree)} nodes")
     path: list[int] = []
     row, node = 0, ROOT
     while True:
-        choice = int(np.argmax(rows[row]))
+        choice = int(choices[row])
         follow = [c for c in tree.children(node) if tree.tokens[c] == choice]
         if not follow:
             return TreeVerdict(tuple(path), len(path), choice)

@@ -1,19 +1,19 @@
-"""Verification of a draft against the target's logits, as pure functions over arrays.
+"""Verification of a draft against the target's choices or logits, as pure functions.
 
-Given the target's logits rows for ``[last, d1 .. dK]`` (K+1 rows), a verdict says how many
-drafts survive and which token the target adds (the correction at the first rejection, or
-the bonus token when all K survive):
+Given what the target computed after ``[last, d1 .. dK]`` (K+1 positions), a verdict says
+how many drafts survive and which token the target adds (the correction at the first
+rejection, or the bonus token when all K survive):
 
-- greedy: accept the longest prefix with ``argmax(row_i) == d_i``; add ``argmax`` of the
-  next row. The result is the target's own greedy decoding.
-- sampled (exact speculative sampling, Leviathan et al. 2023 / Chen et al. 2023): accept
-  ``d_i`` with probability ``min(1, p(d_i) / q(d_i))``; at the first rejection draw from
-  ``norm(max(0, p - q))``; if all survive draw the bonus from the last row. ``q`` is the
-  draft's warped distribution, or ``None`` for a deterministic (n-gram) draft, which is a
-  one-hot ``q``. This preserves the target's distribution exactly. A draft whose
-  vocabulary is smaller than the target's gives a shorter ``q``: the ids it lacks have
-  probability 0 under it, so ``q`` is padded with zeros (the drafter already cuts a longer
-  one to the target's size).
+- greedy: from the target's greedy choice after each position (token ids; no logits row
+  is needed), accept the longest prefix with ``choice_i == d_i`` and add the next choice.
+  The result is the target's own greedy decoding.
+- sampled, from the target's logits rows (exact speculative sampling, Leviathan et al. 2023 / Chen
+  et al. 2023): accept ``d_i`` with probability ``min(1, p(d_i) / q(d_i))``; at the first rejection
+  draw from ``norm(max(0, p - q))``; if all survive draw the bonus from the last row. ``q`` is the
+  draft's warped distribution, or ``None`` for a deterministic (n-gram) draft, which is a one-hot
+  ``q``. This preserves the target's distribution exactly. A draft whose vocabulary is smaller than
+  the target's gives a shorter ``q``: the ids it lacks have probability 0 under it, so ``q`` is
+  padded with zeros (the drafter already cuts a longer one to the target's size).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.core.sampling import sample
+from localspec.core.params import GenerationParams
+from localspec.core.sampling import sample, warp
 
 
 @dataclass(frozen=True)
@@ -35,25 +36,12 @@ class Verdict:
         return [*draft[: self.accepted], self.token]
 
 
-def verify_greedy(target_logits: np.ndarray, draft: Sequence[int]) -> Verdict:
-    """``target_logits`` has ``len(draft) + 1`` rows.
-
-    Rows are read in chunks that double in size (1, 2, 4, ... rows), stopping after the
-    chunk that holds the first rejection: a draft rejected early costs a pass over a few
-    rows rather than over all of them (each row is a whole vocabulary), at most twice the
-    rows needed, and a handful of numpy calls where one would do."""
-    if not draft:  # a plain step: one row
-        return Verdict(0, int(target_logits[0].argmax()))
-    n = len(draft) + 1
-    start, size = 0, 1
-    while start < n:
-        end = min(n, start + size)
-        choices = np.argmax(target_logits[start:end], axis=-1).tolist()
-        for i, choice in enumerate(choices, start):
-            if i == len(draft) or choice != draft[i]:
-                return Verdict(i, choice)
-        start, size = end, 2 * size
-    raise AssertionError("unreachable: the last row always decides")
+def verify_greedy(choices: Sequence[int], draft: Sequence[int]) -> Verdict:
+    """``choices``: the target's greedy token after each of ``len(draft) + 1`` positions."""
+    for i, d in enumerate(draft):
+        if choices[i] != d:
+            return Verdict(i, int(choices[i]))
+    return Verdict(len(draft), int(choices[len(draft)]))
 
 
 def fit(q: np.ndarray, size: int) -> np.ndarray:
@@ -91,3 +79,22 @@ def verify_sampled(
         # total == 0 only when p == q, where rejection has probability 0; guard rounding.
         return Verdict(i, sample(residual / total if total > 0 else p, rng))
     return Verdict(len(draft), sample(target_probs(len(draft)), rng))
+
+
+def verify_rows(
+    rows: np.ndarray,
+    draft: Sequence[int],
+    draft_probs: Sequence[np.ndarray] | None,
+    params: GenerationParams,
+    rng: np.random.Generator,
+) -> Verdict:
+    """``verify_sampled`` over the target's logits rows, each warped by ``params`` only
+    when it is reached."""
+    warped: dict[int, np.ndarray] = {}
+
+    def target_probs(i: int) -> np.ndarray:
+        if i not in warped:
+            warped[i] = warp(rows[i], params)
+        return warped[i]
+
+    return verify_sampled(target_probs, draft, draft_probs, rng)

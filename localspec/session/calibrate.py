@@ -1,7 +1,8 @@
 """Measure what speculation costs on this machine for a loaded pair.
 
-``measure_costs`` times, on the models themselves: a plain target step (one token, one
-logits row), a target batch verifying k drafts (k+1 tokens, logits for every one) for every
+``measure_costs`` times, on the models themselves and as greedy decoding asks them (their
+greedy choices, on the device where the backend makes them there): a plain target step (one
+token), a target batch verifying k drafts (k+1 tokens, a choice after every one) for every
 k in ``DRAFT_SIZES`` (each k up to 16, then the long sizes n-gram copies use, up to 64), and a
 draft-model step. The minimum over repetitions is kept: interference from other work only
 ever adds time. Results feed ``core.costs.CostProfile``; ``CostCache`` keeps them per model
@@ -60,8 +61,10 @@ def measure_costs(
     extra = (base * (k_max // max(len(base), 1) + 2))[: k_max + 1]
 
     def step(model: CachedModel, n: int) -> float:
+        # As greedy decoding asks: the target's choices, the draft's with its confidence.
         model.forward(base, 0)
-        return _timed(lambda: model.forward(base + extra[:n], n))
+        confident = model is draft
+        return _timed(lambda: model.greedy(base + extra[:n], n, confidence=confident))
 
     step(target, 4)  # warm-up: first batches allocate and choose kernels
     draft_prefill = None

@@ -30,6 +30,8 @@ class Diagnosis:
     cost_profiles: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    verification: dict[str, Any] = field(default_factory=dict)
+    suggestion: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -46,6 +48,8 @@ class Diagnosis:
             "pair": self.pair,
             "models": self.models,
             "cost_profiles": self.cost_profiles,
+            "verification": self.verification,
+            "suggestion": self.suggestion,
         }
 
 
@@ -61,6 +65,8 @@ def diagnose(options: Any) -> Diagnosis:
     if not _build(report):
         return report
     _pair(report, options)
+    _verification(report)
+    _suggestion(report, options)
     _models(report)
     _cost_profiles(report, home / "calibration")
     return report
@@ -133,6 +139,50 @@ def _pair(report: Diagnosis, options: Any) -> None:
     report.notes.extend(placement.notices)
     measured = cached_costs(options, placement, paths["target"], paths["draft"])
     report.pair["plain_step_ms"] = round(measured.plain_s * 1000, 2) if measured else None
+
+
+def _verification(report: Diagnosis) -> None:
+    """Where greedy verification picks the target's tokens, as the next load will."""
+    from localspec.session.open import DEVICE_VERIFY, device_verification
+
+    try:
+        setting = device_verification()
+    except LocalspecError as err:
+        report.problems.append(_said(err))
+        return
+    placement = report.pair.get("placement") or {}
+    target = placement.get("target") or {}
+    offloaded = bool(target) and target.get("gpu_layers") == target.get("layers")
+    on = setting if setting is not None else offloaded
+    if on:
+        why = (
+            "llama.cpp's backend sampler picks each verified token where the logits are "
+            "computed; only token ids come back"
+        )
+    elif setting is None:
+        why = "the target's output layer runs on the CPU, where reading its rows costs less"
+    else:
+        why = "every verified position's logits row is read on the host"
+    report.verification = {
+        "greedy": "device" if on else "host",
+        "setting": {None: "auto", True: "1", False: "0"}[setting],
+        "why": f"{why} ({DEVICE_VERIFY}=auto|1|0)",
+    }
+
+
+def _suggestion(report: Diagnosis, options: Any) -> None:
+    """A target that suits the GPU's free memory, when it is not the one chosen."""
+    from localspec.session import open as opening
+    from localspec.session.suggest import suggest_target
+
+    if report.build is None or not report.build.get("gpu_offload"):
+        return
+    found = suggest_target(opening.gpu_devices(), options.n_ctx)
+    if found is None:
+        return
+    report.suggestion = found.to_dict()
+    if report.pair.get("target", {}).get("ref") != found.target:
+        report.notes.append(found.line())
 
 
 def _models(report: Diagnosis) -> None:

@@ -18,6 +18,7 @@ default that ends the process with a ``WorkersLostError``, reported as every err
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -45,6 +46,8 @@ if TYPE_CHECKING:  # imported while the target loads (see _load_pair)
 # Modules the session needs once the target is loaded (the engine, its drafters, the
 # stores): imported while it loads, which llama.cpp does without Python's lock.
 WHILE_LOADING = ("localspec.session.session", "localspec.storage.answers")
+
+DEVICE_VERIFY = "LOCALSPEC_DEVICE_VERIFY"  # auto, 1 or 0: see device_verification
 
 LostHandler = Callable[[str], None]
 # The draft length the draft model is judged by before loading it: the drafter's default.
@@ -157,6 +160,7 @@ def _load_pair(
         n_gpu_layers=placement.target.n_gpu_layers,
         flash_attn=options.flash_attn,
         warm_up=measuring,  # the steps measured now must not pay the first pass's mapping
+        device_greedy=device_verification(),
     )
     # Only the target needs batch-invariant kernels: what the draft proposes never changes
     # what the target accepts, so the draft keeps the fast ones.
@@ -173,7 +177,10 @@ def _load_pair(
     slot = None
     try:
         if draft_path is not None and decision is not None:
-            slot = _draft_slot(options, load, placement, target, draft_path, decision, on_progress)
+            draft_load = replace(load, greedy_confidence=True, greedy_vocab=target.n_vocab)
+            slot = _draft_slot(
+                options, draft_load, placement, target, draft_path, decision, on_progress
+            )
         draft = slot.model if slot is not None else None
         costs, costs_file = step_costs(
             options, placement, target, draft, target_path, draft_path, on_progress
@@ -214,6 +221,19 @@ def _draft_slot(
         model = loader(lambda: False, on_progress)
         return DraftSlot(draft_path, decision, model=model)
     return DraftSlot(draft_path, decision, loader, label=model_name(draft_path))
+
+
+def device_verification() -> bool | None:
+    """Where greedy choices are made (``LOCALSPEC_DEVICE_VERIFY``): ``auto``, the default
+    (None: on the device where the output layer is offloaded, else from rows on the host),
+    ``1`` (always on the device, the CPU's backend included) or ``0`` (always on the host)."""
+    value = os.environ.get(DEVICE_VERIFY, "auto").strip().lower()
+    if value not in ("auto", "0", "1"):
+        raise UsageError(
+            f"{DEVICE_VERIFY}={value!r} is neither auto, 0 nor 1",
+            f"set {DEVICE_VERIFY}=0 to verify on the host, or unset it",
+        )
+    return None if value == "auto" else value == "1"
 
 
 def _target_load(options: ModelOptions, load: LoadOptions) -> LoadOptions:

@@ -79,6 +79,9 @@ class Session:
             self.draft_label: str | None = slot.label
         else:
             self.draft_label = draft.description() if draft is not None else None
+        # Where greedy verification picks the target's tokens: "device" (llama.cpp's
+        # backend sampler; only token ids come back) or "host" (from logits rows).
+        self.verification: str = target.greedy_where
         # The files of the pair, as resolved: a saved chat names them to be continued with
         # them (the draft's even where it was not loaded: it is the pair's).
         self.target_path: Path | None = target.path

@@ -29,7 +29,7 @@ a generation to say that it had to leave something out.
 
 Optional capability ``Watching``: a drafter that drafts from what the target computed
 (lookahead) exposes ``watching`` (None while it has no use for them); the engine shows it
-every target pass's logits rows, read before they are released, as a tree of nodes.
+the target's greedy token after every position of every target pass, as a tree of nodes.
 
 The loop never asks which kind of drafter it holds: names (``Drafter.name``) only label
 stats, events and token origins. ``Resources`` is what the registry builds drafters from.
@@ -113,11 +113,11 @@ class Warns(Protocol):
 
 
 class Watching(Protocol):
-    def watch(self, tokens: Sequence[int], parents: Sequence[int], rows: np.ndarray) -> None:
-        """A target pass: ``rows[0]`` after the last committed token, ``rows[1 + i]`` after
-        node ``i`` (``tokens[i]``, child of node ``parents[i]``; ``core.tree.ROOT`` is the
-        last committed token; a chain's node i is the child of i - 1). The rows are
-        borrowed: read them now, keep none."""
+    def watch(self, tokens: Sequence[int], parents: Sequence[int], chosen: Sequence[int]) -> None:
+        """A target pass: ``chosen[0]`` is the target's greedy token after the last committed
+        token, ``chosen[1 + i]`` after node ``i`` (``tokens[i]``, child of node
+        ``parents[i]``; ``core.tree.ROOT`` is the last committed token; a chain's node i is
+        the child of i - 1)."""
 
 
 class Previewing(Protocol):

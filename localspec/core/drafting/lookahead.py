@@ -1,8 +1,9 @@
 """Lookahead: the target drafts for itself from what its own passes already computed.
 
 No second model. Every target pass computes a logits row after each token it evaluates;
-``LookaheadDrafter`` reads the target's greedy token off each row (``watch``, the
-``Watching`` capability) and keeps three things from them:
+``LookaheadDrafter`` is shown the target's greedy token after each (``watch``, the
+``Watching`` capability: token ids, which greedy decoding reads without copying a row) and
+keeps three things from them:
 
 - **Recycled successors** (Token Recycling, arXiv 2408.08696): for each token, the last few
   distinct tokens the target chose after it, in any context. Free to collect: the rows were
@@ -159,11 +160,11 @@ class LookaheadDrafter:
         """The tree's branch ``i`` was taken: ``watch`` saw the whole tree, and ``observe``
         follows the committed tokens through it, so nothing is left to do."""
 
-    def watch(self, tokens: Sequence[int], parents: Sequence[int], rows: np.ndarray) -> None:
-        """A target pass: ``rows[0]`` after the last committed token, ``rows[1 + i]`` after
-        node ``i`` (``tokens[i]``, child of node ``parents[i]``, ``ROOT`` the last committed
-        token). Reads the target's greedy token off each row; keeps no row."""
-        chosen = [int(np.argmax(row[: self.vocab])) for row in rows[: len(tokens) + 1]]
+    def watch(self, tokens: Sequence[int], parents: Sequence[int], chosen: Sequence[int]) -> None:
+        """A target pass: ``chosen[0]`` is the target's greedy token after the last committed
+        token, ``chosen[1 + i]`` after node ``i`` (``tokens[i]``, child of node
+        ``parents[i]``, ``ROOT`` the last committed token)."""
+        chosen = [int(t) for t in chosen[: len(tokens) + 1]]
         self._seen = _Pass(tuple(tokens), tuple(parents), tuple(chosen))
 
     def observe(self, committed: Sequence[int], outcome: Outcome) -> None:

@@ -2,7 +2,8 @@
 
 ``ModelDrafter`` drafts on the draft model's own KV cache (only tokens it lacks are
 evaluated, in one catch-up batch timed apart from the one-token steps), greedy when decoding
-is greedy, otherwise sampling from its warped q (returned for exact verification). It stops
+is greedy (asking the model for its greedy token and that token's probability, not for a
+logits row), otherwise sampling from its warped q (returned for exact verification). It stops
 early after an end-of-generation token, or when its confidence falls below ``p_min``: in
 a fixed policy llama.cpp's 0.75, else the confidence below which one more draft token does
 not pay at this machine's costs.
@@ -34,7 +35,7 @@ from localspec.core.cached_model import CachedModel, common_prefix_length
 from localspec.core.costs import CostProfile, Ema, LiveCosts, could_pay
 from localspec.core.drafting.base import Branching, Draft, Offer, Outcome, Resources
 from localspec.core.params import GenerationParams
-from localspec.core.sampling import sample, top_probability, warp
+from localspec.core.sampling import sample, warp
 
 NAME = "model"
 PRIOR = 0.6  # acceptance per position before any evidence
@@ -171,16 +172,20 @@ class ModelDrafter:
         steps, t_steps = 0, 0.0
         for i in range(k):
             t0 = self.clock()
-            logits = self.model.forward(context, 1)[0][: self.vocab]
+            if params.greedy:  # the draft model's greedy choice and its probability only
+                found = self.model.greedy(context, 1, confidence=True, vocab=self.vocab or 0)
+            else:
+                logits = self.model.forward(context, 1)[0][: self.vocab]
             if i == 0 and catch_up:
                 t_catch = self.clock() - t0
             else:
                 t_steps += self.clock() - t0
                 steps += 1
             if params.greedy:
-                if i > 0 and p_min > 0.0 and top_probability(logits) < p_min:
+                assert found.top_p is not None
+                if i > 0 and p_min > 0.0 and found.top_p[0] < p_min:
                     break
-                tok = int(np.argmax(logits))
+                tok = found.ids[0]
             else:
                 q = warp(logits, params)
                 if i > 0 and p_min > 0.0 and float(q.max()) < p_min:

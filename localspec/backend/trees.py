@@ -1,0 +1,114 @@
+"""Draft trees on llama.cpp: every node of a tree verified in one batch, one sequence a leaf.
+
+Sequence 0 holds the committed tokens. A tree with m leaves gives leaf j sequence j
+(1..m): the committed prefix is tagged with every one of them (``seq_cp``, which in a
+unified cache only adds tags), the last committed token carries 0..m, and each node
+carries the sequences of the leaves below it. llama.cpp masks attention by sequence
+and position, so a node sees the prefix, the last token and its own ancestors, never
+another branch. Keeping a path tags its cells with 0; ``seq_keep(0)`` then frees the
+cells of every other node and drops the branch tags from the rest.
+
+``TreeBatches`` is the part of ``LlamaModel`` that does it (``_evaluate_tree`` for rows,
+``_evaluate_tree_greedy`` for the device's greedy choices, ``_keep_path``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from localspec.core.cached_model import greedy_ids
+from localspec.core.tree import DraftTree
+from localspec.errors import BackendError
+
+
+class TreeBatches:
+    """Tree batches of a ``LlamaModel`` (its context, batch, memory and device samplers)."""
+
+    n_batch: int
+    n_vocab: int
+    tree_seqs: int
+    _batch: Any
+    _memory: Any
+    _device: Any
+    # LlamaModel's own: one timed decode of the filled batch, a rollback, its device samplers.
+    _run_batch: Any
+    _remove_from: Any
+    _device_for: Any
+
+    @property
+    def supports_trees(self) -> bool:
+        return self.tree_seqs > 0
+
+    def _evaluate_tree(self, start: int, last: int, tree: DraftTree) -> np.ndarray:
+        if self._device is not None:
+            self._device.detach()  # rows are wanted: llama.cpp copies them again
+        rows = self._run_tree(start, last, tree, greedy=False)
+        assert rows is not None
+        return rows
+
+    def _evaluate_tree_greedy(self, start: int, last: int, tree: DraftTree) -> list[int]:
+        device = self._device_for(False, self._device.vocab if self._device else self.n_vocab)
+        if device is None:
+            return greedy_ids(self._evaluate_tree(start, last, tree))
+        self._run_tree(start, last, tree, greedy=True)
+        return device.tokens(1 + len(tree))
+
+    def _run_tree(self, start: int, last: int, tree: DraftTree, *, greedy: bool):
+        seqs = self._leaf_seqs(tree)
+        if 1 + len(tree) > self.n_batch:
+            raise ValueError(
+                f"a tree of {len(tree)} nodes does not fit a batch of {self.n_batch} tokens"
+            )
+        m = len(tree.leaves())
+        for j in range(1, m + 1):
+            llama_cpp.llama_memory_seq_cp(self._memory, 0, j, -1, -1)
+        self._fill(0, last, start, range(m + 1))
+        for i, tok in enumerate(tree.tokens):
+            self._fill(1 + i, tok, start + tree.depth(i), seqs[i])
+        assert self._batch is not None
+        self._batch.n_tokens = 1 + len(tree)
+        try:
+            return self._run_batch(start, 1 + len(tree), greedy=greedy)
+        except BackendError:
+            self._drop_tree(start)
+            raise
+
+    def _leaf_seqs(self, tree: DraftTree) -> list[list[int]]:
+        """For each node, the sequence ids of the leaves below it (leaf j: sequence j + 1)."""
+        leaves = tree.leaves()
+        if len(leaves) > self.tree_seqs:
+            raise ValueError(
+                f"a tree of {len(leaves)} leaves needs more sequences than the "
+                f"{self.tree_seqs} this context has"
+            )
+        seqs: list[list[int]] = [[] for _ in tree.tokens]
+        for j, leaf in enumerate(leaves, start=1):
+            for node in tree.path(leaf):
+                seqs[node].append(j)
+        return seqs
+
+    def _fill(self, j: int, token: int, pos: int, seqs: Sequence[int]) -> None:
+        """Row ``j`` of the batch: ``token`` at ``pos`` in ``seqs``, with logits."""
+        b = self._batch
+        assert b is not None
+        b.token[j] = token
+        b.pos[j] = pos
+        b.n_seq_id[j] = len(seqs)
+        for k, s in enumerate(seqs):
+            b.seq_id[j][k] = s
+        b.logits[j] = True
+
+    def _keep_path(self, start: int, tree: DraftTree, path: list[int]) -> None:
+        if path:
+            leaf = self._leaf_seqs(tree)[path[-1]][0]  # a leaf's sequence runs along path
+            llama_cpp.llama_memory_seq_cp(self._memory, leaf, 0, start, start + len(path))
+        llama_cpp.llama_memory_seq_keep(self._memory, 0)
+
+    def _drop_tree(self, start: int) -> None:
+        """After a failed tree pass: back to the committed prefix, ``start`` tokens."""
+        llama_cpp.llama_memory_seq_keep(self._memory, 0)
+        self._remove_from(start)
