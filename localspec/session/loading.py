@@ -29,6 +29,7 @@ so a short answer does not wait for it; the model is freed at ``close``.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,8 @@ from typing import Any
 from localspec.core.costs import CostProfile
 from localspec.core.drafting.model import could_pay_at
 
+LOADING_SWITCH_S = 0.0002  # the interpreter's switch interval while a load runs beside
+
 
 class Loading:
     """``load()`` running in a daemon thread (see the module docstring)."""
@@ -47,6 +50,11 @@ class Loading:
     def __init__(self, load: Callable[[], Any]) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
+        # llama.cpp reports each step of a load through a Python callback, which must take
+        # the interpreter's lock from the thread importing beside it: a short switch
+        # interval hands it over at once instead of after the default 5 ms.
+        self._interval = sys.getswitchinterval()
+        sys.setswitchinterval(LOADING_SWITCH_S)
         self._thread = threading.Thread(target=self._run, args=(load,), name="load", daemon=True)
         self._thread.start()
 
@@ -58,6 +66,7 @@ class Loading:
 
     def result(self) -> Any:
         self._thread.join()
+        sys.setswitchinterval(self._interval)
         if self._error is not None:
             raise self._error
         return self._value
