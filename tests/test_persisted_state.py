@@ -215,3 +215,19 @@ def test_concurrent_saves_never_mix_or_leave_temporary_files(tmp_path):
     assert errors == []
     assert json.loads(path.read_text())["i"] == 49
     assert [p.name for p in path.parent.iterdir()] == ["pair.json"]
+
+
+def test_learned_state_that_cannot_be_saved_is_warned_of_once(tiny_options, tmp_path):
+    from localspec.session.open import open_session
+
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the learning folder should be")
+    session = open_session(tiny_options)
+    try:
+        assert session.learning is not None
+        session.learning = (LearningStore(blocked / "learning"), session.learning[1])
+        for _ in range(3):  # a server answers one request after another
+            run_to_completion(session.complete("the cat", GenerationParams(max_tokens=4)))
+        assert len(session.warnings) == 1 and "could not write" in session.warnings[0]
+    finally:
+        session.close()

@@ -206,8 +206,8 @@ class Session:
         for event in events:
             if isinstance(event, Finished):
                 problem = store.save(key, self.decoder.learned(params))
-                if problem:
-                    self.warnings.append(problem)
+                if problem:  # said once, however many answers fail to save it
+                    self._warn([problem])
             yield event
 
     def complete(
