@@ -391,3 +391,35 @@ def test_derive_draft_command_rejects_bad_layers(tiny4, layers):
     assert result.exit_code == 2
     assert "\nerror: " in "\n" + result.stderr and "\nhint: " in result.stderr
     assert "Traceback" not in result.output and result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda r: {**r, "draft_length": float("inf")},
+        lambda r: {**r, "agreement": 10**400},  # too large for a float
+        lambda r: {**r, "n_layers": float("nan")},
+        lambda r: {**r, "candidates": [{**r["candidates"][0], "step_ratio": float("inf")}]},
+        lambda r: {**r, "candidates": [{**r["candidates"][0], "draft_length": 10**400}]},
+        lambda r: {**r, "layers": {"not": "a list"}},
+        lambda r: [[[[r]]]],
+    ],
+)  # fmt: skip
+def test_a_crafted_choice_is_measured_again_not_an_internal_error(tiny4, damage):
+    found = derived_draft(tiny4, threads=1, layers=[0, 1])
+    record = json.loads((found.path.parent / "choice.json").read_text())
+    record["candidates"] = [
+        {"layers": [0, 1], "label": "first half", "agreement": 0.5, "step_ratio": 0.5,
+         "expected_speedup": 1.2, "draft_length": 2}
+    ]  # fmt: skip
+    (found.path.parent / "choice.json").write_text(json.dumps(damage(record)))
+    assert cached_derived(tiny4) is None
+    result = runner.invoke(models_app, ["derive-draft", str(tiny4), "--layers", "0-1"])
+    assert result.exit_code == 0, result.output
+    assert "internal error" not in result.output and result.stdout.strip().endswith(".gguf")
+
+
+def test_a_choice_nested_too_deep_is_measured_again(tiny4):
+    found = derived_draft(tiny4, threads=1, layers=[0, 1])
+    (found.path.parent / "choice.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert cached_derived(tiny4) is None

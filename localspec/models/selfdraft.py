@@ -38,6 +38,7 @@ from localspec.errors import LocalspecError, ModelFileError
 from localspec.models.derive import Source, check_layers, compact_layers, open_source, write_derived
 from localspec.models.gguf import check_gguf, read_metadata
 from localspec.models.layerchoice import (
+    DRAFT_LENGTHS,
     Candidate,
     Choice,
     choose_layers,
@@ -61,6 +62,11 @@ __all__ = [
 ]
 
 CHOICE_FILE = "choice.json"
+MAX_CHOICE_BYTES = 1 << 20  # a record of a few candidates' numbers is a few KiB
+# What reading crafted JSON raises (nesting too deep, a number too long or too large for a
+# float, a list where a mapping belongs): the errors ``storage.store`` names for state
+# files, which this layer, below storage, cannot import.
+CRAFTED_ERRORS = (ValueError, OverflowError, RecursionError, TypeError, KeyError, AttributeError)
 FORMAT = 1
 CHECK_OPTIONS = LoadOptions(n_ctx=256, tree_seqs=0)  # a derived file's load check
 
@@ -235,45 +241,71 @@ def _write_choice(directory: Path, found: Derived, target: Path, choice: Choice 
 
 
 def _read_choice(directory: Path) -> Derived | None:
-    """The recorded choice, or ``None`` when absent or not one this version wrote."""
+    """The recorded choice, or ``None`` when absent, damaged (it is measured again when
+    asked for) or not one this version wrote."""
     try:
-        data = json.loads((directory / CHOICE_FILE).read_text())
-        if data.get("format") != FORMAT:
+        with open(directory / CHOICE_FILE, "rb") as fh:
+            raw = fh.read(MAX_CHOICE_BYTES + 1)
+        data = json.loads(raw) if len(raw) <= MAX_CHOICE_BYTES else None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
             return None
-        n_layers = int(data["n_layers"])
-        layers = check_layers(data["layers"], n_layers)
-        candidates = tuple(
-            Candidate(
-                layers=check_layers(c["layers"], n_layers),
-                label=str(c["label"]),
-                agreement=float(c["agreement"]),
-                step_ratio=float(c["step_ratio"]),
-                expected_speedup=float(c["expected_speedup"]),
-                draft_length=int(c["draft_length"]),
-            )
-            for c in data["candidates"]
+        return _choice_of(directory, data)
+    except (OSError, LocalspecError, *CRAFTED_ERRORS):
+        return None  # damaged or crafted: measured again when asked for
+
+
+def _choice_of(directory: Path, data: dict[str, Any]) -> Derived | None:
+    """A ``choice.json``'s record, every value checked (raises one of ``CRAFTED_ERRORS``
+    or a ``UsageError`` on a crafted one)."""
+    n_layers = int(data["n_layers"])
+    layers = check_layers(data["layers"], n_layers)
+    candidates = tuple(
+        Candidate(
+            layers=check_layers(c["layers"], n_layers),
+            label=str(c["label"]),
+            agreement=_measured(c["agreement"], 1.0),
+            step_ratio=_measured(c["step_ratio"]),
+            expected_speedup=_measured(c["expected_speedup"]),
+            draft_length=_length(c["draft_length"]),
         )
-        name = str(data["file"])
-        if name != derived_name(layers):  # never a path outside this folder
-            return None
-        return Derived(
-            path=directory / name,
-            layers=layers,
-            n_layers=n_layers,
-            agreement=_number(data["agreement"]),
-            step_ratio=_number(data["step_ratio"]),
-            expected_speedup=_number(data["expected_speedup"]),
-            draft_length=None if data["draft_length"] is None else int(data["draft_length"]),
-            candidates=candidates,
-        )
-    except FileNotFoundError:
+        for c in data["candidates"]
+    )
+    name = str(data["file"])
+    if name != derived_name(layers):  # never a path outside this folder
         return None
-    except (LocalspecError, OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # damaged: measured again when asked for
+    return Derived(
+        path=directory / name,
+        layers=layers,
+        n_layers=n_layers,
+        agreement=_number(data["agreement"], 1.0),
+        step_ratio=_number(data["step_ratio"]),
+        expected_speedup=_number(data["expected_speedup"]),
+        draft_length=None if data["draft_length"] is None else _length(data["draft_length"]),
+        candidates=candidates,
+    )
 
 
-def _number(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
+MAX_RATIO = 1e6  # a measured ratio or speedup beyond this is no measurement
+
+
+def _measured(value: object, top: float = MAX_RATIO) -> float:
+    """A measured number: finite, from 0 to ``top``; ``ValueError`` otherwise."""
+    x = float(value)  # type: ignore[arg-type]
+    if not 0.0 <= x <= top:  # NaN and infinities fail too
+        raise ValueError(f"not a measured value: {value!r}")
+    return x
+
+
+def _number(value: object, top: float = MAX_RATIO) -> float | None:
+    """A measured number, or None for layers given by hand and never measured."""
+    return None if value is None else _measured(value, top)
+
+
+def _length(value: object) -> int:
+    """A draft length as ``layerchoice`` measures them."""
+    if not isinstance(value, int) or not 1 <= value <= max(DRAFT_LENGTHS):
+        raise ValueError(f"not a measured draft length: {value!r}")
+    return value
 
 
 # --- the folder ---------------------------------------------------------------------
