@@ -423,3 +423,31 @@ def test_a_choice_nested_too_deep_is_measured_again(tiny4):
     found = derived_draft(tiny4, threads=1, layers=[0, 1])
     (found.path.parent / "choice.json").write_text("[" * 100_000 + "]" * 100_000)
     assert cached_derived(tiny4) is None
+
+
+def test_a_layer_past_llama_cpps_limit_is_refused_before_any_list_is_built():
+    with pytest.raises(UsageError, match="past llama.cpp's limit of 512"):
+        parse_layers("0-99999999999")  # a range of 10^11 layers would not fit in memory
+    with pytest.raises(UsageError, match="layer 512"):
+        parse_layers("511-512")
+    assert parse_layers("510-511") == [510, 511]
+    result = runner.invoke(models_app, ["derive-draft", "x.gguf", "--layers", "0-99999999999"])
+    assert result.exit_code == 2 and "past llama.cpp's limit" in result.stderr
+
+
+@pytest.mark.parametrize("count", [2**32 - 1, 1_000_000, 513, 0])
+def test_an_absurd_block_count_in_a_header_is_a_model_file_error(tmp_path, count):
+    import struct
+
+    from tests.test_gguf_header import header, kv_string, s
+
+    path = tmp_path / "crafted.gguf"
+    path.write_bytes(header(kv_string("general.architecture", "llama"),
+                            s("llama.block_count") + struct.pack("<II", 4, count)))  # fmt: skip
+    with pytest.raises(ModelFileError, match="block count"):
+        derived_draft(path, threads=1)
+    with pytest.raises(ModelFileError, match="block count"):
+        derive_gguf(path, [0], tmp_path / "d.gguf")
+    result = runner.invoke(models_app, ["derive-draft", str(path)])
+    assert result.exit_code == 1 and "error: " in result.stderr, result.output
+    assert "internal error" not in result.output

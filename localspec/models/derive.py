@@ -12,8 +12,9 @@ Contract:
   tokenizer is the source's), except ``{arch}.block_count``, every ``{arch}.*`` array with one
   entry per block (cut to the kept blocks) and ``general.name`` (a suffix says which layers).
 - ``layers`` must be non-empty, strictly increasing and within the block count, else
-  ``UsageError``. A source that is not a readable GGUF, or has no block count, is a
-  ``ModelFileError``.
+  ``UsageError``. A source that is not a readable GGUF, has no block count or more blocks
+  than llama.cpp loads (``LLAMA_MAX_LAYERS``), is a ``ModelFileError``; a layer number past
+  that limit is a ``UsageError`` before any list of layers is built.
 - ``dest`` appears complete or not at all: the file is written under a temporary name in
   its directory and renamed on success; a failure removes it.
 - ``compact_layers`` and ``parse_layers`` turn a layer list into ``0-7,20-27`` and back.
@@ -36,6 +37,7 @@ from localspec.errors import ModelFileError, UsageError
 from localspec.models.gguf import check_gguf
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+LLAMA_MAX_LAYERS = 512  # llama.cpp's limit (src/llama-hparams.h): it asserts past it
 _NAME = "general.name"
 _ARCH = "general.architecture"
 
@@ -63,6 +65,12 @@ def parse_layers(text: str) -> list[int]:
         last = int(match[2]) if match[2] is not None else first
         if last < first:
             raise UsageError(f"invalid layer list {text!r}: {part!r} runs backwards", hint)
+        if last >= LLAMA_MAX_LAYERS:  # checked before the range is built
+            raise UsageError(
+                f"invalid layer list {text!r}: layer {last} is past llama.cpp's limit of "
+                f"{LLAMA_MAX_LAYERS} layers",
+                hint,
+            )
         layers.update(range(first, last + 1))
     return sorted(layers)
 
@@ -107,7 +115,19 @@ def open_source(path: Path) -> Source:
             f"{path} has no {arch or 'architecture'}.block_count: not a layered model",
             "a self-draft needs a transformer model with blocks of layers",
         )
-    return Source(path, reader, arch, int(count.contents()))
+    return Source(path, reader, arch, checked_block_count(path, count.contents()))
+
+
+def checked_block_count(path: Path, count: object) -> int:
+    """A header's block count, if llama.cpp could load a model of that many blocks;
+    ``ModelFileError`` otherwise (a damaged or crafted header)."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= LLAMA_MAX_LAYERS:
+        raise ModelFileError(
+            f"{path} gives a block count of {count!r}; llama.cpp loads 1 to "
+            f"{LLAMA_MAX_LAYERS} blocks",
+            "the file is damaged: download it again",
+        )
+    return count
 
 
 def derive_gguf(source: Path, layers: Sequence[int], dest: Path) -> Path:

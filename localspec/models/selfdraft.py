@@ -35,7 +35,14 @@ from filelock import FileLock, Timeout
 
 from localspec.backend.llama import LoadOptions
 from localspec.errors import LocalspecError, ModelFileError
-from localspec.models.derive import Source, check_layers, compact_layers, open_source, write_derived
+from localspec.models.derive import (
+    Source,
+    check_layers,
+    checked_block_count,
+    compact_layers,
+    open_source,
+    write_derived,
+)
 from localspec.models.gguf import check_gguf, read_metadata
 from localspec.models.layerchoice import (
     DRAFT_LENGTHS,
@@ -156,12 +163,12 @@ def block_count(path: Path) -> int:
         count = read_metadata(path, {key}).get(key) if isinstance(arch, str) else None
     except (OSError, ValueError) as err:
         raise ModelFileError(f"cannot read the GGUF header of {path}: {err}") from None
-    if not isinstance(count, int) or count < 1:
+    if count is None:
         raise ModelFileError(
             f"{path} has no block count: not a layered model",
             "a self-draft needs a transformer model with blocks of layers",
         )
-    return count
+    return checked_block_count(path, count)
 
 
 def _from_choice(directory: Path, choice: Choice) -> Derived:
