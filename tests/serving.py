@@ -1,8 +1,9 @@
 """A real ``localspec serve`` app in this process: uvicorn's server (the one ``localspec
 serve`` runs, ``StoppingServer``) in a thread on a free loopback port, over a worker of a
 given session. ``serving(session, ...)`` yields a ``Served`` (its URL, state and worker)
-and stops everything afterwards; ``slowed(session, seconds)`` makes every event of the
-session's generations take that long, so a test can act while one is under way."""
+and stops everything afterwards; ``serve_options`` are the tiny pair's options as the
+server opens it; ``slowed(session, seconds)`` makes every event of the session's
+generations take that long, so a test can act while one is under way."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ from localspec.serve.app import ServerState, create_app
 from localspec.serve.clients import keep_apart
 from localspec.serve.server import StoppingServer
 from localspec.serve.worker import GenerationWorker, OnClient
+
+
+def serve_options(tiny_pair: Any) -> Any:
+    """The tiny pair's options as ``localspec serve`` opens it: no store, and the user's own
+    history neither kept nor drafted from."""
+    from localspec.session.pair import ModelOptions
+
+    target, draft, _ = tiny_pair
+    return ModelOptions(target=str(target), draft=str(draft), n_ctx=512, threads=1,
+                        stores=(), history=False)  # fmt: skip
 
 
 def free_port() -> int:

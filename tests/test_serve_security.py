@@ -21,9 +21,8 @@ import pytest
 from localspec.core.params import GenerationParams
 from localspec.serve.access import Access, host_name
 from localspec.session.open import open_session
-from localspec.session.pair import ModelOptions
 from localspec.storage.library import Library
-from tests.serving import serving, slowed
+from tests.serving import serve_options, serving, slowed
 
 CHAT = "/v1/chat/completions"
 LONG_CTX = 8192  # an answer long enough to be under way when the server is stopped
@@ -32,12 +31,7 @@ PROMPT = "the cat sat on the mat and the dog sat on the log"
 
 @pytest.fixture(scope="module")
 def session(tiny_pair):
-    target, draft, _ = tiny_pair
-    # As `localspec serve` opens it: no store, and the user's own history neither kept
-    # nor drafted from.
-    options = ModelOptions(target=str(target), draft=str(draft), n_ctx=512, threads=1,
-                           stores=(), history=False)  # fmt: skip
-    session = open_session(options)
+    session = open_session(serve_options(tiny_pair))
     # Verifying priced as nearly free (as on a GPU), so that auto drafts whatever a store
     # offers and what a client could learn through timings shows in every answer.
     plain = session.costs.plain_s

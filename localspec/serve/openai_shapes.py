@@ -5,7 +5,8 @@
 body into ``GenerationParams``, refusing with a 400 that names the field any option that
 would change the result and that localspec cannot honour (``n`` > 1, ``tools``, ...), more
 than ``MAX_STOPS`` stop strings or longer ones than ``MAX_STOP_CHARS``, and a ``max_tokens``
-over the server's limit. ``stream_flags`` checks ``stream`` and ``stream_options``.
+that is not a JSON integer or is over the server's limit. ``stream_flags`` checks
+``stream`` and ``stream_options``.
 ``completion_prompts`` reads ``/v1/completions``' ``prompt`` in every form OpenAI accepts (a
 string, a list of strings, a list of token ids, a list of such lists), at most
 ``MAX_PROMPTS`` of them. ``usage`` and ``timings`` read a ``GenerationStats``: a request that
@@ -99,7 +100,12 @@ def generation_params(
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     limit = body.get(name)
     if limit is not None:
-        if max_tokens_limit is not None and _is_int(limit) and limit > max_tokens_limit:
+        # A JSON integer only: what pydantic would coerce (31.0, "200") would pass the
+        # limit's check as something else than what runs.
+        if not _is_int(limit) or limit < 1:
+            raise ApiError(400, f"{name} must be a whole number of 1 or more, not {limit!r}",
+                           param=name)  # fmt: skip
+        if max_tokens_limit is not None and limit > max_tokens_limit:
             raise ApiError(400, f"{name} is {limit}; this server writes at most "
                            f"{max_tokens_limit} tokens per answer", param=name)  # fmt: skip
         fields["max_tokens"] = limit
