@@ -52,3 +52,101 @@ def test_a_max_tokens_that_is_not_a_whole_number_is_refused(session, name, value
         assert served.worker.submitted == 0
         answer = post(served.url, ask(**{name: 30}))
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] <= 30
+
+
+# -- predictions -----------------------------------------------------------------------------
+
+AUTO = {"speculative": {"drafter": "auto"}}
+
+
+def predicted(text: str, **extra) -> dict:
+    return ask(max_tokens=60, prediction={"type": "content", "content": text}, **extra)
+
+
+class HealthPoller:
+    """Polls ``/health`` every 100 ms on a thread of its own; ``longest`` is the longest any
+    poll waited: how long the event loop was held."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.url, self.longest, self.polls = url, 0.0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import time
+
+        with httpx.Client(timeout=60) as http:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                assert http.get(self.url + "/health").status_code == 200
+                self.longest = max(self.longest, time.perf_counter() - t0)
+                self.polls += 1
+                self._stop.wait(0.1)
+
+    def __enter__(self) -> HealthPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def test_a_prediction_longer_than_a_few_contexts_is_refused_without_holding_the_loop(session):
+    # One token repeated, which the answer writes several times: counted by an alignment,
+    # 400,000 of them held the event loop for seconds.
+    with serving(session) as served, HealthPoller(served.url) as health:
+        message = refused(post(served.url, predicted("k" * 400_000, **AUTO)), "prediction")
+        assert "reads at most 2048 (4 times its context)" in message
+    assert health.polls > 0 and health.longest < 1.0
+    with serving(session) as served:  # up to four contexts is read
+        answer = post(served.url, predicted("k" * 2000, **AUTO))
+        assert answer.status_code == 200, answer.text
+        details = answer.json()["usage"]["completion_tokens_details"]
+        total = details["accepted_prediction_tokens"] + details["rejected_prediction_tokens"]
+        assert total == len(session.plain_tokens("k" * 2000))
+
+
+def test_a_predictions_use_is_counted_in_the_worker(session, monkeypatch):
+    import threading
+
+    from localspec.serve import app
+
+    where: list[str] = []
+    count = app.prediction_counts
+
+    def counting(prediction, answer):
+        where.append(threading.current_thread().name)
+        return count(prediction, answer)
+
+    monkeypatch.setattr(app, "prediction_counts", counting)
+    with serving(session) as served:
+        for stream in (False, True):
+            body = predicted("the cat sat on the mat", stream=stream, **AUTO)
+            body["stream_options"] = {"include_usage": True} if stream else None
+            assert post(served.url, body).status_code == 200
+    assert where == ["localspec-worker", "localspec-worker"]
+
+
+def test_prediction_counts_take_linear_time():
+    import time
+
+    from localspec.core.drafting.prediction import prediction_counts
+
+    start = time.process_time()
+    counts = prediction_counts([7] * 1_000_000, [7] * 45 + [1] * 1000)
+    assert counts == (45, 1_000_000 - 45)
+    assert time.process_time() - start < 2  # an alignment in order takes minutes here
+    assert prediction_counts([1, 2, 3], [3, 2, 1]) == (3, 0)  # wherever they stand
+    assert prediction_counts([1, 1, 2], [1, 5]) == (1, 2)  # each answer token counts once
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "none", "lookahead"])
+def test_a_prediction_with_a_drafter_that_ignores_it_is_a_400(session, drafter):
+    # ``complete`` and the Python API refuse the same; counts would describe nothing.
+    with serving(session, draft_id="draft") as served:
+        body = predicted("the cat", speculative={"drafter": drafter})
+        assert "drafter auto" in refused(post(served.url, body), "prediction")
+        assert served.worker.submitted == 0

@@ -38,7 +38,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from localspec.core.events import Event
+from localspec.core.drafting.prediction import prediction_counts
+from localspec.core.events import Event, Finished
 from localspec.core.params import GenerationParams
 from localspec.serve.access import Access, Guard, client_of
 from localspec.serve.openai_shapes import (
@@ -62,6 +63,8 @@ from localspec.serve.worker import GenerationWorker, Job, QueueFull
 from localspec.session.session import Session
 
 JSON_TYPE = "application/json"
+# A prediction longer than this many contexts cannot be copied by any answer: refused.
+PREDICTION_CONTEXTS = 4
 
 
 @dataclass
@@ -86,13 +89,36 @@ class ServerState:
 def _with_prediction(
     session: Session, params: GenerationParams, text: str | None, asked: Asked
 ) -> GenerationParams:
-    """``params`` drafting from the request's prediction ``text`` (read with the target's
-    tokenizer, in the worker: the session is the worker's)."""
+    """``params`` drafting from the request's prediction ``text``, read with the target's
+    tokenizer in the worker (the session is the worker's); a 400 naming ``prediction`` when
+    it has more than ``PREDICTION_CONTEXTS`` contexts of tokens."""
     if text is None:
         return params
     tokens = session.plain_tokens(text)
-    asked.predicted.append(tokens)
+    limit = PREDICTION_CONTEXTS * session.n_ctx
+    if len(tokens) > limit:
+        raise ApiError(400, f"the prediction has {len(tokens)} tokens; this server reads at "
+                       f"most {limit} ({PREDICTION_CONTEXTS} times its context)",
+                       param="prediction", code="prediction_too_long")  # fmt: skip
+    asked.predicted.append(tuple(tokens))
     return params.model_copy(update={"prediction": tuple(tokens)})
+
+
+def _counted(events: Iterator[Event], asked: Asked) -> Iterator[Event]:
+    """The events, each answer's use of the prediction counted (``Asked.counts``) before its
+    ``Finished`` is handed on: in the worker, never on the event loop."""
+    for event in events:
+        if isinstance(event, Finished) and asked.predicted:
+            asked.counts.append(prediction_counts(asked.predicted[0], event.token_ids))
+        yield event
+
+
+def _check_prediction(params: GenerationParams, predicted: str | None) -> None:
+    """A prediction is drafted from by ``auto`` only: with another drafter it would be
+    ignored, and its counts would say nothing of the answer."""
+    if predicted is not None and not params.drafter.uses_cost_model:
+        raise ApiError(400, f"a prediction is drafted from by speculative.drafter auto, not "
+                       f"{params.drafter}: drop one or the other", param="prediction")  # fmt: skip
 
 
 def _check_drafter(state: ServerState, params: GenerationParams) -> None:
@@ -177,12 +203,13 @@ async def chat_completions(request: Request) -> Any:
     params = generation_params(body, state.defaults, state.max_tokens_limit)
     _check_drafter(state, params)
     predicted = prediction_text(body)
+    _check_prediction(params, predicted)
     stream, include_usage = stream_flags(body)
     asked = Asked(chat=True, stream=stream, include_usage=include_usage)
 
     def start(session: Session, cancel: threading.Event) -> Iterator[Event]:
         chosen = _with_prediction(session, params, predicted, asked)
-        return session.chat(messages, chosen, cancel)
+        return _counted(session.chat(messages, chosen, cancel), asked)
 
     return await _answer(state, request, Job(start, params, client=client), asked)
 
@@ -198,6 +225,7 @@ async def completions(request: Request) -> Any:
     params = generation_params(body, state.defaults, state.max_tokens_limit)
     _check_drafter(state, params)
     predicted = prediction_text(body)
+    _check_prediction(params, predicted)
     stream, include_usage = stream_flags(body)
     asked = Asked(False, stream, include_usage, n_prompts=len(prompts))
 
@@ -211,7 +239,7 @@ async def completions(request: Request) -> Any:
         ]  # fmt: skip
         for tokens in token_lists:  # all fit (the engine's check) before the first runs
             session.check_prompt(tokens, chosen)
-        return _in_turn(session, token_lists, chosen, cancel)
+        return _counted(_in_turn(session, token_lists, chosen, cancel), asked)
 
     return await _answer(state, request, Job(start, params, client=client), asked)
 

@@ -16,8 +16,8 @@ had several prompts passes their sum (``GenerationStats.merged``), so one ``usag
 Predicted outputs (OpenAI's ``prediction``: ``{"type": "content", "content": ...}``, the
 content a string or a list of text parts) are read by ``prediction_text``; the usage then
 counts, as OpenAI defines them, the prediction's tokens that appear in the answer
-(``accepted_prediction_tokens``) and those that do not (``rejected_prediction_tokens``):
-``prediction_counts`` matches the two token lists in order. Speculation is set per request
+(``accepted_prediction_tokens``) and those that do not (``rejected_prediction_tokens``),
+per token id (``prediction_counts``, in the worker). Speculation is set per request
 as llama.cpp's server takes it (``speculative.n_max``, ``n_min``, ``p_min``, as dotted
 top-level keys or a ``speculative`` object), plus ``speculative.drafter`` (``auto``,
 ``none``, ``ngram``, ``model``, ``lookahead``, ``self``: a mode of ``core.params.DrafterMode``);

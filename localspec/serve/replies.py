@@ -23,7 +23,6 @@ from typing import Any
 
 from fastapi import Request
 
-from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import Finished, TokenEmitted
 from localspec.core.stats import GenerationStats
 from localspec.errors import ContextOverflowError, LocalspecError, UnsupportedByModelError
@@ -37,13 +36,16 @@ log = logging.getLogger("localspec.serve")
 @dataclass(frozen=True)
 class Asked:
     """What a request asked for besides its prompts. ``predicted`` receives the tokens of
-    its prediction (if it gave one) once the worker has read it, for the usage's counts."""
+    its prediction (if it gave one) once the worker has read it, and ``counts`` each
+    answer's ``prediction_counts``, which the worker adds before the answer's ``Finished``
+    (serve/app.py): the usage reads them."""
 
     chat: bool
     stream: bool = False
     include_usage: bool = False
     n_prompts: int = 1
-    predicted: list[list[int]] = field(default_factory=list)
+    predicted: list[tuple[int, ...]] = field(default_factory=list)
+    counts: list[tuple[int, int]] = field(default_factory=list)
 
 
 def internal(err: BaseException) -> ApiError:
@@ -76,6 +78,8 @@ async def cancel_on_disconnect(request: Request, job: Job) -> None:
 
 
 def raise_for(item: Any, chat: bool) -> None:
+    if isinstance(item, ApiError):  # a refusal the worker found (a prediction too long)
+        raise item
     if isinstance(item, ContextOverflowError):
         raise ApiError(400, f"{item} ({item.hint})", code="context_length_exceeded",
                        param="messages" if chat else "prompt")  # fmt: skip
@@ -120,19 +124,18 @@ async def whole_answer(
         **head,
         "object": "chat.completion" if asked.chat else "text_completion",
         "choices": choices,
-        "usage": usage(stats, _predicted(asked, finished)),
+        "usage": usage(stats, _predicted(asked)),
     }
     if with_timings:
         answer["timings"] = timings(stats, len(finished))
     return answer
 
 
-def _predicted(asked: Asked, finished: list[Finished]) -> tuple[int, int] | None:
+def _predicted(asked: Asked) -> tuple[int, int] | None:
     """The prediction's accepted and rejected tokens over every answer, if it had one."""
     if not asked.predicted:
         return None
-    counts = [prediction_counts(asked.predicted[0], list(done.token_ids)) for done in finished]
-    return sum(a for a, _ in counts), sum(r for _, r in counts)
+    return sum(a for a, _ in asked.counts), sum(r for _, r in asked.counts)
 
 
 def _sse(data: dict[str, Any]) -> bytes:
@@ -178,7 +181,7 @@ async def streamed_answer(
                     if asked.include_usage:
                         last["usage"] = None
                         yield _sse(last)
-                        shown = usage(stats, _predicted(asked, finished))
+                        shown = usage(stats, _predicted(asked))
                         last = {**head, "object": kind, "choices": [], "usage": shown}
                     if with_timings:
                         last["timings"] = timings(stats, len(finished))
