@@ -231,3 +231,23 @@ def test_learned_state_that_cannot_be_saved_is_warned_of_once(tiny_options, tmp_
         assert len(session.warnings) == 1 and "could not write" in session.warnings[0]
     finally:
         session.close()
+
+
+def test_only_the_pairs_own_limits_save_what_auto_learned(tiny_options, isolated_home):
+    from localspec.session.open import open_session
+
+    session = open_session(tiny_options)
+    try:
+        home = GenerationParams(max_tokens=24, drafter="auto")
+        run_to_completion(session.complete("the cat the cat the cat", home, raw=True))
+        (path,) = (isolated_home / "learning").glob("*.json")
+        saved = path.read_text()
+        # A server's request naming limits of its own learns apart, and saves nothing.
+        own = home.model_copy(update={"draft_min": 5, "ngram_draft_max": 20})
+        run_to_completion(session.complete("the dog the dog the dog", own, raw=True))
+        assert path.read_text() == saved
+        session.learn_with(own)  # the limits a front end names as the pair's
+        run_to_completion(session.complete("the dog the dog the dog", own, raw=True))
+        assert path.read_text() != saved
+    finally:
+        session.close()

@@ -211,6 +211,7 @@ def load_into(state, options, queue_size: int, history: bool = False) -> None:  
     if len(state.access.keys) > 1:
         # What auto learns from one client's answers would shape another's next start.
         session.learning = None
+    session.learn_with(state.defaults)  # a request's own limits learn apart, unsaved
     state.model_id = session.target.path.stem
     state.draft_id = session.draft.path.stem if session.draft is not None else None
     state.derived_draft = session.decoder.draft_name == "self"

@@ -84,6 +84,12 @@ class PredictionDrafter(CopyFollower):
         if self.prediction:
             self._cursor = Cursor(0)  # the answer starts where the prediction starts
 
+    def end(self) -> None:
+        """The answer is over: the prediction and its index go (``Ends``), so that a
+        planner kept for later answers holds no request's text."""
+        self.prediction = ()
+        super().end()
+
     def _follow(self, i: int, end: int) -> None:
         """Before the answer has come to the prediction, a token that is not its first is
         something the answer writes before it (a preamble, a code fence), not an edit:
