@@ -150,3 +150,40 @@ def test_a_prediction_with_a_drafter_that_ignores_it_is_a_400(session, drafter):
         body = predicted("the cat", speculative={"drafter": drafter})
         assert "drafter auto" in refused(post(served.url, body), "prediction")
         assert served.worker.submitted == 0
+
+
+# -- speculative settings and the planners they build ----------------------------------------
+
+
+def test_requests_naming_limits_of_their_own_build_a_bounded_number_of_planners(session):
+    from localspec.core.planner import MAX_PLANNERS
+
+    with serving(session) as served:
+        for n_min in (*range(1, 21), 1000):  # 1000: past any draft, capped at n_max
+            body = predicted("the cat sat on the mat " * 40, speculative={"n_min": n_min})
+            assert post(served.url, body).status_code == 200
+        controllers = session.decoder.controllers()
+        assert len(controllers) <= MAX_PLANNERS
+        assert max(c.draft_min for c in controllers) <= 64
+        for bad in (3.0, "3", True, 0):
+            refused(post(served.url, ask(speculative={"n_min": bad})), "speculative.n_min")
+
+
+def test_a_requests_drafts_are_never_longer_than_the_servers_own(session):
+    # A pinned draft model drafting as far as n_max with no confidence cut-off multiplied
+    # the work per token many times over; the server's --draft-max (16) bounds it.
+    with serving(session, draft_id="draft") as served:
+        body = ask(max_tokens=48, speculative={"drafter": "model", "n_max": 64, "p_min": 0})
+        timings = post(served.url, body).json()["timings"]
+        assert timings["draft_n"] > 0 and timings["draft_n"] <= 16 * timings["target_passes"]
+        message = refused(post(served.url, ask(speculative={"n_max": 65})), "speculative.n_max")
+        assert "at most 64 tokens a round" in message
+
+
+def test_a_server_may_refuse_every_speculative_setting(session):
+    with serving(session, speculative_overrides=False) as served:
+        for body in (ask(speculative={"drafter": "none"}), ask(**{"speculative.n_max": 4})):
+            name = "speculative." + ("drafter" if "speculative" in body else "n_max")
+            assert "no speculative settings" in refused(post(served.url, body), name)
+        assert served.worker.submitted == 0
+        assert post(served.url, ask(max_tokens=4)).status_code == 200

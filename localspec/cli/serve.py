@@ -11,7 +11,9 @@ this server as ``Host`` (``--allowed-host`` adds names) and from no web page but
 
 By default no client's answer is drafted from anything but its own prompt: ``--store NAME``
 shares datastores with every client, ``--history`` keeps each client's answers in a history
-of its own. ``--no-timings`` leaves the ``timings`` figures out of every answer.
+of its own. ``--no-timings`` leaves the ``timings`` figures out of every answer;
+``--no-speculative-overrides`` refuses a request's ``speculative`` settings (by default a
+request may set them within the server's own draft limits).
 ``--parse-special`` lets control-token text in a raw completion prompt act as control tokens
 (editors that write a model's FIM tokens into the prompt themselves need it); chat messages
 keep such text as text whatever the option says. Ctrl-C (or SIGTERM) cancels the running
@@ -81,6 +83,13 @@ def serve(
     no_timings: Annotated[
         bool, typer.Option("--no-timings", help="leave the timings figures out of answers")
     ] = False,
+    speculative_overrides: Annotated[
+        bool,
+        typer.Option(
+            help="let a request set speculative.* (its drafter, shorter drafts); its drafts "
+            "are never longer than this server's own"
+        ),
+    ] = True,
     parse_special: Annotated[
         bool,
         typer.Option(
@@ -120,6 +129,7 @@ def serve(
         max_body=max_body,
         max_tokens_limit=max_tokens_limit or model.ctx,
         timings=not no_timings,
+        speculative_overrides=speculative_overrides,
         parse_special=parse_special,
         loading=True,
     )

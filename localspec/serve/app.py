@@ -42,8 +42,8 @@ from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import Event, Finished
 from localspec.core.params import GenerationParams
 from localspec.serve.access import Access, Guard, client_of
+from localspec.serve.errors import ApiError
 from localspec.serve.openai_shapes import (
-    ApiError,
     chat_messages,
     completion_prompts,
     generation_params,
@@ -73,6 +73,7 @@ class ServerState:
     access: Access = field(default_factory=Access)
     max_body: int = 1 << 20
     max_tokens_limit: int | None = None  # the most new tokens a request may ask for
+    speculative_overrides: bool = True  # a request may set speculative.* (within limits)
     timings: bool = True  # False (--no-timings): answers carry no ``timings`` object
     worker: GenerationWorker | None = None
     model_id: str = "localspec"
@@ -200,7 +201,9 @@ async def chat_completions(request: Request) -> Any:
     client = client_of(state.access, request.headers.get("authorization"))
     body = await _read_json(state, request)
     messages = chat_messages(body)
-    params = generation_params(body, state.defaults, state.max_tokens_limit)
+    params = generation_params(
+        body, state.defaults, state.max_tokens_limit, state.speculative_overrides
+    )
     _check_drafter(state, params)
     predicted = prediction_text(body)
     _check_prediction(params, predicted)
@@ -222,7 +225,9 @@ async def completions(request: Request) -> Any:
     session = state.worker.session
     suffix = _suffix(state, session, body)
     prompts = completion_prompts(body, session.target.n_vocab, infill=bool(suffix))
-    params = generation_params(body, state.defaults, state.max_tokens_limit)
+    params = generation_params(
+        body, state.defaults, state.max_tokens_limit, state.speculative_overrides
+    )
     _check_drafter(state, params)
     predicted = prediction_text(body)
     _check_prediction(params, predicted)

@@ -26,7 +26,8 @@ from fastapi import Request
 from localspec.core.events import Finished, TokenEmitted
 from localspec.core.stats import GenerationStats
 from localspec.errors import ContextOverflowError, LocalspecError, UnsupportedByModelError
-from localspec.serve.openai_shapes import ApiError, finish_reason, timings, usage
+from localspec.serve.errors import ApiError
+from localspec.serve.openai_shapes import finish_reason, timings, usage
 from localspec.serve.worker import Job
 
 POLL_S = 0.1  # how often a request waiting on its job's events checks that it still wants them
