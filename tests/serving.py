@@ -3,16 +3,21 @@ serve`` runs, ``StoppingServer``) in a thread on a free loopback port, over a wo
 given session. ``serving(session, ...)`` yields a ``Served`` (its URL, state and worker)
 and stops everything afterwards; ``serve_options`` are the tiny pair's options as the
 server opens it; ``slowed(session, seconds)`` makes every event of the session's
-generations take that long, so a test can act while one is under way."""
+generations take that long, so a test can act while one is under way. ``serve_process``
+runs ``localspec serve`` itself, for what only a real process shows (signals, exits)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -109,3 +114,37 @@ def slowed(session: Any, seconds: float) -> Iterator[list]:
         yield finished
     finally:
         del session.generate  # the method again
+
+
+@contextlib.contextmanager
+def serve_process(
+    args: list[str], home: Path, *, ready: bool = True, python: str | None = None
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``localspec serve ARGS`` as its own process, in the home ``home``, on a free port:
+    yields it and its URL once ``/health`` answers ok (or at once, without ``ready``), and
+    kills it afterwards if it is still running. Its stderr is a pipe, read as it ends.
+    ``python``: code run as ``python -c`` with the arguments instead of ``localspec``."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "LOCALSPEC_HOME": str(home)}
+    start = ["-c", python] if python else ["-m", "localspec.cli.app"]
+    proc = subprocess.Popen(
+        [sys.executable, *start, "serve", "--port", str(port), *args],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while ready:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not get ready"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -187,3 +187,20 @@ def test_a_server_may_refuse_every_speculative_setting(session):
             assert "no speculative settings" in refused(post(served.url, body), name)
         assert served.worker.submitted == 0
         assert post(served.url, ask(max_tokens=4)).status_code == 200
+
+
+# -- what /health says -----------------------------------------------------------------------
+
+
+def test_health_tells_the_queue_length_to_clients_only(session):
+    from localspec.serve.access import Access
+
+    with serving(session, access=Access(keys=("k1",))) as served:
+        anyone = httpx.get(served.url + "/health")
+        assert anyone.status_code == 200 and anyone.json() == {"status": "ok"}
+        wrong = httpx.get(served.url + "/health", headers={"Authorization": "Bearer k2"})
+        assert wrong.json() == {"status": "ok"}
+        client = httpx.get(served.url + "/health", headers={"Authorization": "Bearer k1"})
+        assert client.json() == {"status": "ok", "waiting": 0}
+    with serving(session) as served:  # without keys every caller is a client
+        assert httpx.get(served.url + "/health").json() == {"status": "ok", "waiting": 0}

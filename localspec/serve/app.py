@@ -3,8 +3,9 @@
 ``create_app(state)`` builds a FastAPI app. ``ServerState`` holds the worker once the pair is
 loaded (``/health`` answers ``loading`` until then, and every other endpoint a 503). Every
 request first passes ``access.Guard`` (its ``Host`` and ``Origin``); every endpoint but
-``/health`` then requires ``Authorization: Bearer KEY`` when keys are set, and the key names
-the client a job runs for (the worker keeps clients apart, see serve/worker.py). A POST
+``/health`` then requires ``Authorization: Bearer KEY`` when keys are set (``/health`` says
+how many requests wait only to a caller with a key), and the key names the client a job
+runs for (the worker keeps clients apart, see serve/worker.py). A POST
 body must be ``application/json`` of at most ``max_body`` bytes; every field is checked
 before a job is queued, and every refusal has OpenAI's error shape. An internal failure is
 logged with an id and answered with that id, never with its text. A streamed answer is sent
@@ -184,6 +185,10 @@ async def health(request: Request) -> JSONResponse:
                              "loaded; the server's log says why"}, 500)  # fmt: skip
     if state.worker is None:
         return JSONResponse({"status": "loading"}, status_code=503)
+    try:  # how busy the server is, to its clients only: /health needs no key
+        client_of(state.access, request.headers.get("authorization"))
+    except ApiError:
+        return JSONResponse({"status": "ok"})
     return JSONResponse({"status": "ok", "waiting": state.worker.waiting})
 
 

@@ -6,8 +6,10 @@ goes away; ``raise_for`` turns an event that is an error into the ``ApiError`` t
 with (a typed error: a 400; anything else: ``internal``, a 500 that names only a logged id).
 ``whole_answer`` gathers every event into one answer; ``streamed_answer`` sends each as it
 comes and cancels the job when the client stops reading. Both give one choice per prompt,
-in order, ``usage`` summed over them, and ``timings`` only ``with_timings``. ``Asked`` is
-what the request asked for besides its prompts.
+in order, ``usage`` summed over them, and ``timings`` only ``with_timings``. An answer the
+server cut short as it stops (``Job.stopped``) ends with ``stopping``'s error: a 503, or
+in a stream an error event before ``[DONE]``, so that no client takes it for a whole
+answer. ``Asked`` is what the request asked for besides its prompts.
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ def internal(err: BaseException) -> ApiError:
                     type="server_error", code="internal_error")  # fmt: skip
 
 
+def stopping() -> ApiError:
+    """The answer of a job the server cancelled as it stops: a 503, or in a stream the
+    error event OpenAI sends when a stream fails (its client raises it)."""
+    return ApiError(503, "the server is stopping: the answer was cut short", type="server_error",
+                    code="server_stopping")  # fmt: skip
+
+
 async def next_event(job: Job) -> Any:
     """The job's next event, or None once it is over (or cancelled: nobody waits for it)."""
     while not job.cancel.is_set():
@@ -105,7 +114,7 @@ async def whole_answer(
             finished.append(item)
         item = await next_event(job)
     if len(finished) < asked.n_prompts:
-        raise ApiError(499, "cancelled", code="cancelled")
+        raise stopping() if job.stopped else ApiError(499, "cancelled", code="cancelled")
     choices: list[dict[str, Any]] = []
     for index, done in enumerate(finished):
         reason = finish_reason(done.reason.value)
@@ -188,6 +197,8 @@ async def streamed_answer(
                         last["timings"] = timings(stats, len(finished))
                 yield _sse(last)
             item = await next_event(job)
+        if len(finished) < asked.n_prompts and job.stopped:  # never a whole answer's end
+            yield _sse(stopping().body)
         yield b"data: [DONE]\n\n"
     finally:  # the client went away (or we are done): let the worker move on
         job.cancel.set()
