@@ -451,3 +451,118 @@ def test_an_absurd_block_count_in_a_header_is_a_model_file_error(tmp_path, count
     result = runner.invoke(models_app, ["derive-draft", str(path)])
     assert result.exit_code == 1 and "error: " in result.stderr, result.output
     assert "internal error" not in result.output
+
+
+# --- interrupted derivations ---------------------------------------------------------------
+
+# ``localspec`` with every candidate's measurement half a second longer, so that a signal
+# reliably arrives while candidates are measured (a real process, real signals).
+SLOW_LOCALSPEC = """
+import sys, time
+from localspec.models import layerchoice
+measure = layerchoice._measure_draft
+def slow(*args, **kwargs):
+    time.sleep(0.5)
+    return measure(*args, **kwargs)
+layerchoice._measure_draft = slow
+from localspec.cli.app import main
+sys.argv = ["localspec", *sys.argv[1:]]
+main()
+"""
+
+
+def leftovers(home: Path) -> list[str]:
+    """What derivations left under ``home``'s derived drafts besides their lock."""
+    root = home / "derived"
+    found = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
+    return sorted(p.name for p in found if p.name != ".lock")
+
+
+def started_measuring(proc) -> str:
+    """stderr up to the first candidate's line."""
+    seen = ""
+    while "candidate 1/" not in seen:
+        line = proc.stderr.readline()
+        assert line, seen
+        seen += line
+    return seen
+
+
+def test_leftovers_of_an_interrupted_derivation_are_removed_by_the_next(tiny4):
+    directory = derived_dir(tiny4)
+    directory.mkdir(parents=True)
+    (directory / ".layers-0-1.x1y2.tmp").write_bytes(b"GGUF half a target")
+    (directory / ".choice.a1b2.tmp").write_text("{")
+    (directory / "selfdraft-q9w8").mkdir()
+    (directory / "selfdraft-q9w8" / "layers-1.gguf").write_bytes(b"GGUF a candidate")
+    found = derived_draft(tiny4, threads=1, layers=[0, 1])
+    assert sorted(p.name for p in directory.iterdir()) == [".lock", "choice.json", found.path.name]
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_stopped_derive_draft_leaves_nothing_behind(tmp_path, stop):
+    import signal
+    import subprocess
+    import sys
+
+    target = write_tiny_llama(tmp_path / "t8.gguf", n_layer=8, seed=3)
+    home = tmp_path / "home"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_LOCALSPEC, "models", "derive-draft", str(target),
+         "--threads", "1"],
+        env={**os.environ, "LOCALSPEC_HOME": str(home)}, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        started_measuring(proc)
+        proc.send_signal(getattr(signal, stop))
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert leftovers(home) == []
+
+
+def test_a_server_stopped_while_it_derives_its_draft_exits_cleanly(tmp_path):
+    import signal
+
+    from tests.serving import serve_process
+
+    target = write_tiny_llama(tmp_path / "t8.gguf", n_layer=8, seed=3)
+    home = tmp_path / "home"
+    args = ["--target", str(target), "--draft", "self", "--threads", "1"]
+    with serve_process(args, home, ready=False, python=SLOW_LOCALSPEC) as (proc, _):
+        started_measuring(proc)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "did not stop" not in stderr and "in time" not in stderr, stderr
+    assert leftovers(home) == []
+
+
+def test_models_list_and_rm_show_and_remove_derived_drafts(tmp_path):
+    target = write_tiny_llama(tmp_path / "t.gguf", n_layer=4)
+    current = derived_draft(target, threads=1, layers=[0, 1])
+    write_tiny_llama(target, n_layer=4, seed=5)  # changed: its old draft serves nothing
+    os.utime(target, ns=(1, 1))
+    derived_draft(target, threads=1, layers=[0, 2])
+    gone = write_tiny_llama(tmp_path / "gone.gguf", n_layer=4)
+    derived_draft(gone, threads=1, layers=[1, 2])
+    gone.unlink()
+    listed = runner.invoke(models_app, ["list"], env={"COLUMNS": "300"})
+    assert listed.exit_code == 0, listed.output
+    rows = {
+        line.split("│")[1].strip(): line for line in listed.stdout.splitlines()
+        if line.count("│") > 4 and ("t-" in line or "gone-" in line)
+    }  # fmt: skip
+    states = {name: next(s for s in ("current", "target changed", "target gone") if s in row)
+              for name, row in rows.items()}  # fmt: skip
+    assert sorted(states.values()) == ["current", "target changed", "target gone"]
+    stale = current.path.parent.name
+    assert states[stale] == "target changed"
+    removed = runner.invoke(models_app, ["rm", stale, "--yes"])
+    assert removed.exit_code == 0, removed.output
+    assert not current.path.parent.exists()
+    missing = runner.invoke(models_app, ["rm", "t-000000000000", "--yes"])
+    assert missing.exit_code == 1 and "error:" in missing.stderr

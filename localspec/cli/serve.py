@@ -17,7 +17,9 @@ request may set them within the server's own draft limits).
 ``--parse-special`` lets control-token text in a raw completion prompt act as control tokens
 (editors that write a model's FIM tokens into the prompt themselves need it); chat messages
 keep such text as text whatever the option says. Ctrl-C (or SIGTERM) cancels the running
-generation, and the models are freed only once it has ended.
+generation, and the models are freed only once it has ended; while the pair loads, the
+loading stops at its next step (between a self-draft's candidates, say), which leaves
+nothing half-written.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from localspec.cli.common import cli_errors, echo_error, echo_progress, is_loopb
 from localspec.cli.groups import option_groups
 from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice
 from localspec.errors import UsageError
+from localspec.progress import Progress
 from localspec.serve.access import Access
 
 # The session module loads llama.cpp, and the server's app and clients the web framework and
@@ -134,15 +137,16 @@ def serve(
         loading=True,
     )
     _log_to_stderr()
-    threading.Thread(
+    state.loader = threading.Thread(
         target=load_into, args=(state, options, queue_size, history), daemon=True, name="loader"
-    ).start()
+    )
+    state.loader.start()
     typer.echo(f"serving on http://{host}:{port}/v1 (loading the models)", err=True)
     if not run(state, host, port):
         # A thread may still use the models (or is loading them): freeing them, as the
         # interpreter's exit would, could crash; the system takes them back instead.
-        typer.echo("warning: a generation did not stop in time; exiting without freeing "
-                   "the models", err=True)  # fmt: skip
+        what = "the models were still loading" if state.loading else "a generation did not stop"
+        typer.echo(f"warning: {what} in time; exiting without freeing the models", err=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -204,13 +208,27 @@ def _log_to_stderr() -> None:
         logger.propagate = False
 
 
+class StoppedLoading(BaseException):
+    """The server was told to stop while loading: raised from a progress report, so that
+    the loading unwinds from that step (a self-draft's candidates removed) as from Ctrl-C.
+    Not an ``Exception``: no step takes it for a failure of its own."""
+
+
 def load_into(state, options, queue_size: int, history: bool = False) -> None:  # noqa: ANN001
     from localspec.serve.clients import keep_apart
     from localspec.serve.worker import GenerationWorker
     from localspec.session.open import open_session
 
+    def progress(report: Progress) -> None:
+        if state.closing:
+            raise StoppedLoading
+        echo_progress(report)
+
     try:
-        session = open_session(options, on_progress=echo_progress)
+        session = open_session(options, on_progress=progress)
+    except StoppedLoading:
+        state.loading = False
+        return
     except Exception as err:  # typed errors and bugs alike: said in one line, as the CLI does
         state.load_error = str(err)
         os._exit(echo_error(err))  # the server cannot do anything without its models

@@ -10,11 +10,12 @@ Contract:
 - ``cached_derived(target)`` reads the recorded choice without any model work: ``None``
   when there is none, when it is unreadable (it is measured again later) or when its file
   is gone.
-- Files: ``cache_root()/derived/<target stem>-<hash of its size and mtime>/`` holds
-  ``layers-<list>.gguf`` and ``choice.json`` (every candidate's numbers), so a changed
-  target is derived again. Both are written under temporary names and renamed; the files
-  are 0600, as the models' are, in a 0700 folder. A lock keeps two processes from deriving
-  the same target at once; only the recorded choice's file is kept.
+- Files: the target's folder (``derived.derived_dir``: one per target size and time, so
+  a changed target is derived again) holds ``layers-<list>.gguf`` and ``choice.json``
+  (every candidate's numbers). Both are written under temporary names and renamed; the
+  files are 0600, as the models' are, in a 0700 folder. A lock keeps two processes from
+  deriving the same target at once; under it, a derivation first removes what an
+  interrupted one left, and only the recorded choice's file is kept.
 - ``load_derived`` loads a derived file; llama.cpp's refusal is a ``ModelFileError`` whose
   hint says how to derive it again.
 """
@@ -22,16 +23,13 @@ Contract:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-from filelock import FileLock, Timeout
 
 from localspec.backend.llama import LoadOptions
 from localspec.errors import LocalspecError, ModelFileError
@@ -43,6 +41,15 @@ from localspec.models.derive import (
     open_source,
     write_derived,
 )
+from localspec.models.derived import (
+    CHOICE_FILE,
+    CRAFTED_ERRORS,
+    derived_dir,
+    locked,
+    private_dir,
+    read_record,
+    remove_leftovers,
+)
 from localspec.models.gguf import check_gguf, read_metadata
 from localspec.models.layerchoice import (
     DRAFT_LENGTHS,
@@ -53,8 +60,7 @@ from localspec.models.layerchoice import (
     load_derived,
     pick,
 )
-from localspec.models.paths import cache_root
-from localspec.progress import OnProgress, ProgressKind, tell
+from localspec.progress import OnProgress, tell
 
 __all__ = [
     "Candidate",
@@ -68,12 +74,6 @@ __all__ = [
     "pick",
 ]
 
-CHOICE_FILE = "choice.json"
-MAX_CHOICE_BYTES = 1 << 20  # a record of a few candidates' numbers is a few KiB
-# What reading crafted JSON raises (nesting too deep, a number too long or too large for a
-# float, a list where a mapping belongs): the errors ``storage.store`` names for state
-# files, which this layer, below storage, cannot import.
-CRAFTED_ERRORS = (ValueError, OverflowError, RecursionError, TypeError, KeyError, AttributeError)
 FORMAT = 1
 CHECK_OPTIONS = LoadOptions(n_ctx=256, tree_seqs=0)  # a derived file's load check
 
@@ -95,13 +95,6 @@ class Derived:
     @property
     def measured(self) -> bool:
         return self.agreement is not None
-
-
-def derived_dir(target: Path) -> Path:
-    """The cache folder of ``target``'s derived drafts (it may not exist yet)."""
-    st = Path(target).stat()
-    digest = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_root() / "derived" / f"{Path(target).stem}-{digest}"
 
 
 def derived_name(layers: Sequence[int]) -> str:
@@ -130,9 +123,10 @@ def derived_draft(
     n_layers = block_count(target)
     wanted = check_layers(layers, n_layers) if layers is not None else None
     directory = derived_dir(target)
-    _private_dir(directory)
+    private_dir(directory)
     choice: Choice | None = None
-    with _locked(directory, on_progress):
+    with locked(directory, on_progress):
+        remove_leftovers(directory)  # of a derivation interrupted before this one
         record = None if refresh else _read_choice(directory)
         if record is not None and wanted in (None, record.layers):
             if not record.path.is_file():
@@ -250,14 +244,12 @@ def _write_choice(directory: Path, found: Derived, target: Path, choice: Choice 
 def _read_choice(directory: Path) -> Derived | None:
     """The recorded choice, or ``None`` when absent, damaged (it is measured again when
     asked for) or not one this version wrote."""
+    data = read_record(directory)
+    if data is None or data.get("format") != FORMAT:
+        return None
     try:
-        with open(directory / CHOICE_FILE, "rb") as fh:
-            raw = fh.read(MAX_CHOICE_BYTES + 1)
-        data = json.loads(raw) if len(raw) <= MAX_CHOICE_BYTES else None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            return None
         return _choice_of(directory, data)
-    except (OSError, LocalspecError, *CRAFTED_ERRORS):
+    except (LocalspecError, *CRAFTED_ERRORS):
         return None  # damaged or crafted: measured again when asked for
 
 
@@ -316,25 +308,6 @@ def _length(value: object) -> int:
 
 
 # --- the folder ---------------------------------------------------------------------
-
-
-def _private_dir(directory: Path) -> None:
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)
-
-
-@contextlib.contextmanager
-def _locked(directory: Path, on_progress: OnProgress | None) -> Iterator[None]:
-    lock = FileLock(str(directory / ".lock"), mode=0o600)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        tell(on_progress, "waiting for another localspec deriving this draft", ProgressKind.WAIT)
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _remove_others(directory: Path, keep: Path) -> None:

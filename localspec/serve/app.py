@@ -83,6 +83,7 @@ class ServerState:
     placement: dict[str, Any] | None = None  # where each model runs (session/placement.py)
     load_error: str | None = None
     loading: bool = False  # the pair is being loaded (cli/serve.py's loader thread)
+    loader: threading.Thread | None = None  # that thread: it stops at its next step
     closing: bool = False  # told to stop: a pair loaded now is freed, not served
     # Control-token text in a /v1/completions prompt acts as control tokens (never in chat).
     parse_special: bool = False
