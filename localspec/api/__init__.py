@@ -40,7 +40,9 @@ The contract:
   the loaded pair cannot run), ``InputError`` for an unusable prompt, and loading's and
   generation's own as the command line reports them.
 - One generation at a time: starting another ends the stream before it (after its current
-  round, so the models stay consistent). A ``Speculator`` is not for several threads.
+  round, so the models stay consistent); while another thread reads that stream, starting
+  one is a ``UsageError``. ``Stream.cancel()`` and ``close()`` (the stream's or the pair's)
+  may come from any thread: closing waits for the round under way before it frees anything.
 
 ``load`` is here; ``Speculator`` is api/speculator.py, ``Stream`` and ``Completion``
 api/stream.py.
