@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from localspec.backend.llama import LlamaModel, LoadOptions
 from localspec.cli.models import models_app
-from localspec.errors import ModelFileError, UsageError
+from localspec.errors import DownloadError, ModelFileError, UsageError
 from localspec.models import layerchoice, selfdraft
 from localspec.models.derive import compact_layers, derive_gguf, parse_layers
 from localspec.models.layerchoice import (
@@ -566,3 +566,43 @@ def test_models_list_and_rm_show_and_remove_derived_drafts(tmp_path):
     assert not current.path.parent.exists()
     missing = runner.invoke(models_app, ["rm", "t-000000000000", "--yes"])
     assert missing.exit_code == 1 and "error:" in missing.stderr
+
+
+# --- a full disk ----------------------------------------------------------------------------
+
+
+def test_a_disk_without_room_for_the_draft_is_said_before_anything_is_written(
+    tiny4, tmp_path, monkeypatch
+):
+    import shutil
+
+    usage = shutil.disk_usage
+
+    def nearly_full(path):
+        return usage(path)._replace(free=1 << 20)
+
+    monkeypatch.setattr(shutil, "disk_usage", nearly_full)
+    with pytest.raises(DownloadError, match="not enough disk space"):
+        derive_gguf(tiny4, [0, 1], tmp_path / "d.gguf")
+    assert list(tmp_path.iterdir()) == []
+    result = runner.invoke(models_app, ["derive-draft", str(tiny4), "--layers", "0-1"])
+    assert result.exit_code == 1 and "not enough disk space" in result.stderr, result.output
+    assert "internal error" not in result.output
+
+
+def test_a_disk_that_fills_up_while_the_draft_is_written_is_a_disk_full_error(
+    tiny4, tmp_path, monkeypatch
+):
+    import errno
+
+    from localspec.models import derive
+
+    def short_write(src, kept, out):
+        out.write_bytes(b"GGUF half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(derive, "_write", short_write)
+    result = runner.invoke(models_app, ["derive-draft", str(tiny4), "--layers", "0-1"])
+    assert result.exit_code == 1 and "the disk is full" in result.stderr, result.output
+    assert "internal error" not in result.output
+    assert leftovers(derived_dir(tiny4).parent.parent) == []

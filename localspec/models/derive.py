@@ -16,7 +16,9 @@ Contract:
   than llama.cpp loads (``LLAMA_MAX_LAYERS``), is a ``ModelFileError``; a layer number past
   that limit is a ``UsageError`` before any list of layers is built.
 - ``dest`` appears complete or not at all: the file is written under a temporary name in
-  its directory and renamed on success; a failure removes it.
+  its directory and renamed on success; a failure removes it. A disk without room for it
+  is a ``DownloadError`` (``resources.check_disk``) before anything is written, and one
+  that fills up while it is written too.
 - ``compact_layers`` and ``parse_layers`` turn a layer list into ``0-7,20-27`` and back.
 """
 
@@ -33,8 +35,10 @@ from typing import Any
 
 import gguf
 
-from localspec.errors import ModelFileError, UsageError
+from localspec.errors import DownloadError, ModelFileError, UsageError
 from localspec.models.gguf import check_gguf
+from localspec.models.resources import check_disk, human
+from localspec.models.transfer import is_disk_full
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 LLAMA_MAX_LAYERS = 512  # llama.cpp's limit (src/llama-hparams.h): it asserts past it
@@ -138,16 +142,33 @@ def derive_gguf(source: Path, layers: Sequence[int], dest: Path) -> Path:
 def write_derived(src: Source, layers: Sequence[int], dest: Path) -> Path:
     kept = check_layers(layers, src.n_layers)
     dest = Path(dest)
+    needed = derived_bytes(src, kept)
+    check_disk(dest.parent, needed)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.stem}.", suffix=".tmp")
     os.close(fd)
     try:
         _write(src, kept, Path(tmp))
         os.replace(tmp, dest)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and is_disk_full(err):  # filled by someone else meanwhile
+            raise DownloadError(
+                f"the disk is full: {dest.name} ({human(needed)}) could not be written to "
+                f"{dest.parent}",
+                "free some space, or set LOCALSPEC_HOME to a disk with more room, and run "
+                "the command again",
+            ) from None
         raise
     return dest
+
+
+def derived_bytes(src: Source, kept: tuple[int, ...]) -> int:
+    """About the size of the file ``kept`` derives: the source's header (its tokenizer,
+    mostly) and the kept tensors' bytes, each aligned."""
+    align = src.reader.alignment
+    tensors = _kept_tensors(src.reader, kept)
+    return src.reader.data_offset + sum(-(-t.n_bytes // align) * align for _, t in tensors)
 
 
 def _write(src: Source, kept: tuple[int, ...], out: Path) -> None:
