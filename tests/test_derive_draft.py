@@ -437,13 +437,9 @@ def test_a_layer_past_llama_cpps_limit_is_refused_before_any_list_is_built():
 
 @pytest.mark.parametrize("count", [2**32 - 1, 1_000_000, 513, 0])
 def test_an_absurd_block_count_in_a_header_is_a_model_file_error(tmp_path, count):
-    import struct
+    from tests.test_gguf_header import with_block_count
 
-    from tests.test_gguf_header import header, kv_string, s
-
-    path = tmp_path / "crafted.gguf"
-    path.write_bytes(header(kv_string("general.architecture", "llama"),
-                            s("llama.block_count") + struct.pack("<II", 4, count)))  # fmt: skip
+    path = with_block_count(tmp_path / "crafted.gguf", count)
     with pytest.raises(ModelFileError, match="block count"):
         derived_draft(path, threads=1)
     with pytest.raises(ModelFileError, match="block count"):

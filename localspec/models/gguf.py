@@ -3,7 +3,8 @@
 ``check_gguf(path)`` is the cheap test that a path is a readable GGUF file (it exists, is a
 file, starts with the GGUF magic and is not truncated), raising ``ModelFileError`` with a
 hint otherwise. ``read_metadata(path, wanted)`` reads key/values straight from the header,
-in well under a second even for models with large vocabularies.
+in well under a second even for models with large vocabularies; ``data_end(path)`` reads
+the tensors' entries too, for how long the file must be (a shorter one is truncated).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import BinaryIO
 from localspec.errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32  # of the tensor data, unless general.alignment says otherwise
+MAX_RANK = 4  # ggml's GGML_MAX_DIMS
 # A GGUF header plus one tensor is already more than this; anything smaller is truncated.
 MIN_GGUF_BYTES = 64
 
@@ -74,19 +77,62 @@ def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, objec
     untrusted: every length and count is bounded by the bytes left in the file, so a
     crafted one fails fast instead of allocating or looping without end.
     """
-    out: dict[str, object] = {}
     with open(path, "rb") as fh:
-        header = _Header(fh, os.fstat(fh.fileno()).st_size)
-        if fh.read(4) != GGUF_MAGIC or header.take("<I") < 2:
-            raise ValueError("not a GGUF v2/v3 file")
-        header.take("<Q")  # tensor count
-        # Each key/value pair takes at least a key length, a type and a value.
-        for _ in range(header.count("key/value count", 8 + 4 + 1)):
-            key = header.string()
-            out[key] = header.value(header.take("<I"))
-            if wanted is not None and wanted <= out.keys():
-                break
-    return out
+        return _read_kvs(_Header(fh, os.fstat(fh.fileno()).st_size), wanted)[0]
+
+
+def _read_kvs(header: _Header, wanted: set[str] | None) -> tuple[dict[str, object], int]:
+    """The key/values (up to every ``wanted`` one) and the tensor count."""
+    out: dict[str, object] = {}
+    if header.fh.read(4) != GGUF_MAGIC or header.take("<I") < 2:
+        raise ValueError("not a GGUF v2/v3 file")
+    n_tensors = header.take("<Q")
+    # Each key/value pair takes at least a key length, a type and a value.
+    for _ in range(header.count("key/value count", 8 + 4 + 1)):
+        key = header.string()
+        out[key] = header.value(header.take("<I"))
+        if wanted is not None and wanted <= out.keys():
+            break
+    return out, n_tensors
+
+
+def data_end(path: Path) -> tuple[int, int]:
+    """``(bytes the tensors need the file to have, the file's size)``: a file shorter than
+    its tensors is truncated. Reads the whole header (``ValueError`` as ``read_metadata``)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        header = _Header(fh, size)
+        meta, n_tensors = _read_kvs(header, None)
+        align = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(align, int) or align < 1:
+            raise ValueError(f"GGUF alignment of {align!r}")
+        end = 0
+        # Each tensor's entry takes at least a name length, a rank, a type and an offset.
+        if n_tensors * (8 + 4 + 4 + 8) > header.left():
+            raise ValueError(f"GGUF tensor count of {n_tensors} runs past the end of the file")
+        for _ in range(n_tensors):
+            header.string()
+            dims = [header.take("<Q") for _ in range(min(header.take("<I"), MAX_RANK + 1))]
+            if len(dims) > MAX_RANK:
+                raise ValueError("a GGUF tensor of more than 4 dimensions")
+            kind, offset = header.take("<I"), header.take("<Q")
+            end = max(end, offset + _tensor_bytes(kind, dims))
+        start = -(-fh.tell() // align) * align
+        return start + end, size
+
+
+def _tensor_bytes(kind: int, dims: list[int]) -> int:
+    # The gguf package (numpy with it) is imported here: this module is on every start's path.
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        raise ValueError(f"unknown GGUF tensor type {kind}") from None
+    count = 1
+    for dim in dims:
+        count *= dim
+    return count // block * block_bytes
 
 
 class _Header:
