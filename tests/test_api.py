@@ -349,3 +349,22 @@ def test_a_pair_closed_from_another_thread_while_a_stream_is_read(tiny_pair, the
     if then == "start":
         assert "refused: a generation is running in another thread" in proc.stdout
     assert "closed: True cancelled True" in proc.stdout, proc.stdout
+
+
+def test_a_script_drafts_from_none_of_the_users_stores_unless_asked(tiny_pair, isolated_home):
+    from typer.testing import CliRunner
+
+    from localspec.cli.app import app
+
+    target, draft, _ = tiny_pair
+    source = isolated_home.parent / "notes.txt"
+    source.write_text(REPEATING * 4)
+    args = ["datastore", "add", str(source), "--name", "notes", "--target", str(target)]
+    built = CliRunner().invoke(app, args)
+    assert built.exit_code == 0, built.output
+    with load_tiny(tiny_pair) as pair:  # a service's default: an oracle of nothing
+        assert pair._session.store_corpora == [] and pair._session.answers == []
+    with load_tiny(tiny_pair, stores=None) as pair:  # every store, as the command line
+        assert [name for name, _ in pair._session.store_corpora] == ["notes"]
+    with load_tiny(tiny_pair, stores=("notes",)) as pair:
+        assert [name for name, _ in pair._session.store_corpora] == ["notes"]
