@@ -251,3 +251,46 @@ def test_only_the_pairs_own_limits_save_what_auto_learned(tiny_options, isolated
         assert path.read_text() != saved
     finally:
         session.close()
+
+
+def test_one_process_measures_a_pairs_costs_while_the_others_wait(tiny_pair, monkeypatch):
+    """Several first runs at once: the others wait for the first's measurement and read it,
+    instead of measuring together on a machine they all keep busy."""
+    import threading
+    import time
+
+    from localspec.models.resources import footprint
+    from localspec.session import costcache
+    from localspec.session.pair import ModelOptions
+    from localspec.session.placement import place
+
+    target, draft, _ = tiny_pair
+    options = ModelOptions(target=str(target), draft=str(draft))
+    placement = place(0, 0, footprint(target, 256), footprint(draft, 256), [])
+    release, measured = threading.Event(), []
+
+    def measure(target_model, draft_model, on_progress):
+        measured.append(threading.current_thread().name)
+        release.wait(10)
+        return PROFILE
+
+    monkeypatch.setattr(costcache, "_measure", measure)
+    waits: list[Progress] = []
+    results: list[CostProfile | None] = []
+
+    def first_run() -> None:
+        costs, _ = costcache.step_costs(options, placement, None, None, target, draft,
+                                        waits.append)  # fmt: skip
+        results.append(costs)
+
+    runs = [threading.Thread(target=first_run, daemon=True) for _ in range(3)]
+    for run in runs:
+        run.start()
+    deadline = time.monotonic() + 10
+    while len([w for w in waits if "waiting for another" in w.text]) < 2:
+        assert time.monotonic() < deadline and len(measured) < 2, (waits, measured)
+        time.sleep(0.01)
+    release.set()
+    for run in runs:
+        run.join(10)
+    assert len(measured) == 1 and results == [PROFILE] * 3

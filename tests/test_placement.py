@@ -113,7 +113,24 @@ def test_memory_of_every_gpu_counts_and_rpc_workers_are_not_gpus():
 def test_placement_key_is_empty_on_the_cpu_and_names_device_and_layers_on_a_gpu():
     assert place(AUTO, AUTO, TARGET, DRAFT, []).key() == ()
     on_gpu = place(AUTO, AUTO, TARGET, DRAFT, [gpu(7.5)])
-    assert on_gpu.key() == (("CUDA0", 29), ("CUDA0", 25))
+    assert on_gpu.key() == (
+        ("CUDA0", 29), ("CUDA0", 25), ("NVIDIA GeForce RTX 4060", 8 * GIB)
+    )  # fmt: skip
+
+
+def test_costs_measured_on_one_gpu_are_not_another_gpus(tiny_pair):
+    """A home shared by machines whose first GPU ggml calls CUDA0 on both."""
+    from localspec.session.costcache import costs_key
+    from localspec.session.pair import ModelOptions
+
+    target, draft, _ = tiny_pair
+    options = ModelOptions(target=str(target), draft=str(draft))
+    big = Device("CUDA0", "NVIDIA A100-SXM4-80GB", "gpu", "CUDA", 70 * GIB, 80 * GIB)
+    keys = {
+        costs_key(options, place(AUTO, AUTO, TARGET, DRAFT, [card]), target, draft)
+        for card in (gpu(7.5), big, gpu(6.0))  # the same card with less free: the same key
+    }
+    assert len(keys) == 2
 
 
 @pytest.mark.parametrize(
