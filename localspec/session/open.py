@@ -60,6 +60,8 @@ def open_session(
     which then never returns: see backend/rpc.py."""
     if options.calibrate and options.stores:
         Library().check_exist(options.stores)  # a misspelt --store fails before any load
+    if options.exact:
+        exact_kernels()  # process-wide, so before anything evaluates (deriving a self-draft)
     target_path, draft_path = resolve_pair(options, on_progress)
     rpc = _connect(options, on_lost, on_progress)
     placement = plan_placement(options, target_path, draft_path)
@@ -124,8 +126,6 @@ def _load_pair(
         flash_attn=options.flash_attn,
     )
     target_load = _target_load(options, load)
-    if options.exact:
-        exact_kernels()  # process-wide, so before either model evaluates anything
     target = _load_target(options, target_load, placement, rpc, target_path, on_progress)
     draft = None
     try:
