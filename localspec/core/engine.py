@@ -15,8 +15,8 @@ last committed token is still to be evaluated. A round (``_round``) then
 The drafters of a mode are built by the registry (``core.drafting.registry``) and kept with
 their controller across generations (a ``Planner`` per mode and limits, a bounded number of
 them: ``core.planner``), so what they learn carries from answer to answer; ``learned`` and
-``restore`` carry it across processes. When a generation ends (finished, cancelled or
-abandoned), drafters with the ``Ends`` capability free what only that answer needed.
+``restore`` carry it across processes. A generation's end, however it comes, ends its
+planner's drafters (``Planner.end``).
 
 A tree round (greedy decoding only, when the controller plans one) drafts the competing
 continuations of the chosen drafter's sources (its ``branching`` capability), verifies them
@@ -178,12 +178,10 @@ class SpecDecoder:
         """A new planner for ``params``. Draft trees are on when asked for and the target
         can verify them; they are planned for greedy rounds only."""
         controller = Controller(
-            self.costs,
-            draft_min=params.draft_min,
-            fixed=not params.drafter.uses_cost_model,
+            self.costs, draft_min=params.draft_min, fixed=not params.drafter.uses_cost_model,
             trees=params.trees and self.target.supports_trees,
             max_branches=tree_shape(self.target)[0],
-        )
+        )  # fmt: skip
         planner = Planner(controller, self._drafters(params, controller.costs))
         if self.restored is not None and params.drafter.learns:
             restore_drafters(planner.drafters, self.restored, RESTORE_KEEP)
@@ -261,8 +259,7 @@ class SpecDecoder:
                 else:
                     reason = yield from self._round(run)
         finally:  # also when the consumer stops reading
-            for drafter in run.drafters.values():
-                getattr(drafter, "end", lambda: None)()
+            planner.end()
         # Held-back text that never became a stop string is still part of the answer.
         tail = run.text.finish()
         if params.trace:

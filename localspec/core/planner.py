@@ -39,6 +39,12 @@ class Planner:
         """What the drafters learned, as plain data: one entry per drafter."""
         return {"drafters": {name: d.learned() for name, d in self.drafters.items()}}
 
+    def end(self) -> None:
+        """A generation is over: drafters with the ``Ends`` capability free what only its
+        answer needed (a prediction's index)."""
+        for drafter in self.drafters.values():
+            getattr(drafter, "end", lambda: None)()
+
 
 def restore_drafters(drafters: dict[str, Drafter], data: Any, keep: float) -> None:
     """Each drafter from its entry of ``Planner.learned()`` data, discounted to ``keep``.
