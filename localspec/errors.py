@@ -56,7 +56,8 @@ class ModelNotFoundError(LocalspecError):
 
 
 class DownloadError(LocalspecError):
-    """A model could not be fetched from any source, or failed verification."""
+    """A model could not be fetched from any source, or failed verification; or a model
+    file (a download, a derived draft) has no room on the disk."""
 
 
 class IncompatibleModelsError(LocalspecError):

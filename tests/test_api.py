@@ -306,3 +306,65 @@ def test_every_error_the_api_raises_for_bad_input_is_typed(pair):
     ):
         with pytest.raises(LocalspecError):
             pair.complete("the cat", **call)
+
+
+# A script whose second thread closes the pair, or starts a generation, while the first
+# reads a stream: run as a process of its own, so that a crash is an exit status.
+THREADS_SCRIPT = """
+import sys, threading, localspec
+from localspec.errors import UsageError
+
+pair = localspec.load(sys.argv[1], sys.argv[2], ctx=2048, threads=1, calibrate=False)
+stream = pair.stream_complete("the cat", max_tokens=1500, drafter="none")
+read, events = threading.Event(), []
+
+def reader():
+    for event in stream:
+        events.append(event)
+        if len(events) == 5:
+            read.set()
+
+thread = threading.Thread(target=reader)
+thread.start()
+assert read.wait(30)
+if sys.argv[3] == "start":
+    try:
+        pair.complete("the dog", max_tokens=4)
+    except UsageError as err:
+        print("refused:", err.message)
+pair.close()  # from this thread, while the other reads
+thread.join(30)
+print("closed:", pair.closed, stream.result.finish_reason.value, len(events) < 1500)
+"""
+
+
+@pytest.mark.parametrize("then", ["close", "start"])
+def test_a_pair_closed_from_another_thread_while_a_stream_is_read(tiny_pair, then):
+    target, draft, _ = tiny_pair
+    proc = subprocess.run(
+        [sys.executable, "-c", THREADS_SCRIPT, str(target), str(draft), then],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    if then == "start":
+        assert "refused: a generation is running in another thread" in proc.stdout
+    assert "closed: True cancelled True" in proc.stdout, proc.stdout
+
+
+def test_a_script_drafts_from_none_of_the_users_stores_unless_asked(tiny_pair, isolated_home):
+    from typer.testing import CliRunner
+
+    from localspec.cli.app import app
+
+    target, draft, _ = tiny_pair
+    source = isolated_home.parent / "notes.txt"
+    source.write_text(REPEATING * 4)
+    args = ["datastore", "add", str(source), "--name", "notes", "--target", str(target)]
+    built = CliRunner().invoke(app, args)
+    assert built.exit_code == 0, built.output
+    with load_tiny(tiny_pair) as pair:  # a service's default: an oracle of nothing
+        assert pair._session.store_corpora == [] and pair._session.answers == []
+    with load_tiny(tiny_pair, stores=None) as pair:  # every store, as the command line
+        assert [name for name, _ in pair._session.store_corpora] == ["notes"]
+    with load_tiny(tiny_pair, stores=("notes",)) as pair:
+        assert [name for name, _ in pair._session.store_corpora] == ["notes"]

@@ -287,3 +287,45 @@ def test_the_controller_loads_neither_textual_nor_rich() -> None:
         timeout=120,
     )
     assert result.stdout.strip() == ""
+
+
+def test_edit_refuses_a_pipe_or_a_device_without_waiting_on_it(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    session = FakeSession([ScriptedAnswer.plain("Done.")])
+    chat = Chat(session)
+    controller = chat.loaded()
+    for path in (fifo, Path("/dev/zero")):
+        sent: list[bool] = []
+        worker = threading.Thread(
+            target=lambda sent=sent, path=path: sent.append(controller.submit(f"/edit {path}")),
+            daemon=True,
+        )
+        worker.start()
+        worker.join(5)  # a FIFO with no writer held the read, and the UI with it
+        if worker.is_alive():  # let it go, so that the failure is this test's alone
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        assert not worker.is_alive() and sent == [False]
+        assert "not a regular file" in chat.view.notes()[-1][1]
+    assert session.calls == []
+
+
+def test_an_edit_sent_again_after_an_overflow_keeps_its_prediction(tmp_path: Path) -> None:
+    words = " ".join(["word"] * 30)
+    session = FakeSession([ScriptedAnswer.plain(words) for _ in range(3)], n_ctx=160)
+    chat = Chat(session)
+    controller = chat.loaded()
+    chat.answered("one two three")
+    source = tmp_path / "app.py"
+    source.write_text(" ".join(["load"] * 40))
+    controller.submit(f"/edit {source} rename load")
+    chat.pump(lambda: bool(chat.view.named("overflow")))
+    chat.pump(lambda: not controller.generating)
+    [(text, *_)] = chat.view.named("overflow")
+    controller.overflow_choice(text, "fresh")
+    chat.pump(lambda: not controller.generating)
+    assert session.params[-1].prediction == tuple(session.plain_tokens(source.read_text()))
+    assert session.calls[-1] == [{"role": "user", "content": text}]

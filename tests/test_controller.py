@@ -193,6 +193,12 @@ def test_cost_interpolation_between_measured_sizes():
         {"plain_s": 0.1, "verify_s": {"1": -2}},
         {"plain_s": 0.1, "verify_s": {}},
         {"plain_s": 0.1, "verify_s": {"0": 0.1}},
+        # Denormal durations pass a finite-and-positive check, then divide by zero in
+        # every plan; a day-long step is no measurement either.
+        {"plain_s": 5e-324, "verify_s": {"1": 5e-324}, "draft_step_s": 5e-324},
+        {"plain_s": 0.1, "verify_s": {"1": 1e-300}},
+        {"plain_s": 0.1, "verify_s": {"1": 0.2}, "draft_prefill_s": 5e-324},
+        {"plain_s": 86400.0, "verify_s": {"1": 0.2}},
         [],
     ],
 )

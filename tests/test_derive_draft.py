@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from localspec.backend.llama import LlamaModel, LoadOptions
 from localspec.cli.models import models_app
-from localspec.errors import ModelFileError, UsageError
+from localspec.errors import DownloadError, ModelFileError, UsageError
 from localspec.models import layerchoice, selfdraft
 from localspec.models.derive import compact_layers, derive_gguf, parse_layers
 from localspec.models.layerchoice import (
@@ -391,3 +391,214 @@ def test_derive_draft_command_rejects_bad_layers(tiny4, layers):
     assert result.exit_code == 2
     assert "\nerror: " in "\n" + result.stderr and "\nhint: " in result.stderr
     assert "Traceback" not in result.output and result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda r: {**r, "draft_length": float("inf")},
+        lambda r: {**r, "agreement": 10**400},  # too large for a float
+        lambda r: {**r, "n_layers": float("nan")},
+        lambda r: {**r, "candidates": [{**r["candidates"][0], "step_ratio": float("inf")}]},
+        lambda r: {**r, "candidates": [{**r["candidates"][0], "draft_length": 10**400}]},
+        lambda r: {**r, "layers": {"not": "a list"}},
+        lambda r: [[[[r]]]],
+    ],
+)  # fmt: skip
+def test_a_crafted_choice_is_measured_again_not_an_internal_error(tiny4, damage):
+    found = derived_draft(tiny4, threads=1, layers=[0, 1])
+    record = json.loads((found.path.parent / "choice.json").read_text())
+    record["candidates"] = [
+        {"layers": [0, 1], "label": "first half", "agreement": 0.5, "step_ratio": 0.5,
+         "expected_speedup": 1.2, "draft_length": 2}
+    ]  # fmt: skip
+    (found.path.parent / "choice.json").write_text(json.dumps(damage(record)))
+    assert cached_derived(tiny4) is None
+    result = runner.invoke(models_app, ["derive-draft", str(tiny4), "--layers", "0-1"])
+    assert result.exit_code == 0, result.output
+    assert "internal error" not in result.output and result.stdout.strip().endswith(".gguf")
+
+
+def test_a_choice_nested_too_deep_is_measured_again(tiny4):
+    found = derived_draft(tiny4, threads=1, layers=[0, 1])
+    (found.path.parent / "choice.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert cached_derived(tiny4) is None
+
+
+def test_a_layer_past_llama_cpps_limit_is_refused_before_any_list_is_built():
+    with pytest.raises(UsageError, match="past llama.cpp's limit of 512"):
+        parse_layers("0-99999999999")  # a range of 10^11 layers would not fit in memory
+    with pytest.raises(UsageError, match="layer 512"):
+        parse_layers("511-512")
+    assert parse_layers("510-511") == [510, 511]
+    result = runner.invoke(models_app, ["derive-draft", "x.gguf", "--layers", "0-99999999999"])
+    assert result.exit_code == 2 and "past llama.cpp's limit" in result.stderr
+
+
+@pytest.mark.parametrize("count", [2**32 - 1, 1_000_000, 513, 0])
+def test_an_absurd_block_count_in_a_header_is_a_model_file_error(tmp_path, count):
+    from tests.test_gguf_header import with_block_count
+
+    path = with_block_count(tmp_path / "crafted.gguf", count)
+    with pytest.raises(ModelFileError, match="block count"):
+        derived_draft(path, threads=1)
+    with pytest.raises(ModelFileError, match="block count"):
+        derive_gguf(path, [0], tmp_path / "d.gguf")
+    result = runner.invoke(models_app, ["derive-draft", str(path)])
+    assert result.exit_code == 1 and "error: " in result.stderr, result.output
+    assert "internal error" not in result.output
+
+
+# --- interrupted derivations ---------------------------------------------------------------
+
+# ``localspec`` with every candidate's measurement half a second longer, so that a signal
+# reliably arrives while candidates are measured (a real process, real signals).
+SLOW_LOCALSPEC = """
+import sys, time
+from localspec.models import layerchoice
+measure = layerchoice._measure_draft
+def slow(*args, **kwargs):
+    time.sleep(0.5)
+    return measure(*args, **kwargs)
+layerchoice._measure_draft = slow
+from localspec.cli.app import main
+sys.argv = ["localspec", *sys.argv[1:]]
+main()
+"""
+
+
+def leftovers(home: Path) -> list[str]:
+    """What derivations left under ``home``'s derived drafts besides their lock."""
+    root = home / "derived"
+    found = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
+    return sorted(p.name for p in found if p.name != ".lock")
+
+
+def started_measuring(proc) -> str:
+    """stderr up to the first candidate's line."""
+    seen = ""
+    while "candidate 1/" not in seen:
+        line = proc.stderr.readline()
+        assert line, seen
+        seen += line
+    return seen
+
+
+def test_leftovers_of_an_interrupted_derivation_are_removed_by_the_next(tiny4):
+    directory = derived_dir(tiny4)
+    directory.mkdir(parents=True)
+    (directory / ".layers-0-1.x1y2.tmp").write_bytes(b"GGUF half a target")
+    (directory / ".choice.a1b2.tmp").write_text("{")
+    (directory / "selfdraft-q9w8").mkdir()
+    (directory / "selfdraft-q9w8" / "layers-1.gguf").write_bytes(b"GGUF a candidate")
+    found = derived_draft(tiny4, threads=1, layers=[0, 1])
+    assert sorted(p.name for p in directory.iterdir()) == [".lock", "choice.json", found.path.name]
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_stopped_derive_draft_leaves_nothing_behind(tmp_path, stop):
+    import signal
+    import subprocess
+    import sys
+
+    target = write_tiny_llama(tmp_path / "t8.gguf", n_layer=8, seed=3)
+    home = tmp_path / "home"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_LOCALSPEC, "models", "derive-draft", str(target),
+         "--threads", "1"],
+        env={**os.environ, "LOCALSPEC_HOME": str(home)}, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        started_measuring(proc)
+        proc.send_signal(getattr(signal, stop))
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert leftovers(home) == []
+
+
+def test_a_server_stopped_while_it_derives_its_draft_exits_cleanly(tmp_path):
+    import signal
+
+    from tests.serving import serve_process
+
+    target = write_tiny_llama(tmp_path / "t8.gguf", n_layer=8, seed=3)
+    home = tmp_path / "home"
+    args = ["--target", str(target), "--draft", "self", "--threads", "1"]
+    with serve_process(args, home, ready=False, python=SLOW_LOCALSPEC) as (proc, _):
+        started_measuring(proc)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "did not stop" not in stderr and "in time" not in stderr, stderr
+    assert leftovers(home) == []
+
+
+def test_models_list_and_rm_show_and_remove_derived_drafts(tmp_path):
+    target = write_tiny_llama(tmp_path / "t.gguf", n_layer=4)
+    current = derived_draft(target, threads=1, layers=[0, 1])
+    write_tiny_llama(target, n_layer=4, seed=5)  # changed: its old draft serves nothing
+    os.utime(target, ns=(1, 1))
+    derived_draft(target, threads=1, layers=[0, 2])
+    gone = write_tiny_llama(tmp_path / "gone.gguf", n_layer=4)
+    derived_draft(gone, threads=1, layers=[1, 2])
+    gone.unlink()
+    listed = runner.invoke(models_app, ["list"], env={"COLUMNS": "300"})
+    assert listed.exit_code == 0, listed.output
+    rows = {
+        line.split("│")[1].strip(): line for line in listed.stdout.splitlines()
+        if line.count("│") > 4 and ("t-" in line or "gone-" in line)
+    }  # fmt: skip
+    states = {name: next(s for s in ("current", "target changed", "target gone") if s in row)
+              for name, row in rows.items()}  # fmt: skip
+    assert sorted(states.values()) == ["current", "target changed", "target gone"]
+    stale = current.path.parent.name
+    assert states[stale] == "target changed"
+    removed = runner.invoke(models_app, ["rm", stale, "--yes"])
+    assert removed.exit_code == 0, removed.output
+    assert not current.path.parent.exists()
+    missing = runner.invoke(models_app, ["rm", "t-000000000000", "--yes"])
+    assert missing.exit_code == 1 and "error:" in missing.stderr
+
+
+# --- a full disk ----------------------------------------------------------------------------
+
+
+def test_a_disk_without_room_for_the_draft_is_said_before_anything_is_written(
+    tiny4, tmp_path, monkeypatch
+):
+    import shutil
+
+    usage = shutil.disk_usage
+
+    def nearly_full(path):
+        return usage(path)._replace(free=1 << 20)
+
+    monkeypatch.setattr(shutil, "disk_usage", nearly_full)
+    with pytest.raises(DownloadError, match="not enough disk space"):
+        derive_gguf(tiny4, [0, 1], tmp_path / "d.gguf")
+    assert list(tmp_path.iterdir()) == []
+    result = runner.invoke(models_app, ["derive-draft", str(tiny4), "--layers", "0-1"])
+    assert result.exit_code == 1 and "not enough disk space" in result.stderr, result.output
+    assert "internal error" not in result.output
+
+
+def test_a_disk_that_fills_up_while_the_draft_is_written_is_a_disk_full_error(
+    tiny4, tmp_path, monkeypatch
+):
+    import errno
+
+    from localspec.models import derive
+
+    def short_write(src, kept, out):
+        out.write_bytes(b"GGUF half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(derive, "_write", short_write)
+    result = runner.invoke(models_app, ["derive-draft", str(tiny4), "--layers", "0-1"])
+    assert result.exit_code == 1 and "the disk is full" in result.stderr, result.output
+    assert "internal error" not in result.output
+    assert leftovers(derived_dir(tiny4).parent.parent) == []

@@ -300,3 +300,46 @@ def test_drafts_that_plain_steps_pass_over_are_graded_by_the_answer():
         ngram = decoder.planner_for(GenerationParams(drafter="auto")).drafters["ngram"]
         odds[seed] = ngram.pricing.copies.odds
     assert odds[5] < COPY_ODDS < odds[0]
+
+
+def test_a_predictions_index_is_freed_when_its_generation_ends():
+    import gc
+    import tracemalloc
+
+    target = FakeModel(seed=1, window=2)
+    decoder = SpecDecoder(target, FakeModel(seed=1, window=2), CHEAP_VERIFY)
+    rng = np.random.default_rng(0)
+    prediction = tuple(int(t) for t in rng.integers(0, 20, 300_000))
+    params = GenerationParams(max_tokens=8, drafter="auto", prediction=prediction)
+    for stop_reading in (False, True):  # read to the end, or abandoned after a few events
+        gc.collect()
+        tracemalloc.start()
+        events = decoder.generate(PROMPT, params)
+        if stop_reading:
+            next(events), next(events)
+            events.close()
+        else:
+            run_to_completion(events)
+        del events
+        gc.collect()
+        kept, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        # The index of 300,000 tokens took tens of MB while the answer ran; a planner kept
+        # for later answers holds none of it.
+        assert peak > 20_000_000 and kept < 2_000_000, (kept, peak)
+        assert decoder.planner_for(params).drafters["prediction"].prediction == ()
+
+
+def test_planners_are_bounded_and_the_home_one_is_kept():
+    from localspec.core.planner import MAX_PLANNERS
+
+    decoder = SpecDecoder(FakeModel(seed=1), FakeModel(seed=1), CHEAP_VERIFY)
+    home = GenerationParams(max_tokens=4, drafter="auto")
+    run(decoder, PROMPT, max_tokens=4, drafter="auto")
+    first = decoder.planner_for(home)
+    for n_min in range(2, 30):  # a request's own limits, each building a planner
+        run(decoder, PROMPT, max_tokens=4, drafter="auto", draft_min=n_min)
+        assert len(decoder.controllers()) <= MAX_PLANNERS
+    assert decoder.planner_for(home) is first  # the first generation's limits are the home
+    assert decoder.planners.is_home(home)
+    assert not decoder.planners.is_home(GenerationParams(drafter="auto", draft_min=2))

@@ -164,3 +164,16 @@ def test_calibrate_shows_the_other_kernels_beside_when_measured():
     assert "default:   200.0 ms (2.00x)" in text  # k=15
     alone = format_costs(mine, Path("/cache"), exact=False)
     assert "localspec calibrate --exact" in alone and "beside" not in alone
+
+
+def test_the_first_exact_run_with_a_self_draft_derives_it_and_answers(kquant_pair, tmp_path):
+    """A fresh home: the self-draft is derived (the target evaluated) in the same process
+    that then runs with exact kernels; they are chosen before the derivation."""
+    target, _, _ = kquant_pair
+    args = ("complete", "--raw", "--json", "--exact", "--max-tokens", "8", "--drafter", "self",
+            "--target", str(target), "--ctx", "256", "--threads", "1")  # fmt: skip
+    proc = localspec(*args, stdin=b"the cat and the dog", env_home=tmp_path / "home")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "as self-drafts" in proc.stderr.decode()  # this run measured and derived it
+    answer = json.loads(proc.stdout)
+    assert answer["exact"] is True and answer["token_ids"]

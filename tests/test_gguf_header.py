@@ -28,6 +28,13 @@ def kv_string(key: str, value: str) -> bytes:
     return s(key) + struct.pack("<I", 8) + s(value)
 
 
+def with_block_count(path, count: int):
+    """A llama GGUF header at ``path`` that gives ``count`` blocks (and nothing else)."""
+    path.write_bytes(header(kv_string("general.architecture", "llama"),
+                            s("llama.block_count") + struct.pack("<II", 4, count)))  # fmt: skip
+    return path
+
+
 HUGE = 1 << 62
 ARRAY, STRING, FLOAT32 = 9, 8, 6
 CRAFTED = {

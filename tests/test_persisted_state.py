@@ -215,3 +215,82 @@ def test_concurrent_saves_never_mix_or_leave_temporary_files(tmp_path):
     assert errors == []
     assert json.loads(path.read_text())["i"] == 49
     assert [p.name for p in path.parent.iterdir()] == ["pair.json"]
+
+
+def test_learned_state_that_cannot_be_saved_is_warned_of_once(tiny_options, tmp_path):
+    from localspec.session.open import open_session
+
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the learning folder should be")
+    session = open_session(tiny_options)
+    try:
+        assert session.learning is not None
+        session.learning = (LearningStore(blocked / "learning"), session.learning[1])
+        for _ in range(3):  # a server answers one request after another
+            run_to_completion(session.complete("the cat", GenerationParams(max_tokens=4)))
+        assert len(session.warnings) == 1 and "could not write" in session.warnings[0]
+    finally:
+        session.close()
+
+
+def test_only_the_pairs_own_limits_save_what_auto_learned(tiny_options, isolated_home):
+    from localspec.session.open import open_session
+
+    session = open_session(tiny_options)
+    try:
+        home = GenerationParams(max_tokens=24, drafter="auto")
+        run_to_completion(session.complete("the cat the cat the cat", home, raw=True))
+        (path,) = (isolated_home / "learning").glob("*.json")
+        saved = path.read_text()
+        # A server's request naming limits of its own learns apart, and saves nothing.
+        own = home.model_copy(update={"draft_min": 5, "ngram_draft_max": 20})
+        run_to_completion(session.complete("the dog the dog the dog", own, raw=True))
+        assert path.read_text() == saved
+        session.learn_with(own)  # the limits a front end names as the pair's
+        run_to_completion(session.complete("the dog the dog the dog", own, raw=True))
+        assert path.read_text() != saved
+    finally:
+        session.close()
+
+
+def test_one_process_measures_a_pairs_costs_while_the_others_wait(tiny_pair, monkeypatch):
+    """Several first runs at once: the others wait for the first's measurement and read it,
+    instead of measuring together on a machine they all keep busy."""
+    import threading
+    import time
+
+    from localspec.models.resources import footprint
+    from localspec.session import costcache
+    from localspec.session.pair import ModelOptions
+    from localspec.session.placement import place
+
+    target, draft, _ = tiny_pair
+    options = ModelOptions(target=str(target), draft=str(draft))
+    placement = place(0, 0, footprint(target, 256), footprint(draft, 256), [])
+    release, measured = threading.Event(), []
+
+    def measure(target_model, draft_model, on_progress):
+        measured.append(threading.current_thread().name)
+        release.wait(10)
+        return PROFILE
+
+    monkeypatch.setattr(costcache, "_measure", measure)
+    waits: list[Progress] = []
+    results: list[CostProfile | None] = []
+
+    def first_run() -> None:
+        costs, _ = costcache.step_costs(options, placement, None, None, target, draft,
+                                        waits.append)  # fmt: skip
+        results.append(costs)
+
+    runs = [threading.Thread(target=first_run, daemon=True) for _ in range(3)]
+    for run in runs:
+        run.start()
+    deadline = time.monotonic() + 10
+    while len([w for w in waits if "waiting for another" in w.text]) < 2:
+        assert time.monotonic() < deadline and len(measured) < 2, (waits, measured)
+        time.sleep(0.01)
+    release.set()
+    for run in runs:
+        run.join(10)
+    assert len(measured) == 1 and results == [PROFILE] * 3

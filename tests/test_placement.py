@@ -113,7 +113,24 @@ def test_memory_of_every_gpu_counts_and_rpc_workers_are_not_gpus():
 def test_placement_key_is_empty_on_the_cpu_and_names_device_and_layers_on_a_gpu():
     assert place(AUTO, AUTO, TARGET, DRAFT, []).key() == ()
     on_gpu = place(AUTO, AUTO, TARGET, DRAFT, [gpu(7.5)])
-    assert on_gpu.key() == (("CUDA0", 29), ("CUDA0", 25))
+    assert on_gpu.key() == (
+        ("CUDA0", 29), ("CUDA0", 25), ("NVIDIA GeForce RTX 4060", 8 * GIB)
+    )  # fmt: skip
+
+
+def test_costs_measured_on_one_gpu_are_not_another_gpus(tiny_pair):
+    """A home shared by machines whose first GPU ggml calls CUDA0 on both."""
+    from localspec.session.costcache import costs_key
+    from localspec.session.pair import ModelOptions
+
+    target, draft, _ = tiny_pair
+    options = ModelOptions(target=str(target), draft=str(draft))
+    big = Device("CUDA0", "NVIDIA A100-SXM4-80GB", "gpu", "CUDA", 70 * GIB, 80 * GIB)
+    keys = {
+        costs_key(options, place(AUTO, AUTO, TARGET, DRAFT, [card]), target, draft)
+        for card in (gpu(7.5), big, gpu(6.0))  # the same card with less free: the same key
+    }
+    assert len(keys) == 2
 
 
 @pytest.mark.parametrize(
@@ -321,3 +338,42 @@ def test_a_catalog_target_gets_its_own_familys_draft_or_none(monkeypatch, tmp_pa
     assert resolved[-1] == (None, "draft")  # a file: the catalog's default draft
     pair_module.resolve_pair(options(target="smollm2-135m", draft="qwen2.5-coder-0.5b"))
     assert resolved[-1] == ("qwen2.5-coder-0.5b", "draft")  # --draft always wins
+
+
+def test_doctor_reports_missing_truncated_and_crafted_models_and_survives_its_calibration_dir(
+    monkeypatch, tmp_path, tiny_pair, isolated_home
+):
+    from typer.testing import CliRunner
+
+    from localspec.cli.app import app
+    from tests.test_gguf_header import with_block_count
+
+    target, draft, _ = tiny_pair
+    _fake_devices(monkeypatch, [])
+    calibration = isolated_home / "calibration"
+    calibration.mkdir(parents=True)
+    (calibration / "dangling.json").symlink_to(tmp_path / "nowhere.json")
+    (calibration / "huge.json").write_text('{"plain_s": 1' + "0" * 400 + ', "verify_s": {}}')
+    (calibration / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (calibration / "inf.json").write_text('{"plain_s": 1e999, "verify_s": {"1": 0.1}}')
+    (calibration / "good.json").write_text('{"plain_s": 0.05, "verify_s": {"1": 0.07}}')
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    crafted = with_block_count(tmp_path / "crafted.gguf", 1_000_000)
+    cases = {
+        str(tmp_path / "missing.gguf"): "model file not found",
+        str(truncated): "is truncated",
+        str(crafted): "block count of 1000000",
+    }
+    for model, says in cases.items():
+        result = CliRunner().invoke(
+            app, ["doctor", "--json", "--target", model, "--draft", str(draft)]
+        )
+        assert result.exit_code == 1, result.output
+        report = json.loads(result.output)
+        assert any(p.startswith("target: ") and says in p for p in report["problems"]), report
+    result = CliRunner().invoke(app, ["doctor", "--target", str(target), "--draft", str(draft)])
+    assert result.exit_code == 0, result.output
+    assert "plain step 50.0 ms" in result.output
+    ignored = [line for line in result.output.splitlines() if "ignoring cached step" in line]
+    assert len(ignored) == 4, result.output

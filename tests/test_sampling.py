@@ -54,3 +54,13 @@ def test_sample_follows_probabilities():
 
 def test_top_probability():
     assert abs(top_probability(LOGITS) - 0.4) < 1e-9
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy():
+    # Logits divided by 1e-308 overflow: every probability would be NaN and the sampler
+    # would return the vocabulary's last id.
+    for tiny in (1e-308, 5e-324, 1e-7):
+        assert params(temperature=tiny).greedy
+    p = warp(LOGITS, params(temperature=1e-6))  # the smallest that samples still warps
+    assert np.isfinite(p).all() and p[0] == 1.0
+    assert sample(p, np.random.default_rng(0)) == 0

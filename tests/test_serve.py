@@ -584,6 +584,7 @@ def test_a_prediction_in_text_parts_and_when_streamed(server):
         model="x", messages=ask("hi"), max_tokens=8, stream=True,
         stream_options={"include_usage": True},
         prediction={"type": "content", "content": parts},
+        extra_body={"speculative": {"drafter": "auto"}},  # this server's default is model
     )  # fmt: skip
     chunks = list(stream)
     details = chunks[-1].usage.completion_tokens_details

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -21,9 +18,8 @@ import pytest
 from localspec.core.params import GenerationParams
 from localspec.serve.access import Access, host_name
 from localspec.session.open import open_session
-from localspec.session.pair import ModelOptions
 from localspec.storage.library import Library
-from tests.serving import serving, slowed
+from tests.serving import serve_options, serve_process, serving, slowed
 
 CHAT = "/v1/chat/completions"
 LONG_CTX = 8192  # an answer long enough to be under way when the server is stopped
@@ -32,12 +28,7 @@ PROMPT = "the cat sat on the mat and the dog sat on the log"
 
 @pytest.fixture(scope="module")
 def session(tiny_pair):
-    target, draft, _ = tiny_pair
-    # As `localspec serve` opens it: no store, and the user's own history neither kept
-    # nor drafted from.
-    options = ModelOptions(target=str(target), draft=str(draft), n_ctx=512, threads=1,
-                           stores=(), history=False)  # fmt: skip
-    session = open_session(options)
+    session = open_session(serve_options(tiny_pair))
     # Verifying priced as nearly free (as on a GPU), so that auto drafts whatever a store
     # offers and what a client could learn through timings shows in every answer.
     plain = session.costs.plain_s
@@ -390,44 +381,30 @@ def test_the_models_are_not_freed_while_a_generation_may_still_use_them():
     assert worker.stop(5) and shutdown(state) and stuck.closed
 
 
-def test_ctrl_c_stops_a_real_server_in_the_middle_of_an_answer(tiny_pair, tmp_path):
-    """``localspec serve`` itself: SIGINT while a long answer streams ends the answer, and
-    the process exits cleanly and soon (never a crash freeing models still in use)."""
-    from tests.serving import free_port
-
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_a_real_server_in_the_middle_of_an_answer(tiny_pair, tmp_path, stop):
+    """``localspec serve`` itself: SIGINT (or SIGTERM) while a long answer streams ends the
+    answer with an error a client cannot take for a whole answer's end, and the process
+    exits cleanly and soon (never a crash freeing models still in use)."""
     target, draft, _ = tiny_pair
-    port = free_port()
-    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "localspec.cli.app", "serve", "--port", str(port),
-         "--target", str(target), "--draft", str(draft), "--drafter", "none",
-         "--ctx", str(LONG_CTX), "--threads", "1"],
-        env=env, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "the server did not get ready"
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.1)
+    args = ["--target", str(target), "--draft", str(draft), "--drafter", "none",
+            "--ctx", str(LONG_CTX), "--threads", "1"]  # fmt: skip
+    with serve_process(args, tmp_path / "home") as (proc, url):
         body = ask(max_tokens=LONG_CTX - 64, stream=True)
-        chunks = 0
+        data: list[str] = []
         with httpx.stream("POST", url + CHAT, json=body, timeout=30) as r:
             for line in r.iter_lines():
-                chunks += line.startswith("data: {")
-                if chunks == 5:
-                    t0 = time.monotonic()
-                    proc.send_signal(signal.SIGINT)
+                if line.startswith("data: "):
+                    data.append(line.removeprefix("data: "))
+                    if len(data) == 5:  # once
+                        t0 = time.monotonic()
+                        proc.send_signal(stop)
         _, stderr = proc.communicate(timeout=30)
         assert time.monotonic() - t0 < 10
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr and "did not stop" not in stderr, stderr
+    chunks = len(data) - 2
+    assert data[-1] == "[DONE]"
+    assert json.loads(data[-2])["error"]["code"] == "server_stopping", data[-3:]
+    assert all(json.loads(d)["choices"][0]["finish_reason"] is None for d in data[:-2])
     assert chunks < LONG_CTX - 64  # the answer was cut short, not written to its end

@@ -30,6 +30,9 @@ The contract:
 - Greedy output (``temperature=0``, the default) is the target's own, whatever the drafter.
 - Nothing is printed: loading reports to ``on_progress`` if given, and warnings are kept in
   ``Speculator.warnings`` and ``Completion.warnings``.
+- Nothing of the user's is drafted from unless asked: no datastore and not the history of
+  answers, unless ``stores`` names them (a drafted answer's ``stats.by_drafter`` would show
+  what they hold, as ``serve``'s ``timings`` would).
 - Nothing of the user's is written unless asked: answers join the history of answers only
   with ``history=True``, and what ``auto`` learns of acceptance is saved for the next
   process only with ``learn=True`` (what the command line saved is still read, so a script
@@ -40,7 +43,9 @@ The contract:
   the loaded pair cannot run), ``InputError`` for an unusable prompt, and loading's and
   generation's own as the command line reports them.
 - One generation at a time: starting another ends the stream before it (after its current
-  round, so the models stay consistent). A ``Speculator`` is not for several threads.
+  round, so the models stay consistent); while another thread reads that stream, starting
+  one is a ``UsageError``. ``Stream.cancel()`` and ``close()`` (the stream's or the pair's)
+  may come from any thread: closing waits for the round under way before it frees anything.
 
 ``load`` is here; ``Speculator`` is api/speculator.py, ``Stream`` and ``Completion``
 api/stream.py.
@@ -78,7 +83,7 @@ def load(
     rpc: str | Sequence[str] | None = None,
     rpc_timeout: float = DEFAULT_RPC_TIMEOUT,
     rpc_split: str | Sequence[float] | None = None,
-    stores: Sequence[str] | None = None,
+    stores: Sequence[str] | None = (),
     history: bool = False,
     learn: bool = False,
     calibrate: bool | None = None,
@@ -97,8 +102,10 @@ def load(
     output identical to plain decoding's token for token (slower kernels). ``rpc``,
     ``rpc_timeout``, ``rpc_split``: the target's layers on llama.cpp RPC workers (a lost
     worker ends the process, as on the command line: its evaluation never returns).
-    ``stores``: the datastores ``auto`` drafts from (None: every one built with the
-    target's tokenizer, the history included; ``()``: none). ``history``: add each answer
+    ``stores``: the datastores ``auto`` drafts from: none by default, as ``localspec serve``
+    (a service built on a pair would let its users probe them through ``Completion.stats``);
+    names (``"history"``: the history of answers), or None for every one built with the
+    target's tokenizer, the history included. ``history``: add each answer
     to the history of answers. ``learn``: save what ``auto`` learned for the next process.
     ``on_progress``: called with each ``localspec.progress.Progress`` of the loading.
     """

@@ -3,7 +3,9 @@
 Contract: each call checks its keywords (``GenerationParams``' fields, ``prediction`` as
 text, and the prompt's own options: ``raw``, ``system``, ``parse_special``) and its prompt
 before anything runs, raising ``UsageError`` or ``InputError``; a prompt the context cannot
-hold is a ``ContextOverflowError``. Starting a generation ends the stream before it. See the
+hold is a ``ContextOverflowError``. Starting a generation ends the stream before it; while
+another thread reads that stream, starting one is a ``UsageError``. ``close()`` may come from
+any thread: it cancels the stream, waits for its round, then frees the models. See the
 package's docstring for the whole API.
 """
 
@@ -161,6 +163,7 @@ class Speculator:
 
     def _start(self, tokens: list[int], params: GenerationParams) -> Stream:
         session = self._open()
+        self._check_thread()
         self._end_stream()
         # Checked now, so that a prompt the context cannot hold fails here, not mid-loop.
         if len(tokens) >= session.n_ctx:
@@ -183,6 +186,17 @@ class Speculator:
             stream, self._stream = self._stream, None
             stream.close()
 
+    def _check_thread(self) -> None:
+        """A generation starts only where the one running is read, or once it is over."""
+        stream = self._stream
+        here = threading.current_thread()
+        if stream is not None and stream.running and stream.reader not in (None, here):
+            raise UsageError(
+                f"a generation is running in another thread ({stream.reader.name})",
+                "one generation at a time: finish or close its stream first, or give each "
+                "thread a pair of its own",
+            )
+
     def _open(self) -> Session:
         if self._session is None:
             raise UsageError("this pair is closed", "load it again with localspec.load()")
@@ -191,7 +205,8 @@ class Speculator:
     # -- closing --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free both models (an unfinished stream ends first). Harmless when closed."""
+        """Free both models (an unfinished stream ends first, after the round another
+        thread may be running). Harmless when closed."""
         if self._session is None:
             return
         try:

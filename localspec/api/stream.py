@@ -3,7 +3,10 @@
 Contract: a ``Stream`` passes the engine's events on as they come (read once), keeps the
 text so far, and holds the ``Completion`` once ``Finished`` has passed; ``cancel()`` stops
 the generation after its current round, from any thread; ``close()`` ends it (cancelled, or
-never begun if nothing was read). See the package's docstring for the whole API.
+never begun if nothing was read), from any thread too: it waits for the event another
+thread is reading (the models are never used by two threads), then reads the rest itself.
+One lock is held while an event is read, so two threads never run the generation at once;
+``reader`` is the thread that reads it. See the package's docstring for the whole API.
 """
 
 from __future__ import annotations
@@ -49,7 +52,10 @@ class Stream:
         self._cancel = cancel
         self._session_warnings = warnings
         self._seen = self._observe()
+        self._lock = threading.Lock()  # held while an event is read (the models in use)
+        self.reader: threading.Thread | None = None  # the thread that reads the events
         self._started = False
+        self._ended = False
         self._pieces: list[str] = []
         self._warnings: list[str] = []
         self.result: Completion | None = None
@@ -58,8 +64,17 @@ class Stream:
         return self
 
     def __next__(self) -> Event:
-        self._started = True
-        return next(self._seen)
+        with self._lock:
+            if self._ended:  # closed, from this thread or another
+                raise StopIteration
+            self._started = True
+            self.reader = self.reader or threading.current_thread()
+            return next(self._seen)
+
+    @property
+    def running(self) -> bool:
+        """Begun and not over: ``Finished`` has not passed, nor was it closed."""
+        return self._started and not self._ended and self.result is None
 
     def _observe(self) -> Generator[Event, None, None]:
         for event in self._events:
@@ -105,14 +120,18 @@ class Stream:
 
     def close(self) -> None:
         """End the generation: cancelled after its current round (so that the models'
-        caches stay consistent), or never begun if nothing was read. Harmless when done."""
-        if not self._started:
-            self._started = True
-            self._seen.close()
-            return
+        caches stay consistent), or never begun if nothing was read. From any thread: it
+        first waits for the event another thread is reading. Harmless when done."""
         self.cancel()
-        for _ in self:
-            pass
+        with self._lock:
+            if self._ended:
+                return
+            if self._started:
+                for _ in self._seen:  # the rounds to the cancelled end, Finished included
+                    pass
+            else:
+                self._seen.close()
+            self._started = self._ended = True
 
     def __enter__(self) -> Stream:
         return self

@@ -1,12 +1,14 @@
 """What every command shares: the one place where errors become ``error:`` / ``hint:``
 lines on stderr and an exit code (``fail``, ``cli_errors``), how progress reports
-(``localspec.progress``) are printed on stderr (``progress_line``), and ``--system``.
+(``localspec.progress``) are printed on stderr (``progress_line``), ``--system``, and
+``signals_interrupt`` for work that must unwind on SIGTERM and SIGHUP as on Ctrl-C.
 The model, sampling and drafting options are declared in ``cli.options``."""
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -66,6 +68,23 @@ def cli_errors(interrupted: str = "\ninterrupted") -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo(interrupted, err=True)
         raise typer.Exit(EXIT_CANCELLED) from None
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal) as Ctrl-C while inside: the work unwinds,
+    removing what it was writing, and ``cli_errors`` says ``interrupted``."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    caught = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {sig: signal.signal(sig, interrupt) for sig in caught}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 SystemOpt = Annotated[

@@ -1,5 +1,6 @@
 """``localspec models ...``: list, pull, remove, locate, check, requantize models and derive
-self-drafts from a target's own layers.
+self-drafts from a target's own layers (``list`` shows them, whose target changed or is gone
+too, and ``rm`` removes them by name).
 
 Contract: ``models_app`` is a Typer sub-app. Every command turns a ``LocalspecError`` into
 ``error: <message>`` and ``hint: <hint>`` on stderr and exits with the error's
@@ -19,11 +20,12 @@ from rich.console import Console
 from rich.table import Table
 
 from localspec.backend.quantize import ftype_for, quantize
-from localspec.cli.common import cli_errors, echo_progress
+from localspec.cli.common import cli_errors, echo_progress, signals_interrupt
 from localspec.cli.options import ThreadsOpt
 from localspec.errors import ModelNotFoundError
 from localspec.models import catalog, fetch, paths
 from localspec.models.derive import compact_layers, parse_layers
+from localspec.models.derived import derived_folders, remove_derived
 from localspec.models.resources import human
 from localspec.progress import Progress, ProgressKind
 
@@ -95,6 +97,7 @@ def list_models() -> None:
                     name, str(info.get("base")), str(info.get("quant")), str(info.get("path"))
                 )
             out.print(local)
+        _list_derived(out)
         found = catalog.find_hf_cache_ggufs()
         if found:
             hf = Table(
@@ -105,6 +108,19 @@ def list_models() -> None:
             for item in found:
                 hf.add_row(f"{item.repo_id}:{item.filename}", human(item.size), str(item.path))
             out.print(hf)
+
+
+def _list_derived(out: Console) -> None:
+    """The self-drafts derived from targets, those whose target changed or is gone too."""
+    folders = derived_folders()
+    if not folders:
+        return
+    table = Table(title="derived self-drafts (localspec models rm NAME)", title_justify="left")
+    for col in ("name", "state", "size", "target"):
+        table.add_column(col, overflow="fold")
+    for folder in folders:
+        table.add_row(folder.name, folder.state, human(folder.bytes), folder.target or "-")
+    out.print(table)
 
 
 @models_app.command()
@@ -134,16 +150,21 @@ def path(name: Annotated[str, typer.Argument(help="catalog name, local name or f
 
 @models_app.command()
 def rm(
-    name: Annotated[str, typer.Argument(help="catalog name or a model made by optimize")],
+    name: Annotated[
+        str, typer.Argument(help="catalog name, a model made by optimize or a derived draft")
+    ],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
 ) -> None:
-    """Delete a downloaded or optimized model from localspec's cache."""
+    """Delete a downloaded, optimized or derived model from localspec's cache."""
     with _cli_errors():
         local = catalog.load_registry().get(name)
         if local is not None:
             target = Path(local.get("path", ""))
         elif catalog.load_catalog().get(name) is not None:
             target = catalog.cached_path(name)
+        elif any(folder.name == name for folder in derived_folders()):
+            _remove_derived(name, yes)
+            return
         else:
             raise catalog.not_found(name)
         leftovers = paths.downloads_dir(name)
@@ -166,6 +187,14 @@ def rm(
         hf_copy = catalog.locate_model(name) if local is None else None
         if hf_copy is not None:
             typer.echo(f"note: a copy remains in the Hugging Face cache: {hf_copy}")
+
+
+def _remove_derived(name: str, yes: bool) -> None:
+    folder = next(f for f in derived_folders() if f.name == name)
+    if not yes and not typer.confirm(f"delete {folder.path} ({human(folder.bytes)})?"):
+        typer.echo("nothing deleted")
+        raise typer.Exit(1)
+    typer.echo(f"deleted {remove_derived(name).path}")
 
 
 @models_app.command()
@@ -240,7 +269,7 @@ def derive_draft(
     this machine; the best is kept in localspec's cache and its path printed last on
     stdout. Measured once per target; --refresh measures again.
     """
-    with _cli_errors():
+    with _cli_errors(), signals_interrupt():
         from localspec.models.selfdraft import derived_draft
 
         wanted = parse_layers(layers) if layers is not None else None

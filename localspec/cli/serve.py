@@ -11,11 +11,15 @@ this server as ``Host`` (``--allowed-host`` adds names) and from no web page but
 
 By default no client's answer is drafted from anything but its own prompt: ``--store NAME``
 shares datastores with every client, ``--history`` keeps each client's answers in a history
-of its own. ``--no-timings`` leaves the ``timings`` figures out of every answer.
+of its own. ``--no-timings`` leaves the ``timings`` figures out of every answer;
+``--no-speculative-overrides`` refuses a request's ``speculative`` settings (by default a
+request may set them within the server's own draft limits).
 ``--parse-special`` lets control-token text in a raw completion prompt act as control tokens
 (editors that write a model's FIM tokens into the prompt themselves need it); chat messages
 keep such text as text whatever the option says. Ctrl-C (or SIGTERM) cancels the running
-generation, and the models are freed only once it has ended.
+generation, and the models are freed only once it has ended; while the pair loads, the
+loading stops at its next step (between a self-draft's candidates, say), which leaves
+nothing half-written.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from localspec.cli.common import cli_errors, echo_error, echo_progress, is_loopb
 from localspec.cli.groups import option_groups
 from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice
 from localspec.errors import UsageError
+from localspec.progress import Progress
 from localspec.serve.access import Access
 
 # The session module loads llama.cpp, and the server's app and clients the web framework and
@@ -81,6 +86,13 @@ def serve(
     no_timings: Annotated[
         bool, typer.Option("--no-timings", help="leave the timings figures out of answers")
     ] = False,
+    speculative_overrides: Annotated[
+        bool,
+        typer.Option(
+            help="let a request set speculative.* (its drafter, shorter drafts); its drafts "
+            "are never longer than this server's own"
+        ),
+    ] = True,
     parse_special: Annotated[
         bool,
         typer.Option(
@@ -120,19 +132,21 @@ def serve(
         max_body=max_body,
         max_tokens_limit=max_tokens_limit or model.ctx,
         timings=not no_timings,
+        speculative_overrides=speculative_overrides,
         parse_special=parse_special,
         loading=True,
     )
     _log_to_stderr()
-    threading.Thread(
+    state.loader = threading.Thread(
         target=load_into, args=(state, options, queue_size, history), daemon=True, name="loader"
-    ).start()
+    )
+    state.loader.start()
     typer.echo(f"serving on http://{host}:{port}/v1 (loading the models)", err=True)
     if not run(state, host, port):
         # A thread may still use the models (or is loading them): freeing them, as the
         # interpreter's exit would, could crash; the system takes them back instead.
-        typer.echo("warning: a generation did not stop in time; exiting without freeing "
-                   "the models", err=True)  # fmt: skip
+        what = "the models were still loading" if state.loading else "a generation did not stop"
+        typer.echo(f"warning: {what} in time; exiting without freeing the models", err=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -194,13 +208,27 @@ def _log_to_stderr() -> None:
         logger.propagate = False
 
 
+class StoppedLoading(BaseException):
+    """The server was told to stop while loading: raised from a progress report, so that
+    the loading unwinds from that step (a self-draft's candidates removed) as from Ctrl-C.
+    Not an ``Exception``: no step takes it for a failure of its own."""
+
+
 def load_into(state, options, queue_size: int, history: bool = False) -> None:  # noqa: ANN001
     from localspec.serve.clients import keep_apart
     from localspec.serve.worker import GenerationWorker
     from localspec.session.open import open_session
 
+    def progress(report: Progress) -> None:
+        if state.closing:
+            raise StoppedLoading
+        echo_progress(report)
+
     try:
-        session = open_session(options, on_progress=echo_progress)
+        session = open_session(options, on_progress=progress)
+    except StoppedLoading:
+        state.loading = False
+        return
     except Exception as err:  # typed errors and bugs alike: said in one line, as the CLI does
         state.load_error = str(err)
         os._exit(echo_error(err))  # the server cannot do anything without its models
@@ -211,6 +239,7 @@ def load_into(state, options, queue_size: int, history: bool = False) -> None:  
     if len(state.access.keys) > 1:
         # What auto learns from one client's answers would shape another's next start.
         session.learning = None
+    session.learn_with(state.defaults)  # a request's own limits learn apart, unsaved
     state.model_id = session.target.path.stem
     state.draft_id = session.draft_path.stem if session.draft_path is not None else None
     state.derived_draft = session.decoder.draft_name == "self"

@@ -19,11 +19,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+# The durations a measurement can give: no model step takes less than a tenth of a
+# microsecond, or more than an hour. A value outside is a damaged or crafted file; one
+# too small to divide by would fail every plan.
+MIN_SECONDS = 1e-7
+MAX_SECONDS = 3600.0
+
 
 def _positive(value: Any) -> float:
     x = float(value)
-    if not math.isfinite(x) or x <= 0:
-        raise ValueError(f"not a positive duration: {value!r}")
+    if not MIN_SECONDS <= x <= MAX_SECONDS:  # NaN compares false too
+        raise ValueError(f"not a duration between {MIN_SECONDS} and {MAX_SECONDS} s: {value!r}")
     return x
 
 
@@ -66,7 +72,8 @@ class CostProfile:
     @classmethod
     def from_dict(cls, data: Any) -> CostProfile:
         """Raises ``ValueError`` (or ``TypeError``/``KeyError``) unless every value is a
-        finite positive duration and every key a positive draft length."""
+        duration between ``MIN_SECONDS`` and ``MAX_SECONDS`` and every key a positive
+        draft length."""
         if not isinstance(data, dict) or not isinstance(data.get("verify_s"), dict):
             raise ValueError("not a cost profile")
         verify = {}

@@ -14,8 +14,10 @@ last committed token is still to be evaluated. A round (``_round``) then
    from its own verdict), and the controller the round's balance.
 
 The drafters of a mode are built by the registry (``core.drafting.registry``) and kept with
-their controller across generations (a ``Planner`` per mode and limits), so what they learn
-carries from answer to answer; ``learned`` and ``restore`` carry it across processes.
+their controller across generations (a ``Planner`` per mode and limits, a bounded number of
+them: ``core.planner``), so what they learn carries from answer to answer; ``learned`` and
+``restore`` carry it across processes. A generation's end, however it comes, ends its
+planner's drafters (``Planner.end``).
 
 A tree round (greedy decoding only, when the controller plans one) drafts the competing
 continuations of the chosen drafter's sources (its ``branching`` capability), verifies them
@@ -77,7 +79,7 @@ from localspec.core.events import (
     TokenEmitted,
 )
 from localspec.core.params import DrafterMode, GenerationParams
-from localspec.core.planner import RESTORE_KEEP, Planner, restore_drafters
+from localspec.core.planner import RESTORE_KEEP, Planner, Planners, restore_drafters
 from localspec.core.stats import GenerationStats
 from localspec.core.text import TextAssembler
 from localspec.core.tree import ROOT, DraftTree
@@ -154,18 +156,18 @@ class SpecDecoder:
         self.pending_draft = pending_draft
         self.clock = clock or time.perf_counter
         self.costs = costs or DEFAULT_COSTS
-        self._planners: dict[tuple, Planner] = {}
+        self.planners = Planners(self._planner)
         self.restored: dict | None = None  # learned state to start every new planner from
         self.corpora: list[tuple[str, Corpus]] = []  # what the datastore drafter looks up
         self.draft_name = "model"  # its drafter's name: "self" for a draft of the target's layers
 
     def controllers(self) -> list[Controller]:
-        return [planner.controller for planner in self._planners.values()]
+        return [planner.controller for planner in self.planners]
 
     def forget_learning(self) -> None:
         """Start the next generation as a fresh process would with no saved state: new
         controllers and drafters, nothing restored (the machine's measured costs are kept)."""
-        self._planners.clear()
+        self.planners.clear()
         self.restored = None
 
     def _resources(self, costs: LiveCosts) -> Resources:
@@ -178,25 +180,21 @@ class SpecDecoder:
 
     def planner_for(self, params: GenerationParams) -> Planner:
         """One controller and its drafters per mode and limits, kept across calls so what
-        they learn carries over. Draft trees are on when asked for and the target can
-        verify them; they are planned for greedy rounds only."""
-        key = (
-            params.drafter, params.draft_max, params.ngram_draft_max, params.draft_min,
-            params.trees,
+        they learn carries over (``core.planner.Planners``: a bounded number of them)."""
+        return self.planners.get(params)
+
+    def _planner(self, params: GenerationParams) -> Planner:
+        """A new planner for ``params``. Draft trees are on when asked for and the target
+        can verify them; they are planned for greedy rounds only."""
+        controller = Controller(
+            self.costs, draft_min=params.draft_min, fixed=not params.drafter.uses_cost_model,
+            trees=params.trees and self.target.supports_trees,
+            max_branches=tree_shape(self.target)[0],
         )  # fmt: skip
-        if key not in self._planners:
-            controller = Controller(
-                self.costs,
-                draft_min=params.draft_min,
-                fixed=not params.drafter.uses_cost_model,
-                trees=params.trees and self.target.supports_trees,
-                max_branches=tree_shape(self.target)[0],
-            )
-            planner = Planner(controller, self._drafters(params, controller.costs), params)
-            if self.restored is not None and params.drafter.learns:
-                restore_drafters(planner.drafters, self.restored, RESTORE_KEEP)
-            self._planners[key] = planner
-        return self._planners[key]
+        planner = Planner(controller, self._drafters(params, controller.costs), params)
+        if self.restored is not None and params.drafter.learns:
+            restore_drafters(planner.drafters, self.restored, RESTORE_KEEP)
+        return planner
 
     def join_draft(self, *, wait: bool = False) -> list[str]:
         """Take up the draft model of ``pending_draft`` once its load has ended (``wait``:
@@ -212,7 +210,7 @@ class SpecDecoder:
             return []
         self.draft = model
         added: list[str] = []
-        for planner in self._planners.values():
+        for planner in self.planners:
             fresh = build_drafters(
                 planner.params,
                 self._resources(planner.controller.costs),
@@ -289,14 +287,17 @@ class SpecDecoder:
             timed=self._timed(), tree_nodes=tree_shape(self.target)[1],
         )  # fmt: skip
         reason: FinishReason | None = None
-        while reason is None:
-            if cancel is not None and cancel.is_set():
-                reason = FinishReason.CANCELLED
-            elif len(run.committed) > self.target.n_ctx:
-                yield emit(EngineWarning(f"the context of {self.target.n_ctx} tokens is full"))
-                reason = FinishReason.LENGTH
-            else:
-                reason = yield from self._round(run)
+        try:
+            while reason is None:
+                if cancel is not None and cancel.is_set():
+                    reason = FinishReason.CANCELLED
+                elif len(run.committed) > self.target.n_ctx:
+                    yield emit(EngineWarning(f"the context of {self.target.n_ctx} tokens is full"))
+                    reason = FinishReason.LENGTH
+                else:
+                    reason = yield from self._round(run)
+        finally:  # also when the consumer stops reading
+            planner.end()
         # Held-back text that never became a stop string is still part of the answer.
         tail = run.text.finish()
         if params.trace:

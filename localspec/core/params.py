@@ -8,8 +8,10 @@ and answers what it needs; which drafters each mode drafts with
 is the registry's (``core.drafting.registry``).
 
 ``GenerationParams`` is validated once (pydantic) so the core can trust its values:
-greedy decoding is ``temperature == 0``; the warps (top-k, top-p, min-p) apply only when
-sampling, in llama.cpp's order (top-k, top-p, min-p, then temperature).
+greedy decoding is ``temperature == 0``, and a temperature under ``MIN_TEMPERATURE`` is
+taken as 0 (logits divided by less overflow, and no probability is left); the warps
+(top-k, top-p, min-p) apply only when sampling, in llama.cpp's order (top-k, top-p,
+min-p, then temperature).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from __future__ import annotations
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Below this a temperature samples the most likely token anyway: it is decoded greedily.
+MIN_TEMPERATURE = 1e-6
 
 
 class DrafterMode(StrEnum):
@@ -91,6 +96,11 @@ class GenerationParams(BaseModel):
         True,
         description="auto may verify competing drafts as one draft tree (greedy decoding only)",
     )
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_below_minimum(cls, value: float) -> float:
+        return 0.0 if value < MIN_TEMPERATURE else value
 
     @field_validator("seed", mode="before")
     @classmethod

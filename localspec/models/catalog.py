@@ -218,7 +218,7 @@ def not_found(ref: str) -> ModelNotFoundError:
     return ModelNotFoundError(msg, "`localspec models list` shows the catalog")
 
 
-def _looks_like_path(ref: str) -> bool:
+def looks_like_path(ref: str) -> bool:
     """A reference is a file only when it says so (a separator, or the .gguf suffix): a file
     in the current directory that happens to be called like a catalog model never replaces
     it."""
@@ -239,7 +239,7 @@ def _fetch() -> ModuleType:
 def locate_model(ref: str | None, role: Role = "target") -> Path | None:
     """The file ``ref`` names if it is already on this machine; never touches the network."""
     ref = ref or default_name(role)
-    if _looks_like_path(ref):
+    if looks_like_path(ref):
         candidate = Path(ref).expanduser()
         return candidate if candidate.is_file() else None
     local = load_registry().get(ref)
@@ -267,7 +267,7 @@ def resolve_model(
     """Return a local GGUF path for ``ref`` (see the module docstring), pulling if needed;
     ``progress`` says how a pull shows what it does (``transfer.ShowProgress``)."""
     ref = (ref or "").strip() or default_name(role)
-    if _looks_like_path(ref):
+    if looks_like_path(ref):
         return check_gguf(Path(ref).expanduser())
 
     local = load_registry().get(ref)

@@ -12,10 +12,13 @@ Contract:
   tokenizer is the source's), except ``{arch}.block_count``, every ``{arch}.*`` array with one
   entry per block (cut to the kept blocks) and ``general.name`` (a suffix says which layers).
 - ``layers`` must be non-empty, strictly increasing and within the block count, else
-  ``UsageError``. A source that is not a readable GGUF, or has no block count, is a
-  ``ModelFileError``.
+  ``UsageError``. A source that is not a readable GGUF, has no block count or more blocks
+  than llama.cpp loads (``LLAMA_MAX_LAYERS``), is a ``ModelFileError``; a layer number past
+  that limit is a ``UsageError`` before any list of layers is built.
 - ``dest`` appears complete or not at all: the file is written under a temporary name in
-  its directory and renamed on success; a failure removes it.
+  its directory and renamed on success; a failure removes it. A disk without room for it
+  is a ``DownloadError`` (``resources.check_disk``) before anything is written, and one
+  that fills up while it is written too.
 - ``compact_layers`` and ``parse_layers`` turn a layer list into ``0-7,20-27`` and back.
 """
 
@@ -32,10 +35,13 @@ from typing import Any
 
 import gguf
 
-from localspec.errors import ModelFileError, UsageError
+from localspec.errors import DownloadError, ModelFileError, UsageError
 from localspec.models.gguf import check_gguf
+from localspec.models.resources import check_disk, human
+from localspec.models.transfer import is_disk_full
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+LLAMA_MAX_LAYERS = 512  # llama.cpp's limit (src/llama-hparams.h): it asserts past it
 _NAME = "general.name"
 _ARCH = "general.architecture"
 
@@ -63,6 +69,12 @@ def parse_layers(text: str) -> list[int]:
         last = int(match[2]) if match[2] is not None else first
         if last < first:
             raise UsageError(f"invalid layer list {text!r}: {part!r} runs backwards", hint)
+        if last >= LLAMA_MAX_LAYERS:  # checked before the range is built
+            raise UsageError(
+                f"invalid layer list {text!r}: layer {last} is past llama.cpp's limit of "
+                f"{LLAMA_MAX_LAYERS} layers",
+                hint,
+            )
         layers.update(range(first, last + 1))
     return sorted(layers)
 
@@ -107,7 +119,19 @@ def open_source(path: Path) -> Source:
             f"{path} has no {arch or 'architecture'}.block_count: not a layered model",
             "a self-draft needs a transformer model with blocks of layers",
         )
-    return Source(path, reader, arch, int(count.contents()))
+    return Source(path, reader, arch, checked_block_count(path, count.contents()))
+
+
+def checked_block_count(path: Path, count: object) -> int:
+    """A header's block count, if llama.cpp could load a model of that many blocks;
+    ``ModelFileError`` otherwise (a damaged or crafted header)."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= LLAMA_MAX_LAYERS:
+        raise ModelFileError(
+            f"{path} gives a block count of {count!r}; llama.cpp loads 1 to "
+            f"{LLAMA_MAX_LAYERS} blocks",
+            "the file is damaged: download it again",
+        )
+    return count
 
 
 def derive_gguf(source: Path, layers: Sequence[int], dest: Path) -> Path:
@@ -118,16 +142,33 @@ def derive_gguf(source: Path, layers: Sequence[int], dest: Path) -> Path:
 def write_derived(src: Source, layers: Sequence[int], dest: Path) -> Path:
     kept = check_layers(layers, src.n_layers)
     dest = Path(dest)
+    needed = derived_bytes(src, kept)
+    check_disk(dest.parent, needed)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.stem}.", suffix=".tmp")
     os.close(fd)
     try:
         _write(src, kept, Path(tmp))
         os.replace(tmp, dest)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and is_disk_full(err):  # filled by someone else meanwhile
+            raise DownloadError(
+                f"the disk is full: {dest.name} ({human(needed)}) could not be written to "
+                f"{dest.parent}",
+                "free some space, or set LOCALSPEC_HOME to a disk with more room, and run "
+                "the command again",
+            ) from None
         raise
     return dest
+
+
+def derived_bytes(src: Source, kept: tuple[int, ...]) -> int:
+    """About the size of the file ``kept`` derives: the source's header (its tokenizer,
+    mostly) and the kept tensors' bytes, each aligned."""
+    align = src.reader.alignment
+    tensors = _kept_tensors(src.reader, kept)
+    return src.reader.data_offset + sum(-(-t.n_bytes // align) * align for _, t in tensors)
 
 
 def _write(src: Source, kept: tuple[int, ...], out: Path) -> None:

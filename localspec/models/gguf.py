@@ -3,7 +3,9 @@
 ``check_gguf(path)`` is the cheap test that a path is a readable GGUF file (it exists, is a
 file, starts with the GGUF magic and is not truncated), raising ``ModelFileError`` with a
 hint otherwise. ``read_metadata(path, wanted)`` reads key/values straight from the header,
-in tens of milliseconds even for models with large vocabularies, and kept for later reads.
+in tens of milliseconds even for models with large vocabularies, and kept for later reads;
+``data_end(path)`` reads the tensors' entries too, for how long the file must be (a shorter
+one is truncated).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import mmap
 import os
 import struct
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -21,6 +24,8 @@ from localspec.errors import ModelFileError
 from localspec.models import paths
 
 GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32  # of the tensor data, unless general.alignment says otherwise
+MAX_RANK = 4  # ggml's GGML_MAX_DIMS
 # A GGUF header plus one tensor is already more than this; anything smaller is truncated.
 MIN_GGUF_BYTES = 64
 
@@ -163,22 +168,73 @@ def _keep(name: str, stamp: list[int], values: dict[str, object]) -> None:
 
 
 def _read_header(fh: BinaryIO, size: int) -> dict[str, object]:
+    with _mapped(fh, size) as header:
+        return _read_kvs(header)[0]
+
+
+@contextlib.contextmanager
+def _mapped(fh: BinaryIO, size: int) -> Iterator[_Header]:
+    """A reader over ``fh``'s bytes, mapped into memory."""
     if size < 24:
         raise ValueError("truncated GGUF header")
     with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         header = _Header(memoryview(mm), size)
         try:
-            if header.bytes(4) != GGUF_MAGIC or header.take(_U32) < 2:
-                raise ValueError("not a GGUF v2/v3 file")
-            header.take(_U64)  # tensor count
-            out: dict[str, object] = {}
-            # Each key/value pair takes at least a key length, a type and a value.
-            for _ in range(header.count("key/value count", 8 + 4 + 1)):
-                key = header.string()
-                out[key] = header.value(header.take(_U32))
-            return out
+            yield header
         finally:
             header.release()
+
+
+def _read_kvs(header: _Header) -> tuple[dict[str, object], int]:
+    """The key/values and the tensor count."""
+    if header.bytes(4) != GGUF_MAGIC or header.take(_U32) < 2:
+        raise ValueError("not a GGUF v2/v3 file")
+    n_tensors = header.take(_U64)
+    out: dict[str, object] = {}
+    # Each key/value pair takes at least a key length, a type and a value.
+    for _ in range(header.count("key/value count", 8 + 4 + 1)):
+        key = header.string()
+        out[key] = header.value(header.take(_U32))
+    return out, n_tensors
+
+
+def data_end(path: Path) -> tuple[int, int]:
+    """``(bytes the tensors need the file to have, the file's size)``: a file shorter than
+    its tensors is truncated. Reads the whole header (``ValueError`` as ``read_metadata``)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        with _mapped(fh, size) as header:
+            meta, n_tensors = _read_kvs(header)
+            align = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+            if not isinstance(align, int) or align < 1:
+                raise ValueError(f"GGUF alignment of {align!r}")
+            # Each tensor's entry takes at least a name length, a rank, a type and an offset.
+            if n_tensors * (8 + 4 + 4 + 8) > header.left():
+                raise ValueError(f"GGUF tensor count of {n_tensors} runs past the end of the file")
+            end = 0
+            for _ in range(n_tensors):
+                header.string()
+                dims = [header.take(_U64) for _ in range(min(header.take(_U32), MAX_RANK + 1))]
+                if len(dims) > MAX_RANK:
+                    raise ValueError("a GGUF tensor of more than 4 dimensions")
+                kind, offset = header.take(_U32), header.take(_U64)
+                end = max(end, offset + _tensor_bytes(kind, dims))
+            start = -(-header.at // align) * align
+    return start + end, size
+
+
+def _tensor_bytes(kind: int, dims: list[int]) -> int:
+    # The gguf package (numpy with it) is imported here: this module is on every start's path.
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        raise ValueError(f"unknown GGUF tensor type {kind}") from None
+    count = 1
+    for dim in dims:
+        count *= dim
+    return count // block * block_bytes
 
 
 class _Header:

@@ -10,11 +10,12 @@ Contract:
 - ``cached_derived(target)`` reads the recorded choice without any model work: ``None``
   when there is none, when it is unreadable (it is measured again later) or when its file
   is gone.
-- Files: ``cache_root()/derived/<target stem>-<hash of its size and mtime>/`` holds
-  ``layers-<list>.gguf`` and ``choice.json`` (every candidate's numbers), so a changed
-  target is derived again. Both are written under temporary names and renamed; the files
-  are 0600, as the models' are, in a 0700 folder. A lock keeps two processes from deriving
-  the same target at once; only the recorded choice's file is kept.
+- Files: the target's folder (``derived.derived_dir``: one per target size and time, so
+  a changed target is derived again) holds ``layers-<list>.gguf`` and ``choice.json``
+  (every candidate's numbers). Both are written under temporary names and renamed; the
+  files are 0600, as the models' are, in a 0700 folder. A lock keeps two processes from
+  deriving the same target at once; under it, a derivation first removes what an
+  interrupted one left, and only the recorded choice's file is kept.
 - ``load_derived`` loads a derived file; llama.cpp's refusal is a ``ModelFileError`` whose
   hint says how to derive it again.
 """
@@ -22,22 +23,36 @@ Contract:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from localspec.backend.llama import LoadOptions
 from localspec.errors import LocalspecError, ModelFileError
-from localspec.models.derive import Source, check_layers, compact_layers, open_source, write_derived
+from localspec.models.derive import (
+    Source,
+    check_layers,
+    checked_block_count,
+    compact_layers,
+    open_source,
+    write_derived,
+)
+from localspec.models.derived import (
+    CHOICE_FILE,
+    CRAFTED_ERRORS,
+    derived_dir,
+    locked,
+    private_dir,
+    read_record,
+    remove_leftovers,
+)
 from localspec.models.gguf import check_gguf, read_metadata
 from localspec.models.layerchoice import (
+    DRAFT_LENGTHS,
     Candidate,
     Choice,
     choose_layers,
@@ -45,8 +60,7 @@ from localspec.models.layerchoice import (
     load_derived,
     pick,
 )
-from localspec.models.paths import cache_root
-from localspec.progress import OnProgress, ProgressKind, tell
+from localspec.progress import OnProgress, tell
 
 __all__ = [
     "Candidate",
@@ -60,7 +74,6 @@ __all__ = [
     "pick",
 ]
 
-CHOICE_FILE = "choice.json"
 FORMAT = 1
 CHECK_OPTIONS = LoadOptions(n_ctx=256, tree_seqs=0)  # a derived file's load check
 
@@ -82,13 +95,6 @@ class Derived:
     @property
     def measured(self) -> bool:
         return self.agreement is not None
-
-
-def derived_dir(target: Path) -> Path:
-    """The cache folder of ``target``'s derived drafts (it may not exist yet)."""
-    st = Path(target).stat()
-    digest = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_root() / "derived" / f"{Path(target).stem}-{digest}"
 
 
 def derived_name(layers: Sequence[int]) -> str:
@@ -117,9 +123,10 @@ def derived_draft(
     n_layers = block_count(target)
     wanted = check_layers(layers, n_layers) if layers is not None else None
     directory = derived_dir(target)
-    _private_dir(directory)
+    private_dir(directory)
     choice: Choice | None = None
-    with _locked(directory, on_progress):
+    with locked(directory, on_progress):
+        remove_leftovers(directory)  # of a derivation interrupted before this one
         record = None if refresh else _read_choice(directory)
         if record is not None and wanted in (None, record.layers):
             if not record.path.is_file():
@@ -150,12 +157,12 @@ def block_count(path: Path) -> int:
         count = read_metadata(path, {key}).get(key) if isinstance(arch, str) else None
     except (OSError, ValueError) as err:
         raise ModelFileError(f"cannot read the GGUF header of {path}: {err}") from None
-    if not isinstance(count, int) or count < 1:
+    if count is None:
         raise ModelFileError(
             f"{path} has no block count: not a layered model",
             "a self-draft needs a transformer model with blocks of layers",
         )
-    return count
+    return checked_block_count(path, count)
 
 
 def _from_choice(directory: Path, choice: Choice) -> Derived:
@@ -235,67 +242,72 @@ def _write_choice(directory: Path, found: Derived, target: Path, choice: Choice 
 
 
 def _read_choice(directory: Path) -> Derived | None:
-    """The recorded choice, or ``None`` when absent or not one this version wrote."""
-    try:
-        data = json.loads((directory / CHOICE_FILE).read_text())
-        if data.get("format") != FORMAT:
-            return None
-        n_layers = int(data["n_layers"])
-        layers = check_layers(data["layers"], n_layers)
-        candidates = tuple(
-            Candidate(
-                layers=check_layers(c["layers"], n_layers),
-                label=str(c["label"]),
-                agreement=float(c["agreement"]),
-                step_ratio=float(c["step_ratio"]),
-                expected_speedup=float(c["expected_speedup"]),
-                draft_length=int(c["draft_length"]),
-            )
-            for c in data["candidates"]
-        )
-        name = str(data["file"])
-        if name != derived_name(layers):  # never a path outside this folder
-            return None
-        return Derived(
-            path=directory / name,
-            layers=layers,
-            n_layers=n_layers,
-            agreement=_number(data["agreement"]),
-            step_ratio=_number(data["step_ratio"]),
-            expected_speedup=_number(data["expected_speedup"]),
-            draft_length=None if data["draft_length"] is None else int(data["draft_length"]),
-            candidates=candidates,
-        )
-    except FileNotFoundError:
+    """The recorded choice, or ``None`` when absent, damaged (it is measured again when
+    asked for) or not one this version wrote."""
+    data = read_record(directory)
+    if data is None or data.get("format") != FORMAT:
         return None
-    except (LocalspecError, OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # damaged: measured again when asked for
+    try:
+        return _choice_of(directory, data)
+    except (LocalspecError, *CRAFTED_ERRORS):
+        return None  # damaged or crafted: measured again when asked for
 
 
-def _number(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
+def _choice_of(directory: Path, data: dict[str, Any]) -> Derived | None:
+    """A ``choice.json``'s record, every value checked (raises one of ``CRAFTED_ERRORS``
+    or a ``UsageError`` on a crafted one)."""
+    n_layers = int(data["n_layers"])
+    layers = check_layers(data["layers"], n_layers)
+    candidates = tuple(
+        Candidate(
+            layers=check_layers(c["layers"], n_layers),
+            label=str(c["label"]),
+            agreement=_measured(c["agreement"], 1.0),
+            step_ratio=_measured(c["step_ratio"]),
+            expected_speedup=_measured(c["expected_speedup"]),
+            draft_length=_length(c["draft_length"]),
+        )
+        for c in data["candidates"]
+    )
+    name = str(data["file"])
+    if name != derived_name(layers):  # never a path outside this folder
+        return None
+    return Derived(
+        path=directory / name,
+        layers=layers,
+        n_layers=n_layers,
+        agreement=_number(data["agreement"], 1.0),
+        step_ratio=_number(data["step_ratio"]),
+        expected_speedup=_number(data["expected_speedup"]),
+        draft_length=None if data["draft_length"] is None else _length(data["draft_length"]),
+        candidates=candidates,
+    )
+
+
+MAX_RATIO = 1e6  # a measured ratio or speedup beyond this is no measurement
+
+
+def _measured(value: object, top: float = MAX_RATIO) -> float:
+    """A measured number: finite, from 0 to ``top``; ``ValueError`` otherwise."""
+    x = float(value)  # type: ignore[arg-type]
+    if not 0.0 <= x <= top:  # NaN and infinities fail too
+        raise ValueError(f"not a measured value: {value!r}")
+    return x
+
+
+def _number(value: object, top: float = MAX_RATIO) -> float | None:
+    """A measured number, or None for layers given by hand and never measured."""
+    return None if value is None else _measured(value, top)
+
+
+def _length(value: object) -> int:
+    """A draft length as ``layerchoice`` measures them."""
+    if not isinstance(value, int) or not 1 <= value <= max(DRAFT_LENGTHS):
+        raise ValueError(f"not a measured draft length: {value!r}")
+    return value
 
 
 # --- the folder ---------------------------------------------------------------------
-
-
-def _private_dir(directory: Path) -> None:
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)
-
-
-@contextlib.contextmanager
-def _locked(directory: Path, on_progress: OnProgress | None) -> Iterator[None]:
-    lock = FileLock(str(directory / ".lock"), mode=0o600)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        tell(on_progress, "waiting for another localspec deriving this draft", ProgressKind.WAIT)
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _remove_others(directory: Path, keep: Path) -> None:

@@ -3,8 +3,9 @@
 ``create_app(state)`` builds a FastAPI app. ``ServerState`` holds the worker once the pair is
 loaded (``/health`` answers ``loading`` until then, and every other endpoint a 503). Every
 request first passes ``access.Guard`` (its ``Host`` and ``Origin``); every endpoint but
-``/health`` then requires ``Authorization: Bearer KEY`` when keys are set, and the key names
-the client a job runs for (the worker keeps clients apart, see serve/worker.py). A POST
+``/health`` then requires ``Authorization: Bearer KEY`` when keys are set (``/health`` says
+how many requests wait only to a caller with a key), and the key names the client a job
+runs for (the worker keeps clients apart, see serve/worker.py). A POST
 body must be ``application/json`` of at most ``max_body`` bytes; every field is checked
 before a job is queued, and every refusal has OpenAI's error shape. An internal failure is
 logged with an id and answered with that id, never with its text. A streamed answer is sent
@@ -38,11 +39,12 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from localspec.core.events import Event
+from localspec.core.drafting.prediction import prediction_counts
+from localspec.core.events import Event, Finished
 from localspec.core.params import GenerationParams
 from localspec.serve.access import Access, Guard, client_of
+from localspec.serve.errors import ApiError
 from localspec.serve.openai_shapes import (
-    ApiError,
     chat_messages,
     completion_prompts,
     generation_params,
@@ -62,6 +64,8 @@ from localspec.serve.worker import GenerationWorker, Job, QueueFull
 from localspec.session.session import Session
 
 JSON_TYPE = "application/json"
+# A prediction longer than this many contexts cannot be copied by any answer: refused.
+PREDICTION_CONTEXTS = 4
 
 
 @dataclass
@@ -70,6 +74,7 @@ class ServerState:
     access: Access = field(default_factory=Access)
     max_body: int = 1 << 20
     max_tokens_limit: int | None = None  # the most new tokens a request may ask for
+    speculative_overrides: bool = True  # a request may set speculative.* (within limits)
     timings: bool = True  # False (--no-timings): answers carry no ``timings`` object
     worker: GenerationWorker | None = None
     model_id: str = "localspec"
@@ -78,6 +83,7 @@ class ServerState:
     placement: dict[str, Any] | None = None  # where each model runs (session/placement.py)
     load_error: str | None = None
     loading: bool = False  # the pair is being loaded (cli/serve.py's loader thread)
+    loader: threading.Thread | None = None  # that thread: it stops at its next step
     closing: bool = False  # told to stop: a pair loaded now is freed, not served
     # Control-token text in a /v1/completions prompt acts as control tokens (never in chat).
     parse_special: bool = False
@@ -86,13 +92,36 @@ class ServerState:
 def _with_prediction(
     session: Session, params: GenerationParams, text: str | None, asked: Asked
 ) -> GenerationParams:
-    """``params`` drafting from the request's prediction ``text`` (read with the target's
-    tokenizer, in the worker: the session is the worker's)."""
+    """``params`` drafting from the request's prediction ``text``, read with the target's
+    tokenizer in the worker (the session is the worker's); a 400 naming ``prediction`` when
+    it has more than ``PREDICTION_CONTEXTS`` contexts of tokens."""
     if text is None:
         return params
     tokens = session.plain_tokens(text)
-    asked.predicted.append(tokens)
+    limit = PREDICTION_CONTEXTS * session.n_ctx
+    if len(tokens) > limit:
+        raise ApiError(400, f"the prediction has {len(tokens)} tokens; this server reads at "
+                       f"most {limit} ({PREDICTION_CONTEXTS} times its context)",
+                       param="prediction", code="prediction_too_long")  # fmt: skip
+    asked.predicted.append(tuple(tokens))
     return params.model_copy(update={"prediction": tuple(tokens)})
+
+
+def _counted(events: Iterator[Event], asked: Asked) -> Iterator[Event]:
+    """The events, each answer's use of the prediction counted (``Asked.counts``) before its
+    ``Finished`` is handed on: in the worker, never on the event loop."""
+    for event in events:
+        if isinstance(event, Finished) and asked.predicted:
+            asked.counts.append(prediction_counts(asked.predicted[0], event.token_ids))
+        yield event
+
+
+def _check_prediction(params: GenerationParams, predicted: str | None) -> None:
+    """A prediction is drafted from by ``auto`` only: with another drafter it would be
+    ignored, and its counts would say nothing of the answer."""
+    if predicted is not None and not params.drafter.uses_cost_model:
+        raise ApiError(400, f"a prediction is drafted from by speculative.drafter auto, not "
+                       f"{params.drafter}: drop one or the other", param="prediction")  # fmt: skip
 
 
 def _check_drafter(state: ServerState, params: GenerationParams) -> None:
@@ -157,6 +186,10 @@ async def health(request: Request) -> JSONResponse:
                              "loaded; the server's log says why"}, 500)  # fmt: skip
     if state.worker is None:
         return JSONResponse({"status": "loading"}, status_code=503)
+    try:  # how busy the server is, to its clients only: /health needs no key
+        client_of(state.access, request.headers.get("authorization"))
+    except ApiError:
+        return JSONResponse({"status": "ok"})
     return JSONResponse({"status": "ok", "waiting": state.worker.waiting})
 
 
@@ -174,15 +207,18 @@ async def chat_completions(request: Request) -> Any:
     client = client_of(state.access, request.headers.get("authorization"))
     body = await _read_json(state, request)
     messages = chat_messages(body)
-    params = generation_params(body, state.defaults, state.max_tokens_limit)
+    params = generation_params(
+        body, state.defaults, state.max_tokens_limit, state.speculative_overrides
+    )
     _check_drafter(state, params)
     predicted = prediction_text(body)
+    _check_prediction(params, predicted)
     stream, include_usage = stream_flags(body)
     asked = Asked(chat=True, stream=stream, include_usage=include_usage)
 
     def start(session: Session, cancel: threading.Event) -> Iterator[Event]:
         chosen = _with_prediction(session, params, predicted, asked)
-        return session.chat(messages, chosen, cancel)
+        return _counted(session.chat(messages, chosen, cancel), asked)
 
     return await _answer(state, request, Job(start, params, client=client), asked)
 
@@ -195,9 +231,12 @@ async def completions(request: Request) -> Any:
     session = state.worker.session
     suffix = _suffix(state, session, body)
     prompts = completion_prompts(body, session.target.n_vocab, infill=bool(suffix))
-    params = generation_params(body, state.defaults, state.max_tokens_limit)
+    params = generation_params(
+        body, state.defaults, state.max_tokens_limit, state.speculative_overrides
+    )
     _check_drafter(state, params)
     predicted = prediction_text(body)
+    _check_prediction(params, predicted)
     stream, include_usage = stream_flags(body)
     asked = Asked(False, stream, include_usage, n_prompts=len(prompts))
 
@@ -211,7 +250,7 @@ async def completions(request: Request) -> Any:
         ]  # fmt: skip
         for tokens in token_lists:  # all fit (the engine's check) before the first runs
             session.check_prompt(tokens, chosen)
-        return _in_turn(session, token_lists, chosen, cancel)
+        return _counted(_in_turn(session, token_lists, chosen, cancel), asked)
 
     return await _answer(state, request, Job(start, params, client=client), asked)
 

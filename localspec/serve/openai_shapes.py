@@ -1,11 +1,11 @@
 """Requests and answers in the OpenAI API's shapes, with llama.cpp-server's ``timings``.
 
-``ApiError`` carries an HTTP status and OpenAI's error body
-(``{"error": {"message", "type", "param", "code"}}``). ``generation_params`` turns a request
+Refusals are ``ApiError`` (serve/errors.py). ``generation_params`` turns a request
 body into ``GenerationParams``, refusing with a 400 that names the field any option that
 would change the result and that localspec cannot honour (``n`` > 1, ``tools``, ...), more
 than ``MAX_STOPS`` stop strings or longer ones than ``MAX_STOP_CHARS``, and a ``max_tokens``
-over the server's limit. ``stream_flags`` checks ``stream`` and ``stream_options``.
+that is not a JSON integer or is over the server's limit. ``stream_flags`` checks
+``stream`` and ``stream_options``.
 ``completion_prompts`` reads ``/v1/completions``' ``prompt`` in every form OpenAI accepts (a
 string, a list of strings, a list of token ids, a list of such lists), at most
 ``MAX_PROMPTS`` of them. ``usage`` and ``timings`` read a ``GenerationStats``: a request that
@@ -15,12 +15,10 @@ had several prompts passes their sum (``GenerationStats.merged``), so one ``usag
 Predicted outputs (OpenAI's ``prediction``: ``{"type": "content", "content": ...}``, the
 content a string or a list of text parts) are read by ``prediction_text``; the usage then
 counts, as OpenAI defines them, the prediction's tokens that appear in the answer
-(``accepted_prediction_tokens``) and those that do not (``rejected_prediction_tokens``):
-``prediction_counts`` matches the two token lists in order. Speculation is set per request
-as llama.cpp's server takes it (``speculative.n_max``, ``n_min``, ``p_min``, as dotted
-top-level keys or a ``speculative`` object), plus ``speculative.drafter`` (``auto``,
-``none``, ``ngram``, ``model``, ``lookahead``, ``self``: a mode of ``core.params.DrafterMode``);
-the server's options are the defaults.
+(``accepted_prediction_tokens``) and those that do not (``rejected_prediction_tokens``),
+per token id (``prediction_counts``, in the worker). Speculation is set per request as
+llama.cpp's server takes it, within the server's limits (serve/speculation.py); the
+server's options are the defaults.
 """
 
 from __future__ import annotations
@@ -29,8 +27,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from localspec.core.params import DrafterMode, GenerationParams
+from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
+from localspec.serve.errors import ApiError, is_whole
+from localspec.serve.speculation import SPECULATIVE_PARAMS, speculative_fields
 
 MAX_PROMPTS = 16  # prompts in one /v1/completions request; each is generated in turn
 MAX_STOPS = 4  # stop strings in one request, as OpenAI's API allows
@@ -53,23 +53,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = {"error": {"message": message, "type": type, "param": param, "code": code}}
-        self.headers = headers
-
-
 def refuse_unsupported(body: dict[str, Any]) -> None:
     for name, neutral in NEUTRAL.items():
         if name in body and body[name] not in neutral:
@@ -90,16 +73,25 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 def generation_params(
-    body: dict[str, Any], defaults: GenerationParams, max_tokens_limit: int | None = None
+    body: dict[str, Any],
+    defaults: GenerationParams,
+    max_tokens_limit: int | None = None,
+    overrides: bool = True,
 ) -> GenerationParams:
     """The request's sampling fields over the server's defaults; ``max_tokens`` at most
-    ``max_tokens_limit``."""
+    ``max_tokens_limit``; its ``speculative`` settings within the defaults' limits, or
+    refused unless ``overrides`` (``serve.speculation``)."""
     refuse_unsupported(body)
     fields: dict[str, Any] = {}
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     limit = body.get(name)
     if limit is not None:
-        if max_tokens_limit is not None and _is_int(limit) and limit > max_tokens_limit:
+        # A JSON integer only: what pydantic would coerce (31.0, "200") would pass the
+        # limit's check as something else than what runs.
+        if not is_whole(limit) or limit < 1:
+            raise ApiError(400, f"{name} must be a whole number of 1 or more, not {limit!r}",
+                           param=name)  # fmt: skip
+        if max_tokens_limit is not None and limit > max_tokens_limit:
             raise ApiError(400, f"{name} is {limit}; this server writes at most "
                            f"{max_tokens_limit} tokens per answer", param=name)  # fmt: skip
         fields["max_tokens"] = limit
@@ -109,8 +101,7 @@ def generation_params(
     stop = body.get("stop")
     if stop is not None:
         fields["stop"] = stop_strings(stop)
-    speculative = speculative_fields(body)
-    fields.update(speculative)
+    fields.update(speculative_fields(body, defaults, overrides))
     try:
         return GenerationParams(**{**defaults.model_dump(), **fields})
     except ValidationError as err:
@@ -118,55 +109,6 @@ def generation_params(
         where = str(first["loc"][0]) if first["loc"] else None
         where = {"max_tokens": name, **SPECULATIVE_PARAMS}.get(where or "", where)
         raise ApiError(400, f"invalid {where}: {first['msg']}", param=where) from None
-
-
-# speculative.* request fields (llama.cpp's server's names) -> GenerationParams fields
-SPECULATIVE_FIELDS = ("n_max", "n_min", "p_min", "drafter")
-SPECULATIVE_PARAMS = {
-    "draft_max": "speculative.n_max",
-    "ngram_draft_max": "speculative.n_max",
-    "draft_min": "speculative.n_min",
-    "p_min": "speculative.p_min",
-    "drafter": "speculative.drafter",
-}
-
-
-def speculative_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """The ``GenerationParams`` fields a request's ``speculative`` settings give: a
-    ``speculative`` object, or llama.cpp's dotted top-level keys (``speculative.n_max``).
-    ``n_max`` bounds every drafter's drafts (the draft model's at most 64 tokens)."""
-    given = body.get("speculative")
-    if given is not None and not isinstance(given, dict):
-        raise ApiError(400, "speculative must be an object", param="speculative")
-    settings = dict(given or {})
-    for key, value in body.items():
-        if key.startswith("speculative."):
-            settings[key.removeprefix("speculative.")] = value
-    unknown = [k for k in settings if k not in SPECULATIVE_FIELDS]
-    if unknown:
-        raise ApiError(400, f"speculative.{unknown[0]} is not a setting: use "
-                       f"{', '.join('speculative.' + f for f in SPECULATIVE_FIELDS)}",
-                       param=f"speculative.{unknown[0]}")  # fmt: skip
-    fields: dict[str, Any] = {}
-    n_max = settings.get("n_max")
-    if n_max is not None:
-        if not _is_int(n_max) or n_max < 1:
-            raise ApiError(400, "speculative.n_max must be a whole number of 1 or more",
-                           param="speculative.n_max")  # fmt: skip
-        fields["ngram_draft_max"] = n_max
-        fields["draft_max"] = min(n_max, 64)
-    if settings.get("n_min") is not None:
-        fields["draft_min"] = settings["n_min"]
-    if settings.get("p_min") is not None:
-        fields["p_min"] = settings["p_min"]
-    drafter = settings.get("drafter")
-    if drafter is not None:
-        if drafter not in tuple(DrafterMode):
-            raise ApiError(400, f"speculative.drafter must be one of "
-                           f"{', '.join(DrafterMode)}, not {drafter!r}",
-                           param="speculative.drafter")  # fmt: skip
-        fields["drafter"] = DrafterMode(drafter)
-    return fields
 
 
 def prediction_text(body: dict[str, Any]) -> str | None:
@@ -188,10 +130,6 @@ def prediction_text(body: dict[str, Any]) -> str | None:
         raise ApiError(400, "prediction.content must be a string or a list of text parts "
                        '({"type": "text", "text": ...})', param="prediction.content")  # fmt: skip
     return "".join(p["text"] for p in parts)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def stop_strings(stop: Any) -> tuple[str, ...]:

@@ -6,8 +6,10 @@ goes away; ``raise_for`` turns an event that is an error into the ``ApiError`` t
 with (a typed error: a 400; anything else: ``internal``, a 500 that names only a logged id).
 ``whole_answer`` gathers every event into one answer; ``streamed_answer`` sends each as it
 comes and cancels the job when the client stops reading. Both give one choice per prompt,
-in order, ``usage`` summed over them, and ``timings`` only ``with_timings``. ``Asked`` is
-what the request asked for besides its prompts.
+in order, ``usage`` summed over them, and ``timings`` only ``with_timings``. An answer the
+server cut short as it stops (``Job.stopped``) ends with ``stopping``'s error: a 503, or
+in a stream an error event before ``[DONE]``, so that no client takes it for a whole
+answer. ``Asked`` is what the request asked for besides its prompts.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from typing import Any
 
 from fastapi import Request
 
-from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import Finished, TokenEmitted
 from localspec.core.stats import GenerationStats
 from localspec.errors import ContextOverflowError, LocalspecError, UnsupportedByModelError
-from localspec.serve.openai_shapes import ApiError, finish_reason, timings, usage
+from localspec.serve.errors import ApiError
+from localspec.serve.openai_shapes import finish_reason, timings, usage
 from localspec.serve.worker import Job
 
 POLL_S = 0.1  # how often a request waiting on its job's events checks that it still wants them
@@ -37,13 +39,16 @@ log = logging.getLogger("localspec.serve")
 @dataclass(frozen=True)
 class Asked:
     """What a request asked for besides its prompts. ``predicted`` receives the tokens of
-    its prediction (if it gave one) once the worker has read it, for the usage's counts."""
+    its prediction (if it gave one) once the worker has read it, and ``counts`` each
+    answer's ``prediction_counts``, which the worker adds before the answer's ``Finished``
+    (serve/app.py): the usage reads them."""
 
     chat: bool
     stream: bool = False
     include_usage: bool = False
     n_prompts: int = 1
-    predicted: list[list[int]] = field(default_factory=list)
+    predicted: list[tuple[int, ...]] = field(default_factory=list)
+    counts: list[tuple[int, int]] = field(default_factory=list)
 
 
 def internal(err: BaseException) -> ApiError:
@@ -53,6 +58,13 @@ def internal(err: BaseException) -> ApiError:
     log.error("internal error %s: %r", ref, err, exc_info=err)
     return ApiError(500, f"internal error {ref}; the server's log has the details",
                     type="server_error", code="internal_error")  # fmt: skip
+
+
+def stopping() -> ApiError:
+    """The answer of a job the server cancelled as it stops: a 503, or in a stream the
+    error event OpenAI sends when a stream fails (its client raises it)."""
+    return ApiError(503, "the server is stopping: the answer was cut short", type="server_error",
+                    code="server_stopping")  # fmt: skip
 
 
 async def next_event(job: Job) -> Any:
@@ -76,6 +88,8 @@ async def cancel_on_disconnect(request: Request, job: Job) -> None:
 
 
 def raise_for(item: Any, chat: bool) -> None:
+    if isinstance(item, ApiError):  # a refusal the worker found (a prediction too long)
+        raise item
     if isinstance(item, ContextOverflowError):
         raise ApiError(400, f"{item} ({item.hint})", code="context_length_exceeded",
                        param="messages" if chat else "prompt")  # fmt: skip
@@ -100,7 +114,7 @@ async def whole_answer(
             finished.append(item)
         item = await next_event(job)
     if len(finished) < asked.n_prompts:
-        raise ApiError(499, "cancelled", code="cancelled")
+        raise stopping() if job.stopped else ApiError(499, "cancelled", code="cancelled")
     choices: list[dict[str, Any]] = []
     for index, done in enumerate(finished):
         reason = finish_reason(done.reason.value)
@@ -120,19 +134,18 @@ async def whole_answer(
         **head,
         "object": "chat.completion" if asked.chat else "text_completion",
         "choices": choices,
-        "usage": usage(stats, _predicted(asked, finished)),
+        "usage": usage(stats, _predicted(asked)),
     }
     if with_timings:
         answer["timings"] = timings(stats, len(finished))
     return answer
 
 
-def _predicted(asked: Asked, finished: list[Finished]) -> tuple[int, int] | None:
+def _predicted(asked: Asked) -> tuple[int, int] | None:
     """The prediction's accepted and rejected tokens over every answer, if it had one."""
     if not asked.predicted:
         return None
-    counts = [prediction_counts(asked.predicted[0], list(done.token_ids)) for done in finished]
-    return sum(a for a, _ in counts), sum(r for _, r in counts)
+    return sum(a for a, _ in asked.counts), sum(r for _, r in asked.counts)
 
 
 def _sse(data: dict[str, Any]) -> bytes:
@@ -178,12 +191,14 @@ async def streamed_answer(
                     if asked.include_usage:
                         last["usage"] = None
                         yield _sse(last)
-                        shown = usage(stats, _predicted(asked, finished))
+                        shown = usage(stats, _predicted(asked))
                         last = {**head, "object": kind, "choices": [], "usage": shown}
                     if with_timings:
                         last["timings"] = timings(stats, len(finished))
                 yield _sse(last)
             item = await next_event(job)
+        if len(finished) < asked.n_prompts and job.stopped:  # never a whole answer's end
+            yield _sse(stopping().body)
         yield b"data: [DONE]\n\n"
     finally:  # the client went away (or we are done): let the worker move on
         job.cancel.set()

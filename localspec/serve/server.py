@@ -5,10 +5,11 @@ stop (Ctrl-C, SIGTERM), then ``shutdown(state)``; either signal ends it normally
 ``StoppingServer`` is uvicorn's server whose shutdown first cancels every generation
 (``GenerationWorker.cancel_all``): uvicorn waits for open responses to end before it
 returns, and a stream still being written would otherwise hold it for as long as its answer
-takes. ``shutdown`` ends the worker's thread and
-frees the models only once that thread has ended; it returns False when it could not (a
-generation that did not stop in time), and the caller must then leave the process without
-freeing anything (``os._exit``): llama.cpp would read freed memory and crash.
+takes. ``shutdown`` waits for a pair being loaded to stop at its next step, ends the
+worker's thread and frees the models only once that thread has ended; it returns False
+when it could not (a generation or a loading step that did not stop in time), and the
+caller must then leave the process without freeing anything (``os._exit``): llama.cpp
+would read freed memory and crash.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def shutdown(state: ServerState, timeout: float = STOP_TIMEOUT_S) -> bool:
     """Stop the worker, then free the models if its thread ended. True when nothing can
     still use them (nothing was loaded, or they are freed)."""
     state.closing = True
+    if state.worker is None and state.loader is not None:
+        state.loader.join(timeout)  # the loading stops at its next step
     worker = state.worker
     if worker is None:
         return not state.loading

@@ -13,8 +13,9 @@ worker calls ``on_client(session, client)`` (``begin_client``: the models' cache
 the drafters as they were restored at start, that client's own history), so that nothing
 one client asked or was answered shapes another's drafts or cache figures.
 
-``cancel_all`` cancels every waiting job and the running one (a server told to stop does
-it first, so that no client's generation holds the shutdown); ``stop`` then ends the
+``cancel_all`` cancels every waiting job and the running one, marking them ``stopped`` (a
+server told to stop does it first, so that no client's generation holds the shutdown, and
+each answer says why it was cut short); ``stop`` then ends the
 thread and returns whether it ended: only then may the session's models be freed (a
 generation still running would use freed memory).
 """
@@ -43,6 +44,7 @@ class Job:
     params: GenerationParams
     client: str = ""  # whose job this is ("" when the server has no key)
     cancel: threading.Event = field(default_factory=threading.Event)
+    stopped: bool = False  # cancelled because the server is stopping (not by its client)
     events: queue.Queue = field(default_factory=queue.Queue)  # Event | BaseException | None
 
 
@@ -93,10 +95,12 @@ class GenerationWorker:
             except queue.Empty:
                 break
             if job is not None:
+                job.stopped = True
                 job.cancel.set()
                 job.events.put(None)
         running = self._running
         if running is not None:
+            running.stopped = True
             running.cancel.set()
 
     def stop(self, timeout: float = 30.0) -> bool:

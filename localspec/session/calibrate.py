@@ -8,20 +8,24 @@ draft-model step. The minimum over repetitions is kept: interference from other 
 ever adds time. Results feed ``core.costs.CostProfile``; ``CostCache`` keeps them per model
 pair, thread count and machine so later runs skip the measurement. A cached entry that is
 unreadable or holds impossible values counts as missing (``load_checked`` says why, for a
-warning); saving is best effort.
+warning); saving is best effort. ``measuring(key)`` is a lock per key, held while measuring.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from localspec.core.cached_model import CachedModel
 from localspec.core.costs import CostProfile
 from localspec.models.resources import cpu_name
+from localspec.progress import OnProgress, ProgressKind, tell
 from localspec.storage.store import STATE_ERRORS, read_json, remove_json, write_json
 
 
@@ -149,6 +153,28 @@ class CostCache:
             return CostProfile.from_dict(data), ""
         except STATE_ERRORS as err:
             return None, f"ignoring cached step costs {path}: impossible values ({err})"
+
+    @contextlib.contextmanager
+    def measuring(self, key: str, on_progress: OnProgress | None = None) -> Iterator[None]:
+        """Held while ``key``'s costs are measured: a second process that would measure the
+        same pair waits (saying so), then reads what the first saved, rather than
+        measuring on a machine the first keeps busy. Without a folder to lock in, it does
+        not wait (saving will say why it failed)."""
+        lock: FileLock | None = FileLock(str(self.directory / f"{key}.lock"), mode=0o600)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            lock.acquire(timeout=0)
+        except Timeout:  # before OSError, which it is
+            tell(on_progress, "waiting for another localspec measuring this pair's costs",
+                 ProgressKind.WAIT)  # fmt: skip
+            lock.acquire()
+        except OSError:
+            lock = None
+        try:
+            yield
+        finally:
+            if lock is not None:
+                lock.release()
 
     def save(self, key: str, costs: CostProfile) -> str:
         """Best effort: returns "" or why the measurement could not be saved."""

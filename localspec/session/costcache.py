@@ -86,12 +86,15 @@ def step_costs(
     if problem:
         tell(on_progress, problem, ProgressKind.WARNING)
     if costs is None:
-        costs = _measure(target, draft, on_progress)
-        # Saved even if still disturbed: live timings correct it, and measuring again in
-        # every process would cost far more than a rough start.
-        problem = cache.save(key, costs)
-        if problem:
-            tell(on_progress, problem, ProgressKind.WARNING)
+        with cache.measuring(key, on_progress):  # one process measures a pair at a time
+            costs = None if options.recalibrate else cache.load(key)  # measured meanwhile
+            if costs is None:
+                costs = _measure(target, draft, on_progress)
+                # Saved even if still disturbed: live timings correct it, and measuring
+                # again in every process would cost far more than a rough start.
+                problem = cache.save(key, costs)
+                if problem:
+                    tell(on_progress, problem, ProgressKind.WARNING)
     return costs, cache.path(key)
 
 

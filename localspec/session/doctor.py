@@ -4,20 +4,21 @@
 features, the GPU backends and RPC compiled in), the devices with their free memory, where
 each model of the pair would run (``plan_placement``, the policy every command uses), the
 models on disk, the cost profiles measured on this machine and the home directory.
-``Diagnosis.problems`` lists what stops localspec from running (an empty list: it can);
-``Diagnosis.notes`` what runs, but slower than it could.
+``Diagnosis.problems`` lists what stops localspec from running (an empty list: it can): a
+model file that is missing, unreadable, truncated or of more blocks than llama.cpp loads
+among them (``model_problem`` reads its header); ``Diagnosis.notes`` what runs, but slower
+than it could, and cached measurements it ignores (damaged or crafted: measured again).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localspec.errors import LocalspecError
+from localspec.errors import LocalspecError, ModelFileError
 
 
 @dataclass
@@ -110,7 +111,7 @@ def _build(report: Diagnosis) -> bool:
 
 def _pair(report: Diagnosis, options: Any) -> None:
     """Where each model of the pair would run, for the files already on disk."""
-    from localspec.models.catalog import default_name, locate_model
+    from localspec.models.catalog import default_name, locate_model, looks_like_path
     from localspec.session.costcache import cached_costs
     from localspec.session.open import plan_placement
 
@@ -118,6 +119,10 @@ def _pair(report: Diagnosis, options: Any) -> None:
     for role, ref in (("target", options.target), ("draft", options.draft)):
         try:
             paths[role] = locate_model(ref, role)  # type: ignore[arg-type]
+            if paths[role] is None and ref and looks_like_path(ref):  # nothing fetches it
+                raise ModelFileError(f"model file not found: {ref}", "check the path")
+            if paths[role] is not None:
+                model_problem(paths[role])
         except LocalspecError as err:
             report.problems.append(f"{role}: {_said(err)}")
             paths[role] = None
@@ -197,21 +202,59 @@ def _models(report: Diagnosis) -> None:
             )  # fmt: skip
 
 
+def model_problem(path: Path) -> None:
+    """A ``ModelFileError`` unless ``path``'s header reads whole, its block count is one
+    llama.cpp loads and the file is as long as its tensors need (not truncated)."""
+    from localspec.models.derive import checked_block_count
+    from localspec.models.gguf import check_gguf, data_end, read_metadata
+
+    check_gguf(path)
+    try:
+        needed, size = data_end(path)
+        meta = read_metadata(path)
+    except (OSError, ValueError) as err:
+        raise ModelFileError(f"cannot read the GGUF header of {path}: {err}",
+                             "the file is damaged: download it again") from None  # fmt: skip
+    if size < needed:
+        raise ModelFileError(f"{path} is truncated: {size} bytes of the {needed} its tensors "
+                             "need", "download it again")  # fmt: skip
+    count = meta.get(f"{meta.get('general.architecture')}.block_count")
+    if count is not None:
+        checked_block_count(path, count)
+
+
 def _cost_profiles(report: Diagnosis, directory: Path) -> None:
-    """The step costs measured on this machine, newest first."""
+    """The step costs measured on this machine, newest first; a file that is not one (a
+    link to nothing, crafted values) is a note: it is measured again when needed."""
+    from localspec.core.costs import CostProfile
+    from localspec.storage.store import STATE_ERRORS, read_json
+
     if not directory.is_dir():
         return
-    files = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    files = sorted(directory.glob("*.json"), key=_modified, reverse=True)
     for path in files:
+        data, problem = read_json(path)
         try:
-            data = json.loads(path.read_text())
-            plain = float(data["plain_s"])
-        except (OSError, ValueError, KeyError, TypeError):
+            plain = CostProfile.from_dict(data).plain_s if data is not None else None
+        except STATE_ERRORS as err:
+            problem = f"{path} holds impossible values ({err})"
+            plain = None
+        if plain is None:
+            report.notes.append(
+                f"ignoring cached step costs: {problem or f'{path} cannot be read'}"
+            )
             continue
         report.cost_profiles.append(
             {"file": str(path), "plain_step_ms": round(plain * 1000, 2),
-             "measured": int(path.stat().st_mtime)}
+             "measured": int(_modified(path))}
         )  # fmt: skip
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _said(err: LocalspecError) -> str:

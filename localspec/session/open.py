@@ -74,6 +74,8 @@ def open_session(
         from localspec.storage.library import Library
 
         Library().check_exist(options.stores)  # a misspelt --store fails before any load
+    if options.exact:
+        exact_kernels()  # process-wide, so before anything evaluates (deriving a self-draft)
     target_path, draft_path = resolve_pair(options, on_progress)
     rpc = _connect(options, on_lost, on_progress)
     placement = plan_placement(options, target_path, draft_path)
@@ -165,8 +167,6 @@ def _load_pair(
     # Only the target needs batch-invariant kernels: what the draft proposes never changes
     # what the target accepts, so the draft keeps the fast ones.
     target_load = replace(_target_load(options, load), exact=options.exact)
-    if options.exact:
-        exact_kernels()  # process-wide, so before either model evaluates anything
     _say_loading(options, placement, rpc, target_path, on_progress)
     loading = Loading(lambda: _load_target(target_load, rpc, target_path))
     try:

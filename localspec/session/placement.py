@@ -82,14 +82,18 @@ class Placement:
     draft: ModelPlace | None
     reason: str
     notices: tuple[str, ...] = ()
+    # The GPUs placed on, as (description, total memory): ggml's names (CUDA0) say nothing
+    # of which card it is, and a home may be shared by machines with different ones.
+    gpus: tuple[tuple[str, int], ...] = ()
 
     def key(self) -> tuple[object, ...]:
         """What measured costs depend on: nothing more on a CPU-only placement (so costs
-        measured before GPUs were placed stay valid), else each model's device and layers."""
+        measured before GPUs were placed stay valid), else each model's device and layers,
+        and which GPUs they are."""
         places = [self.target] + ([self.draft] if self.draft else [])
         if not any(p.on_gpu for p in places):
             return ()
-        return tuple((p.device, p.layers) for p in places)
+        return (*((p.device, p.layers) for p in places), *self.gpus)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -135,7 +139,8 @@ def place(
         reason = "--gpu-layers 0 keeps the target on the CPU"
     else:
         reason = f"{names} has {free} free, too little for any of the target's layers"
-    return Placement(target_place, draft_place, reason, tuple(notices))
+    gpu_ids = tuple((d.description, d.total) for d in gpus)
+    return Placement(target_place, draft_place, reason, tuple(notices), gpu_ids)
 
 
 def _on_cpu(

@@ -8,12 +8,12 @@ The models' KV caches persist across calls, so a chat turn evaluates only the to
 are new.
 
 Around the engine's stream the session keeps what lasts: what the ``auto`` controller learns
-about acceptance is saved per pair after every generation (``storage.learning``), so the
-next session starts warm; ``auto`` drafts from the attached datastores and the history of
-answers, and each finished answer is added to that history unless that is off
-(``Session.answers``: the setting is read at each answer, and the history drafted from is
-what it holds then). A calibration that live timings show to be far off is dropped at
-``close``, so the next session measures again.
+about acceptance is saved per pair after every generation with the pair's limits
+(``learn_with``; ``storage.learning``), so the next session starts warm; ``auto`` drafts
+from the attached datastores and the history of answers, and each finished answer is added
+to that history unless that is off (``Session.answers``: the setting is read at each
+answer, and the history drafted from is what it holds then). A calibration that live
+timings show to be far off is dropped at ``close``, so the next session measures again.
 
 A server keeps its clients apart with ``forget_context`` (both models' caches emptied, so
 no prompt's prefix is reused for another client) and ``restart_learning`` (the drafters as
@@ -33,6 +33,7 @@ from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import Event, Finished, FinishReason
 from localspec.core.params import GenerationParams
+from localspec.core.planner import planner_key
 from localspec.session.loading import DraftSlot
 from localspec.session.placement import Placement
 from localspec.session.prompts import Prompts
@@ -240,14 +241,15 @@ class Session:
         self, events: Iterator[Event], params: GenerationParams
     ) -> Iterator[Event]:
         """Pass the events through; as the generation finishes, save what auto learned
-        (before ``Finished`` is handed on: a consumer may stop reading there)."""
+        (before ``Finished`` is handed on: a consumer may stop reading there), if these are
+        the limits the pair learns with (``learn_with``)."""
         assert self.learning is not None
         store, key = self.learning
         for event in events:
-            if isinstance(event, Finished):
+            if isinstance(event, Finished) and self.decoder.planners.is_home(params):
                 problem = store.save(key, self.decoder.learned(params))
-                if problem:
-                    self.warnings.append(problem)
+                if problem:  # said once, however many answers fail to save it
+                    self._warn([problem])
             yield event
 
     def complete(
@@ -270,6 +272,13 @@ class Session:
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         return self.generate(self.chat_tokens(messages), params, cancel)
+
+    def learn_with(self, params: GenerationParams) -> None:
+        """What ``auto`` learns is saved for the pair from generations with ``params``'
+        limits only (a server's defaults): one with limits of its own (a request's
+        ``speculative`` settings) learns apart and is not saved. Until this is called, the
+        first generation's limits are the pair's."""
+        self.decoder.planners.home = planner_key(params)
 
     def forget_learning(self) -> None:
         """The next generation starts cold: no acceptance learned in this process or saved

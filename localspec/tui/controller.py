@@ -107,6 +107,9 @@ class ChatController:
         self.generation = Generation()
         self._closing = threading.Event()
         self._last_seed: int | None = params.seed
+        self._sent_params = params  # of the message sent last
+        # A message that did not fit, and its parameters, until the user chooses.
+        self._overflowed: tuple[str, GenerationParams] | None = None
 
     # -- state --------------------------------------------------------------------------
 
@@ -185,6 +188,7 @@ class ChatController:
             self._turns_dropped(news.count)
         elif isinstance(news, ContextOverflow):
             text = self._withdraw_pending()
+            self._overflowed = (text, self._sent_params)  # an /edit's prediction with it
             self.view.overflow(text, news.n_tokens, news.n_ctx, news.alone)
         elif isinstance(news, GenerationFailed):
             self._failed(news.message, news.hint)
@@ -233,12 +237,13 @@ class ChatController:
         self.live.begin_answer()
         self.view.show_status("Writing… Escape stops")
         self.view.state_changed()
+        self._sent_params = params or self.params
         request = GenerationRequest(
             gen=self.generation.number,
             system=self.conversation.system,
             turns=turns,
             user=text,
-            params=params or self.params,
+            params=self._sent_params,
             cancel=cancel,
             allow_drop=allow_drop,
         )
@@ -247,12 +252,15 @@ class ChatController:
 
     def overflow_choice(self, text: str, choice: str | None) -> None:
         """What the user chose for a message that did not fit: ``fresh`` (a new
-        conversation), ``drop`` (the oldest turns), else back into the box."""
+        conversation), ``drop`` (the oldest turns), else back into the box. Sent again, it
+        keeps the parameters it had (an ``/edit``'s prediction)."""
+        overflowed, self._overflowed = self._overflowed, None
+        params = overflowed[1] if overflowed is not None and overflowed[0] == text else None
         if choice == "fresh":
             self.new_chat()
-            self.send(text)
+            self.send(text, params=params)
         elif choice == "drop":
-            self.send(text, allow_drop=True)
+            self.send(text, allow_drop=True, params=params)
         else:
             self.view.restore_input(text)
 

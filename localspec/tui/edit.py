@@ -4,7 +4,8 @@ Typed in the chat's message box, ``/edit src/app.py rename load to read`` sends 
 with the instruction and the file's text in a code block, and gives the file's text as the
 answer's prediction (OpenAI's predicted outputs): an answer that rewrites the file is then
 drafted from it from its first token. ``parse_edit`` reads the command (a path with spaces
-is quoted), ``read_edited`` the file (UTF-8, bounded), ``edit_message`` the message sent.
+is quoted), ``read_edited`` the file (a regular file, UTF-8, bounded), ``edit_message`` the
+message sent.
 Errors are ``InputError`` with a hint, shown by the app as a notification.
 """
 
@@ -48,7 +49,8 @@ def parse_edit(text: str) -> EditRequest:
 
 
 def read_edited(path: Path, limit: int = MAX_BYTES) -> str:
-    data = read_bounded(path, limit, "edited")
+    """The file's text; it is read on the UI's thread, so only a regular file is."""
+    data = read_bounded(path, limit, "edited", regular=True)
     if len(data) > limit:
         raise InputError(f"{path} is larger than {limit // 1024} KiB", "edit a smaller file")
     return decode_utf8(data, str(path))

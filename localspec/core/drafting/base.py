@@ -31,6 +31,10 @@ Optional capability ``Watching``: a drafter that drafts from what the target com
 (lookahead) exposes ``watching`` (None while it has no use for them); the engine shows it
 the target's greedy token after every position of every target pass, as a tree of nodes.
 
+Optional capability ``Ends``: a drafter that holds what only the answer under way needs
+(an index of a long prediction) frees it in ``end()``, which the engine calls once the
+generation is over, finished, cancelled or abandoned; ``begin`` builds it again.
+
 The loop never asks which kind of drafter it holds: names (``Drafter.name``) only label
 stats, events and token origins. ``Resources`` is what the registry builds drafters from.
 """
@@ -118,6 +122,11 @@ class Watching(Protocol):
         token, ``chosen[1 + i]`` after node ``i`` (``tokens[i]``, child of node
         ``parents[i]``; ``core.tree.ROOT`` is the last committed token; a chain's node i is
         the child of i - 1)."""
+
+
+class Ends(Protocol):
+    def end(self) -> None:
+        """The generation is over: free what only its answer needed."""
 
 
 class Previewing(Protocol):

@@ -146,6 +146,10 @@ class CopyFollower(CopyingDrafter):
         self.begin_text()
         self._reset(tokens)
 
+    def end(self) -> None:
+        """The answer is over: its text and index go (``begin`` builds them again)."""
+        self._reset([])
+
     def _reset(self, tokens: Sequence[int]) -> None:
         self._tokens: list[int] = []
         # key length -> key -> continuation starts (index after the key), oldest first
