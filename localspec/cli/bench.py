@@ -24,8 +24,10 @@ def bench_command(
     categories: Annotated[
         str | None,
         typer.Option(
-            help="comma-separated categories (default: all but repo_code and apply, which "
-            "are run when named: apply edits whole files, with the file as the prediction)"
+            help="comma-separated categories (default: all but repo_code, apply and the check "
+            "sets, which are run when named: apply edits whole files, with the file as the "
+            "prediction; check3, check4, check3_unrelated and history_followup are prompts "
+            "the bench was not tuned on)"
         ),
     ] = None,
     limit: Annotated[int | None, typer.Option(help="prompts per category at most")] = None,
@@ -33,8 +35,8 @@ def bench_command(
         Path | None,
         typer.Option(
             help="your own prompts instead of the shipped sets: JSONL, one object a line with "
-            '"prompt" (and optional "id", "category", "source", and "prediction" for mode '
-            "auto-prediction)"
+            '"prompt" (and optional "id", "category", "source", "prediction" for mode '
+            'auto-prediction and "first" for mode auto-again)'
         ),
     ] = None,
     modes: Annotated[
@@ -75,6 +77,14 @@ def bench_command(
             "start to its exit as a user waits for it (llama.cpp's modes always are)"
         ),
     ] = False,
+    rpc_delay: Annotated[
+        float | None,
+        typer.Option(
+            metavar="MS",
+            help="reach the --rpc workers through a relay on 127.0.0.1 that adds MS "
+            "milliseconds to every round trip, as a slower network would",
+        ),
+    ] = None,
     trace: Annotated[
         bool,
         typer.Option(help="keep every round (drafter, draft, accepted, timings) in records.jsonl"),

@@ -1,0 +1,242 @@
+"""The bench's checks beyond its shipped sets: ``auto-without-DRAFTER``, the check sets run
+when named, a slower link to the RPC workers (``--rpc-delay``) and a question asked again in
+fresh processes (``auto-again``)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from localspec.bench import fresh as bench_fresh
+from localspec.bench import modes as bench_modes
+from localspec.bench import prompts as bench_prompts
+from localspec.bench import run as bench_run
+from localspec.bench import runner as bench_runner
+from localspec.bench import summary as bench_summary
+from localspec.bench.relay import DelayRelay, relayed
+from localspec.core.drafting.registry import drafter_names
+from localspec.core.params import DrafterMode
+from localspec.errors import InputError, UsageError
+from localspec.session.pair import ModelOptions
+from localspec.storage.library import HISTORY, HISTORY_ENV
+from tests.test_bench import FakeBenchSession, fake_prompts, rec
+from tests.test_bench_options import args
+
+# -- auto-without-DRAFTER ------------------------------------------------------------------
+
+
+def test_auto_without_a_drafter_is_a_mode_for_every_drafter_of_the_registry():
+    for name in drafter_names():
+        mode = bench_modes.BenchMode(f"auto-without-{name}")
+        assert mode.left_out == name and mode.drafter == DrafterMode.AUTO
+    assert bench_modes.parse_modes("auto,auto-without-ngram") == (
+        "none", "auto", "auto-without-ngram",
+    )  # fmt: skip
+    # Without the draft model's drafter, the draft model is not loaded for it.
+    assert bench_modes.BenchMode("auto").loads_draft_model
+    assert not bench_modes.BenchMode("auto-without-model").loads_draft_model
+    assert not bench_modes.BenchMode("auto-without-model").needs_draft_model
+    with pytest.raises(ValueError, match="no bench mode"):
+        bench_modes.BenchMode("auto-without-poetry")
+    with pytest.raises(UsageError, match="auto-without-poetry") as err:
+        bench_modes.parse_modes("auto,auto-without-poetry")
+    assert "auto-without-DRAFTER" in err.value.hint and "lookahead" in err.value.hint
+    with pytest.raises(ValidationError):  # a config of the bench checks its modes
+        bench_runner.BenchConfig(modes=("none", "auto-without-poetry"))
+
+
+def test_auto_without_ngram_runs_beside_auto_and_never_drafts_with_it():
+    config = bench_runner.BenchConfig(
+        modes=("none", "auto", "auto-without-ngram"), max_tokens=60, trace=True
+    )
+    records = bench_runner.BenchRunner(FakeBenchSession(), config).run(fake_prompts()[:2])
+    by_mode: dict[str, list] = {}
+    for r in records:
+        by_mode.setdefault(r.mode, []).append(r)
+    assert any("ngram" in (r.by_drafter or {}) for r in by_mode["auto"])
+    for r in by_mode["auto-without-ngram"]:
+        assert "ngram" not in (r.by_drafter or {})
+        assert all(entry.get("drafter") != "ngram" for entry in r.trace)
+    # Greedy: the same answers, whichever drafters drafted them.
+    for none, without in zip(by_mode["none"], by_mode["auto-without-ngram"], strict=True):
+        assert without.token_ids == none.token_ids
+    summary = bench_summary.summarize(records, config.modes, greedy=True)
+    assert "auto-without-ngram" in summary["overall"]
+
+
+def test_fresh_processes_refuse_auto_without_and_auto_again_needs_them():
+    with pytest.raises(UsageError, match="auto-without-ngram"):
+        bench_fresh.check_modes(("none", bench_modes.BenchMode("auto-without-ngram")), fresh=True)
+    with pytest.raises(UsageError, match="auto-again") as err:
+        bench_fresh.check_modes(("none", bench_modes.AGAIN_MODE), fresh=False)
+    assert "--fresh" in err.value.hint
+    bench_fresh.check_modes(("none", bench_modes.AGAIN_MODE), fresh=True)
+
+
+# -- the check sets ------------------------------------------------------------------------
+
+
+def test_check_sets_run_only_when_named_and_count_their_limit_per_category():
+    default = bench_prompts.load_prompts()
+    assert not {p.source for p in default} & {
+        p.source for p in bench_prompts.load_prompts(["check4"])
+    }
+    check4 = bench_prompts.load_prompts(["check4"])
+    assert len(check4) == 24
+    categories = {p.category for p in check4}
+    assert {"code_completion", "code_rewrite"} <= categories
+    limited = bench_prompts.load_prompts(["check4"], limit=1)
+    assert len(limited) == len(categories)
+    assert sorted(p.category for p in limited) == sorted(categories)
+    followups = bench_prompts.load_prompts(["history_followup"])
+    assert followups and all(p.first and p.first != p.prompt for p in followups)
+    unrelated = bench_prompts.load_prompts(["check3_unrelated"])
+    assert all(p.prediction for p in unrelated)
+
+
+def test_two_check_sets_that_hold_the_same_prompt_are_refused_together():
+    with pytest.raises(UsageError, match="hold the prompt"):
+        bench_prompts.load_prompts(["check3", "check3_unrelated"])
+
+
+def test_a_prompt_files_first_question_must_be_text(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"prompt": "again?", "first": 3}) + "\n")
+    with pytest.raises(InputError, match='"first" must be a string'):
+        bench_prompts.load_prompt_file(path)
+
+
+# -- a slower link to the RPC workers ------------------------------------------------------
+
+
+def echo_server() -> tuple[socket.socket, str]:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                while data := conn.recv(1 << 16):
+                    conn.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, f"127.0.0.1:{server.getsockname()[1]}"
+
+
+def round_trip(address: str, payload: bytes) -> tuple[bytes, float]:
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as conn:
+        t0 = time.perf_counter()
+        conn.sendall(payload)
+        got = b""
+        while len(got) < len(payload):
+            got += conn.recv(1 << 16)
+        return got, time.perf_counter() - t0
+
+
+def test_the_relay_adds_its_delay_to_every_round_trip_and_keeps_the_bytes():
+    server, address = echo_server()
+    relay = DelayRelay(address, 200.0)
+    try:
+        payload = bytes(range(256)) * 64
+        for _ in range(2):
+            got, seconds = round_trip(relay.address, payload)
+            assert got == payload and seconds >= 0.2
+    finally:
+        relay.close()
+        server.close()
+    with pytest.raises(OSError):
+        round_trip(relay.address, b"x")
+
+
+def test_relays_stand_for_each_worker_in_order_and_a_bad_delay_is_refused(tmp_path):
+    server, address = echo_server()
+    relays = relayed([address, address], 0.0)
+    try:
+        assert len({r.address for r in relays}) == 2
+        assert round_trip(relays[1].address, b"ping")[0] == b"ping"
+    finally:
+        for r in relays:
+            r.close()
+        server.close()
+    with pytest.raises(UsageError, match="--rpc-delay"):
+        bench_run._choose_modes(args(rpc_delay=5.0))  # no --rpc
+    with pytest.raises(UsageError, match="--rpc-delay"):
+        bench_run._choose_modes(args(rpc_delay=-1.0, rpc=address))
+
+
+def test_fresh_processes_reach_the_workers_the_bench_reaches(tmp_path):
+    pair = ModelOptions(rpc=("127.0.0.1:5000",), rpc_split=(1.0, 2.0))
+    flags = bench_fresh.pair_flags(pair, tmp_path / "t.gguf", None)
+    assert flags[flags.index("--rpc") + 1] == "127.0.0.1:5000"
+    assert "--rpc-timeout" in flags and flags[flags.index("--rpc-split") + 1] == "1.0,2.0"
+
+
+# -- auto-again: a question asked again in fresh processes ---------------------------------
+
+
+class FakeComplete:
+    """``subprocess.run`` of ``localspec complete``: answers with the history on when asked,
+    saving each answer in the private home's history, as the real one does."""
+
+    def __init__(self, home):
+        self.history = home / "datastores" / HISTORY
+        self.calls: list[dict] = []
+
+    def __call__(self, cmd, *, input, env, **kwargs):
+        had = self.history.exists()
+        self.calls.append({"cmd": cmd, "prompt": input, "history": env[HISTORY_ENV], "had": had})
+        if env[HISTORY_ENV] == "1":
+            self.history.mkdir(parents=True, exist_ok=True)
+            (self.history / "answers").write_text(input)
+        answer = {
+            "finish_reason": "length",
+            "token_ids": [len(input) % 7, 1, 2],
+            "timing": {"load_s": 0.1},
+            "stats": {"generated_tokens": 3, "decode_s": 0.3, "overhead_s": 0.06,
+                      "drafted": 2, "accepted": 2, "by_drafter": {}},
+        }  # fmt: skip
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(answer) + "\n", stderr="")
+
+
+def test_auto_again_asks_the_first_question_then_the_prompt_with_the_history_on(
+    tmp_path, monkeypatch
+):
+    runner = bench_fresh.FreshRunner(ModelOptions(), tmp_path / "t.gguf", None)
+    fake = FakeComplete(runner.home)
+    monkeypatch.setattr(bench_fresh.subprocess, "run", fake)
+    try:
+        record = runner.run("again?", bench_modes.AGAIN_MODE, 8, 0.0, None, first="before?")
+        assert [c["prompt"] for c in fake.calls] == ["before?", "again?"]
+        assert [c["had"] for c in fake.calls] == [False, True]  # emptied before the first
+        assert all(c["history"] == "1" and "--no-history" not in c["cmd"] for c in fake.calls)
+        assert not fake.history.exists()  # and after: no other run drafts from it
+        assert "same_as_first" not in record  # another question: no answer to compare with
+        assert record["outside_share"] == pytest.approx(0.2)
+        same = runner.run("again?", bench_modes.AGAIN_MODE, 8, 0.0, None)
+        assert same["same_as_first"] is True
+        fake.calls.clear()
+        runner.run("plain", bench_modes.BenchMode("auto"), 8, 0.0, None)
+        assert fake.calls[0]["history"] == "0" and "--no-history" in fake.calls[0]["cmd"]
+    finally:
+        runner.close()
+
+
+def test_the_summary_counts_second_answers_that_were_the_first():
+    records = [
+        rec("q", "1", "none", 10.0, 100),
+        {**rec("q", "1", "auto-again", 20.0, 100), "same_as_first": True},
+        rec("q", "2", "none", 10.0, 100),
+        {**rec("q", "2", "auto-again", 20.0, 100), "same_as_first": False},
+    ]
+    summary = bench_summary.summarize(records, ("none", "auto-again"), greedy=False)
+    assert summary["overall"]["auto-again"]["same_as_first"] == 0.5
