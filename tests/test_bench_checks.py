@@ -1,6 +1,6 @@
 """The bench's checks beyond its shipped sets: ``auto-without-DRAFTER``, the check sets run
-when named, a slower link to the RPC workers (``--rpc-delay``) and a question asked again in
-fresh processes (``auto-again``)."""
+when named, where each drafter pays (break-even), a slower link to the RPC workers
+(``--rpc-delay``) and a question asked again in fresh processes (``auto-again``)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,13 @@ from pydantic import ValidationError
 from localspec.bench import fresh as bench_fresh
 from localspec.bench import modes as bench_modes
 from localspec.bench import prompts as bench_prompts
+from localspec.bench import report as bench_report
 from localspec.bench import run as bench_run
 from localspec.bench import runner as bench_runner
 from localspec.bench import summary as bench_summary
+from localspec.bench.break_even import ALL, break_even
 from localspec.bench.relay import DelayRelay, relayed
+from localspec.core.costs import CostProfile
 from localspec.core.drafting.registry import drafter_names
 from localspec.core.params import DrafterMode
 from localspec.errors import InputError, UsageError
@@ -27,6 +30,8 @@ from localspec.session.pair import ModelOptions
 from localspec.storage.library import HISTORY, HISTORY_ENV
 from tests.test_bench import FakeBenchSession, fake_prompts, rec
 from tests.test_bench_options import args
+
+COSTS = CostProfile(plain_s=1.0, verify_s={1: 1.2, 4: 1.5, 15: 2.5}, draft_step_s=0.1)
 
 # -- auto-without-DRAFTER ------------------------------------------------------------------
 
@@ -110,6 +115,57 @@ def test_a_prompt_files_first_question_must_be_text(tmp_path):
     path.write_text(json.dumps({"prompt": "again?", "first": 3}) + "\n")
     with pytest.raises(InputError, match='"first" must be a string'):
         bench_prompts.load_prompt_file(path)
+
+
+# -- break-even ----------------------------------------------------------------------------
+
+
+def drafted(record, by_drafter):
+    return {**record, "by_drafter": by_drafter}
+
+
+def test_break_even_prices_each_drafters_rounds_against_plain_steps():
+    records = [
+        drafted(rec("code", "1", "auto", 10.0, 100), {
+            "ngram": {"rounds": 10, "drafted": 40, "accepted": 30},
+            "model": {"rounds": 5, "drafted": 20, "accepted": 10},
+            "none": {"rounds": 40, "drafted": 0, "accepted": 0},
+        }),
+        drafted(rec("math", "1", "auto", 10.0, 100), {
+            "ngram": {"rounds": 10, "drafted": 40, "accepted": 10},
+        }),
+    ]  # fmt: skip
+    rows = break_even(records, COSTS)
+    keyed = {(r["category"], r["drafter"]): r for r in rows}
+    assert set(keyed) == {("code", "ngram"), ("math", "ngram"), (ALL, "ngram"), ("code", "model")}
+    code = keyed[("code", "ngram")]
+    # k = 4 drafts a round, T = 1 + 3 tokens a pass; copies draft for free.
+    assert code["mean_draft"] == 4.0 and code["tokens_per_pass"] == 4.0
+    assert code["draft_step"] == 0.0 and code["pays_below"] == 4.0
+    assert code["verify_here"] == pytest.approx(COSTS.verify(4) / COSTS.plain_s, abs=1e-3)
+    pooled = keyed[(ALL, "ngram")]
+    assert pooled["rounds"] == 20 and pooled["tokens_per_pass"] == 3.0
+    model = keyed[("code", "model")]
+    # The draft model pays a step (0.1 of a plain step) per drafted token: 3 - 4 * 0.1.
+    assert model["draft_step"] == pytest.approx(0.1) and model["pays_below"] == pytest.approx(2.6)
+    # One category: no pooled row repeats it; without costs, no price of this machine.
+    assert not any(r["category"] == ALL and r["drafter"] == "model" for r in rows)
+    assert all(r["verify_here"] is None for r in break_even(records, None))
+
+
+def test_the_report_shows_where_each_drafter_pays():
+    records = [
+        rec("code", "1", "none", 10.0, 100),
+        drafted(rec("code", "1", "auto", 12.0, 100), {
+            "ngram": {"rounds": 10, "drafted": 40, "accepted": 30},
+        }),
+    ]  # fmt: skip
+    summary = bench_summary.summarize(records, ("none", "auto"), greedy=False)
+    assert "pays below" not in bench_report.render_table(summary)
+    summary["break_even"] = break_even(records, COSTS)
+    table = bench_report.render_table(summary)
+    assert "pays below" in table
+    assert "| auto | code | ngram | 10 | 4.0 | 4.00 | 0.00 | 4.00 |" in table
 
 
 # -- a slower link to the RPC workers ------------------------------------------------------

@@ -8,7 +8,7 @@ the default, starts every run with nothing learned and keeps the user's saved le
 untouched, ``--warm`` lets the controllers learn from prompt to prompt; ``--trace`` keeps
 each run's rounds; ``--rpc-delay`` reaches the ``--rpc`` workers through a relay that delays
 every round trip, ``relay.py``), appends one JSON line per run to ``records.jsonl`` as it
-goes, then writes summary.md, summary.json
+goes, then writes summary.md, summary.json (with where each drafter pays, ``break_even.py``)
 and speedup.png and prints the table to stdout. Progress goes to stderr (model loading
 through ``on_progress``). Ctrl-C stops after the current run and still summarises what was
 measured; the exit status is then ``EXIT_CANCELLED``, else 0. Bad options and inputs raise
@@ -35,6 +35,7 @@ from localspec.backend.llama import default_kernels_environ
 from localspec.backend.native import NativeRunner, check_binary
 from localspec.bench import report as bench_report
 from localspec.bench.args import BenchArgs
+from localspec.bench.break_even import break_even
 from localspec.bench.fresh import FreshRunner, check_modes
 from localspec.bench.modes import (
     BASELINE,
@@ -250,6 +251,7 @@ def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = 
         records, code = _run(runner, prompts, out_dir, len(chosen), config.repeat)
         meta = _meta(session, config, args, native, len(prompts))
     summary = summarize(records, chosen, config.greedy, ceilings)
+    summary["break_even"] = break_even(records, session.costs)
     summary["meta"] = meta
     summary["ceiling"] = ceiling
     summary["ceilings"] = ceilings
@@ -323,7 +325,7 @@ def _meta(
         "verification": session.verification,
         "rpc": list(args.pair.rpc),
         "min_ratio_tokens": MIN_RATIO_TOKENS,
-        # The costs the cost model started from (replays price answers by them).
+        # The costs the cost model started from (the break-even and the replays use them).
         "costs": session.costs.to_dict() if session.costs is not None else None,
         "localspec": __version__,
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
