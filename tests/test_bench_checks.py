@@ -1,6 +1,7 @@
 """The bench's checks beyond its shipped sets: ``auto-without-DRAFTER``, the check sets run
 when named, where each drafter pays (break-even), a slower link to the RPC workers
-(``--rpc-delay``) and a question asked again in fresh processes (``auto-again``)."""
+(``--rpc-delay``), a question asked again in fresh processes (``auto-again``) and
+``localspec bench replay DIR``."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ import time
 
 import pytest
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
 from localspec.bench import fresh as bench_fresh
 from localspec.bench import modes as bench_modes
 from localspec.bench import prompts as bench_prompts
+from localspec.bench import replay as bench_replay
 from localspec.bench import report as bench_report
 from localspec.bench import run as bench_run
 from localspec.bench import runner as bench_runner
 from localspec.bench import summary as bench_summary
 from localspec.bench.break_even import ALL, break_even
 from localspec.bench.relay import DelayRelay, relayed
+from localspec.cli.app import build_app
 from localspec.core.costs import CostProfile
 from localspec.core.drafting.registry import drafter_names
 from localspec.core.params import DrafterMode
@@ -296,3 +300,62 @@ def test_the_summary_counts_second_answers_that_were_the_first():
     ]
     summary = bench_summary.summarize(records, ("none", "auto-again"), greedy=False)
     assert summary["overall"]["auto-again"]["same_as_first"] == 0.5
+
+
+# -- bench replay DIR ----------------------------------------------------------------------
+
+
+def test_a_replay_reads_the_none_answers_and_refuses_what_it_cannot_replay(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"meta": {"temperature": 0.0}}))
+    lines = [
+        {"category": "math", "prompt_id": "1", "mode": "none", "repeat": 0, "token_ids": [1]},
+        {"category": "math", "prompt_id": "1", "mode": "none", "repeat": 1, "token_ids": [2]},
+        {"category": "math", "prompt_id": "1", "mode": "auto", "token_ids": [1]},
+    ]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run = bench_replay.read_run(tmp_path)
+    assert [a["token_ids"] for a in run.answers] == [[1]]
+    with pytest.raises(UsageError, match="records no costs"):
+        bench_replay.profiles(run, None, None)
+    assert bench_replay.profiles(run, None, COSTS) == {"this machine": COSTS}
+    costs = tmp_path / "gpu.json"
+    costs.write_text(json.dumps(COSTS.to_dict()))
+    assert list(bench_replay.profiles(run, costs, None)) == ["gpu"]
+    (tmp_path / "summary.json").write_text(json.dumps({"meta": {"temperature": 0.7}}))
+    with pytest.raises(UsageError, match="sampled"):
+        bench_replay.read_run(tmp_path)
+    with pytest.raises(InputError, match="records.jsonl"):
+        bench_replay.read_run(tmp_path / "missing")
+
+
+def test_replayed_answers_give_auto_beside_ngram_simple_per_category():
+    text = [5, 6, 7, 8, 9, 10, 11, 12] * 6
+    answers = [
+        bench_replay.Answer("code", "1", [1, 2, 3, *text], text[:40]),
+        bench_replay.Answer("math", "1", [1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11]),
+    ]
+    result = bench_replay.replay_run(answers, {"here": COSTS}, 64, lambda t: False)
+    code = result["here"]["categories"]["code"]
+    assert code["answers"] == 1 and code["auto"] > 1.0 and "ngram" in code["auto_drafted"]
+    assert "model" not in code  # no draft model's choices: no model column
+    assert result["here"]["overall"]["answers"] == 2
+    table = bench_replay.render(result)
+    assert "| here | code | 1 |" in table and "all (geo-mean)" in table
+
+
+def test_bench_replay_replays_a_bench_run_of_the_tiny_pair(tiny_pair, tmp_path):
+    target, draft, _ = tiny_pair
+    out = tmp_path / "results"
+    pair = ["--target", str(target), "--draft", str(draft), "--threads", "1", "--ctx", "512"]
+    bench = ["bench", *pair, "--categories", "math", "--limit", "1", "--max-tokens", "12",
+             "--modes", "none", "--out", str(out), "--no-chart", "--no-warmup"]  # fmt: skip
+    result = CliRunner().invoke(build_app("bench"), bench)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert "break_even" in summary
+    replayed = CliRunner().invoke(build_app("bench"), ["bench", "replay", str(out), *pair])
+    assert replayed.exit_code == 0, replayed.output
+    assert "| this run | math | 1 |" in replayed.stdout
+    as_json = CliRunner().invoke(build_app("bench"), ["bench", "replay", str(out), *pair, "--json"])
+    rows = json.loads(as_json.stdout)["this run"]["answers"]
+    assert rows[0]["category"] == "math" and rows[0]["tokens"] >= 1 and "model" in rows[0]
