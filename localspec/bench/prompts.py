@@ -187,7 +187,11 @@ def _shipped_set(category: str, path: Any) -> list[BenchPrompt]:
             made = apply_prompt(parse_line(line, f"{path}, line {n}"), f"{path}, line {n}")
             if made is not None:
                 prompt_id, text, prediction, source = made
-                rows.append(BenchPrompt(category, prompt_id, text, source, prediction, True))
+                rows.append(
+                    BenchPrompt(
+                        category, prompt_id, text, source, prediction, answer_like_prediction=True
+                    )
+                )
             continue
         try:
             row = json.loads(line)
