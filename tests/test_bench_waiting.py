@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from localspec.backend.native import NativeResult
 from localspec.bench import report as bench_report
 from localspec.bench import summary as bench_summary
-from localspec.bench.fresh import FreshRunner, pair_flags
+from localspec.bench.fresh import check_modes, pair_flags
 from localspec.bench.modes import BenchMode
 from localspec.errors import UsageError
 from localspec.session.pair import ModelOptions
@@ -88,7 +88,7 @@ def test_fresh_processes_get_the_pairs_options_and_refuse_what_they_cannot_run(t
         "--draft-gpu-layers", "0", "--exact",
     ]  # fmt: skip
     with pytest.raises(UsageError, match="auto-store"):
-        FreshRunner.check((BenchMode("none"), BenchMode("auto-store")))
+        check_modes((BenchMode("none"), BenchMode("auto-store")), fresh=True)
 
 
 def test_bench_fresh_runs_complete_processes_on_the_tiny_pair(tiny_pair, tmp_path):

@@ -71,7 +71,7 @@ def test_default_pair_has_the_pypi_source_from_the_design_notes():
 
 
 def test_smollm2_is_a_target_without_a_draft_from_one_whole_wheel():
-    """The short-step stand-in (scripts/short_steps.py): no draft of its family, so n-grams
+    """The short-step stand-in (docs/bench.md, Short steps): no draft of its family, so n-grams
     or plain decoding only; pinned to one wheel version, whose GGUF is checked."""
     entry = catalog.load_catalog().models["smollm2-135m"]
     assert (entry.role, entry.family, entry.draft, entry.quant) == (

@@ -1,6 +1,6 @@
 """Prepare the device check's carry folder: what a GPU machine without network needs.
 
-``python experiments/device/carry.py --out .device`` (``scripts/device_check.sh prepare``
+``python experiments/device/carry.py --out .device`` (``experiments/device/check.sh prepare``
 runs it) writes, under 64 MiB in all:
 
 - ``llama.cpp/``: llama-cpp-python's vendored llama.cpp (the sdist's ``vendor/llama.cpp``)

@@ -1,6 +1,6 @@
 """The device check's measurements: one run, one JSON file and one table under ``--out``.
 
-Run by ``scripts/device_check.sh`` after it has built llama.cpp (``--bin``: its bin folder,
+Run by ``experiments/device/check.sh`` after it has built llama.cpp (``--bin``: its bin folder,
 the same build localspec's bindings load through ``LLAMA_CPP_LIB_PATH``). For each pair of
 shapes (``PAIRS``: the default pair's 1.5B target with its 0.5B draft, and a target of
 Qwen2.5-Coder-7B's shape with the same draft; in ``--mode cpu`` small models of the same

@@ -37,3 +37,4 @@ class BenchArgs:
     chart: bool
     warmup: bool
     pair: ModelOptions
+    rpc_delay: float | None = None  # ms added to each round trip to the --rpc workers

@@ -1,17 +1,25 @@
 """Engine runs as a user runs them: one fresh ``localspec complete --json`` process per run.
 
 ``FreshRunner.run`` starts ``python -m localspec complete --json`` with the prompt on stdin
-and the bench's pair and settings as options, times the process from its start to its exit
-(``wall_s``), reads the wall-clock time of its first token from its ``timing`` to give the
-time to first token from the process's start (``first_token_s``, interpreter start and
-imports included), and its own ``load_s`` (opening the session: resolving, loading, costs).
-The rest of its record is the child's stats, as an in-process run records them.
+and the bench's pair and settings as options (the RPC workers included), times the process
+from its start to its exit (``wall_s``), reads the wall-clock time of its first token from
+its ``timing`` to give the time to first token from the process's start (``first_token_s``,
+interpreter start and imports included), and its own ``load_s`` (opening the session:
+resolving, loading, costs). The rest of its record is the child's stats, as an in-process
+run records them; its ``outside_share`` is the stats' overhead (the decode time outside the
+models' evaluations) over its decode time.
 
 The processes share a private home (``private_home``): this machine's calibration copied in,
 so none measures it again, and nothing else of the user's: no history, no datastores, no
 learned state. Cold (the default) empties the learned state before every run, as a first
 ``localspec complete`` on a machine meets it; warm lets each process start from what the
-previous one saved, as a user's successive calls do.
+previous one saved, as a user's successive calls do. Mode ``auto-again`` runs two processes
+with the history on, emptied before the first: the first answers the prompt's ``first``
+question (else the prompt itself), the second, recorded, asks the prompt, so the history
+drafts from the first answer; ``same_as_first`` says whether the two answers to the same
+question are the same, token for token.
+
+``check_modes`` refuses, before anything loads, the modes the chosen runner cannot run.
 """
 
 from __future__ import annotations
@@ -24,19 +32,49 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from localspec.bench.modes import CHAINS_MODE, PREDICTION_MODE, SELF_MODE, STORE_MODE, BenchMode
+from localspec.bench.modes import (
+    AGAIN_MODE,
+    CHAINS_MODE,
+    PREDICTION_MODE,
+    SELF_MODE,
+    STORE_MODE,
+    BenchMode,
+)
 from localspec.bench.records import ENGINE
 from localspec.errors import BackendError, UsageError
 from localspec.models.paths import ENV_HOME, cache_root
 from localspec.session.pair import ModelOptions
+from localspec.storage.library import HISTORY, HISTORY_ENV, datastores_dir
 
 # Modes a fresh process cannot run as the bench does: they need the user's stores or
 # derived drafts, which the private home does not hold.
 NOT_FRESH = (STORE_MODE, SELF_MODE)
 TIMEOUT_S = 3600.0
+
+
+def check_modes(modes: Sequence[BenchMode], *, fresh: bool) -> None:
+    """Refuse what the runner cannot run: with ``fresh``, modes that need the user's stores
+    or derived drafts and ``auto-without-DRAFTER`` (``complete`` drafts with every drafter
+    of auto); without, ``auto-again`` (a question asked again by another process)."""
+    if not fresh:
+        if AGAIN_MODE in modes:
+            raise UsageError(
+                f"mode {AGAIN_MODE} asks each question again in a fresh process, the "
+                "history holding its first answer",
+                "add --fresh",
+            )
+        return
+    refused = [m for m in map(BenchMode, modes) if m in NOT_FRESH or m.left_out is not None]
+    if refused:
+        raise UsageError(
+            f"--fresh runs each mode as a new localspec complete process, which cannot "
+            f"run {', '.join(refused)} here",
+            "drop them from --modes, or run without --fresh",
+        )
 
 
 def private_home(directory: Path) -> Path:
@@ -64,6 +102,10 @@ def pair_flags(pair: ModelOptions, target: Path, draft: Path | None) -> list[str
         flags += ["--gpu-layers", *layers]
     if layers := _layers(pair.draft_gpu_layers):
         flags += ["--draft-gpu-layers", *layers]
+    if pair.rpc:
+        flags += ["--rpc", ",".join(pair.rpc), "--rpc-timeout", str(pair.rpc_timeout)]
+    if pair.rpc_split:
+        flags += ["--rpc-split", ",".join(map(str, pair.rpc_split))]
     if pair.exact:
         flags.append("--exact")
     return flags
@@ -87,16 +129,6 @@ class FreshRunner:
         self._tmp = tempfile.TemporaryDirectory(prefix="localspec-fresh-")
         self.home = private_home(Path(self._tmp.name))
 
-    @staticmethod
-    def check(modes: tuple[BenchMode, ...]) -> None:
-        refused = [m for m in modes if m in NOT_FRESH]
-        if refused:
-            raise UsageError(
-                f"--fresh runs each mode as a new localspec complete process, which cannot "
-                f"run {', '.join(refused)} here",
-                "drop them from --modes, or run without --fresh",
-            )
-
     def command(
         self,
         mode: BenchMode,
@@ -105,7 +137,9 @@ class FreshRunner:
         seed: int | None,
         prediction: Path | None,
     ) -> list[str]:
-        cmd = [sys.executable, "-m", "localspec", "complete", "--json", "--no-history"]
+        cmd = [sys.executable, "-m", "localspec", "complete", "--json"]
+        if mode != AGAIN_MODE:  # the history keeps no answer of the others
+            cmd.append("--no-history")
         cmd += ["--drafter", mode.drafter.value, "--max-tokens", str(max_tokens)]
         cmd += ["--temperature", str(temperature), *self.flags]
         if seed is not None:
@@ -127,8 +161,9 @@ class FreshRunner:
         temperature: float,
         seed: int | None,
         prediction: str = "",
+        first: str | None = None,
     ) -> dict[str, Any]:
-        """One fresh process: its record's measured fields."""
+        """One fresh process (two for ``auto-again``): its record's measured fields."""
         if self.cold:
             shutil.rmtree(self.home / "learning", ignore_errors=True)
         predicted = None
@@ -136,7 +171,26 @@ class FreshRunner:
             predicted = self.home / "prediction.txt"
             predicted.write_text(prediction, encoding="utf-8")
         cmd = self.command(mode, max_tokens, temperature, seed, predicted)
-        env = {**os.environ, ENV_HOME: str(self.home), "LOCALSPEC_HISTORY": "0"}
+        if mode != AGAIN_MODE:
+            return self._process(cmd, prompt, mode)
+        self._forget_history()
+        try:
+            earlier = self._process(cmd, prompt if first is None else first, mode)
+            record = self._process(cmd, prompt, mode)
+        finally:
+            self._forget_history()
+        if first is None or first == prompt:
+            record["same_as_first"] = record["token_ids"] == earlier["token_ids"]
+        return record
+
+    def _forget_history(self) -> None:
+        history = datastores_dir().relative_to(cache_root()) / HISTORY
+        shutil.rmtree(self.home / history, ignore_errors=True)
+
+    def _process(self, cmd: list[str], prompt: str, mode: BenchMode) -> dict[str, Any]:
+        """One ``complete`` process, timed; the history on for ``auto-again`` only."""
+        history = "1" if mode == AGAIN_MODE else "0"
+        env = {**os.environ, ENV_HOME: str(self.home), HISTORY_ENV: history}
         spawned, t0 = time.time(), time.perf_counter()
         done = subprocess.run(
             cmd, input=prompt, capture_output=True, text=True, env=env, timeout=TIMEOUT_S
@@ -155,10 +209,14 @@ class FreshRunner:
         trace = stats.get("trace") or []
         plain = [r["verify_seconds"] for r in trace if not r.get("drafted")]
         first = timing.get("first_token_unix")
+        overhead, decode = stats.get("overhead_s"), stats.get("decode_s")
+        timed = overhead is not None and bool(decode)
         record = {
             "engine": ENGINE,
             "finish_reason": result["finish_reason"],
             **{k: stats[k] for k in _STATS if k in stats},
+            "compute_s": round(decode - overhead, 6) if timed else None,
+            "outside_share": round(overhead / decode, 4) if timed else None,
             "plain_steps": len(plain),
             "plain_step_s": round(statistics.fmean(plain), 6) if plain else None,
             "token_ids": result["token_ids"],

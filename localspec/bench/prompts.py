@@ -1,12 +1,18 @@
 """The bench's prompts: the shipped sets, the ``apply`` set built from the standard library,
-and a user's own prompt file.
+the check sets, and a user's own prompt file.
 
 ``load_prompts`` reads the shipped sets (``prompts/<category>.jsonl``, one
 ``{"id", "prompt", "source"}`` per line); ``load_prompt_file`` reads a user's own JSONL file
 (``prompt`` required; ``id``, ``category``, ``source`` default to ``line-N``, the file's stem
-and its path; an optional ``prediction`` is what mode ``auto-prediction`` drafts from). Bad
-sets and files raise ``InputError``, bad choices (``--categories``, ``--limit``)
-``UsageError``.
+and its path; an optional ``prediction`` is what mode ``auto-prediction`` drafts from, an
+optional ``first`` the question mode ``auto-again`` asks before). Bad sets and files raise
+``InputError``, bad choices (``--categories``, ``--limit``) ``UsageError``.
+
+The check sets (``CHECK_SETS``) are prompts written to check results on text the bench was
+not tuned on, run only when named: each is a file of ``prompts/`` read as a user's file is,
+whose lines name their own categories (``code_completion``, ``chat_qa``...), so its records
+and summary are per category as the shipped sets' are, and ``--limit`` counts per category.
+Sets that hold the same prompt (``check3`` and ``check3_unrelated``) are refused together.
 
 The ``apply`` set: small edits of whole files, in the shape of OpenAI's predicted outputs.
 Each line of ``prompts/apply.jsonl`` names a module of the running Python's standard library
@@ -44,6 +50,11 @@ STORE_CATEGORIES = ("repo_code",)
 # Edits of whole files with the file as the prediction (the ``apply`` set below): answers of a
 # thousand tokens and more, so run only when asked for by name.
 PREDICTION_CATEGORIES = ("apply",)
+# Prompts the bench was not tuned on (see the module docstring), run only when named:
+# completions in eight languages, rewrites and prose (24 each); check3 with another of its
+# prompts as each one's prediction (mode auto-prediction); follow-up questions, each with
+# the ``first`` question it follows (mode auto-again).
+CHECK_SETS = ("check3", "check4", "check3_unrelated", "history_followup")
 PROMPT_FILE_HINT = 'one JSON object per line, e.g. {"prompt": "...", "category": "mine"}'
 SOURCE = "the standard library of the Python that runs localspec"
 INSTRUCTION_TAIL = "Reply with the whole new file in one Python code block, and nothing else."
@@ -99,6 +110,7 @@ class BenchPrompt:
     prompt: str
     source: str
     prediction: str | None = None  # what the answer will mostly be (mode auto-prediction)
+    first: str | None = None  # the question asked before this one (mode auto-again)
     # The answer is the prediction rewritten: it may run as long as the prediction and
     # ``ANSWER_SLACK`` tokens more, whatever --max-tokens says.
     answer_like_prediction: bool = False
@@ -125,9 +137,10 @@ def load_prompts(
     limit: int | None = None,
     directory: Path | None = None,
 ) -> list[BenchPrompt]:
-    """The prompts of ``categories`` (all by default), at most ``limit`` per category."""
-    chosen = list(categories) if categories else list(CATEGORIES)
-    known = CATEGORIES + STORE_CATEGORIES + PREDICTION_CATEGORIES
+    """The prompts of ``categories`` (all but those run when named, by default), at most
+    ``limit`` per category; a check set's per each category its lines name."""
+    chosen = list(dict.fromkeys(categories)) if categories else list(CATEGORIES)
+    known = CATEGORIES + STORE_CATEGORIES + PREDICTION_CATEGORIES + CHECK_SETS
     unknown = [c for c in chosen if c not in known]
     if unknown:
         raise UsageError(
@@ -137,8 +150,25 @@ def load_prompts(
     _check_limit(limit)
     prompts: list[BenchPrompt] = []
     for category in chosen:
-        prompts.extend(_shipped_set(category, _prompt_file(category, directory))[:limit])
+        path = _prompt_file(category, directory)
+        if category in CHECK_SETS:
+            prompts.extend(_limited(_read_prompt_file(path), limit))
+        else:
+            prompts.extend(_shipped_set(category, path)[:limit])
+    _check_distinct(prompts, chosen)
     return prompts
+
+
+def _check_distinct(prompts: list[BenchPrompt], chosen: list[str]) -> None:
+    """Runs are paired by (category, id): two sets may not give the same prompt."""
+    seen: set[tuple[str, str]] = set()
+    for p in prompts:
+        if (p.category, p.id) in seen:
+            raise UsageError(
+                f"two of the categories {', '.join(chosen)} hold the prompt {p.category}/{p.id}",
+                "run them in separate benches",
+            )
+        seen.add((p.category, p.id))
 
 
 def _shipped_set(category: str, path: Any) -> list[BenchPrompt]:
@@ -157,7 +187,11 @@ def _shipped_set(category: str, path: Any) -> list[BenchPrompt]:
             made = apply_prompt(parse_line(line, f"{path}, line {n}"), f"{path}, line {n}")
             if made is not None:
                 prompt_id, text, prediction, source = made
-                rows.append(BenchPrompt(category, prompt_id, text, source, prediction, True))
+                rows.append(
+                    BenchPrompt(
+                        category, prompt_id, text, source, prediction, answer_like_prediction=True
+                    )
+                )
             continue
         try:
             row = json.loads(line)
@@ -170,7 +204,7 @@ def _shipped_set(category: str, path: Any) -> list[BenchPrompt]:
     return rows
 
 
-def _file_prompt(path: Path, n: int, line: str) -> BenchPrompt:
+def _file_prompt(path: Any, n: int, line: str) -> BenchPrompt:
     """Line ``n`` of a user's prompt file, with the defaults filled in."""
     try:
         row = json.loads(line)
@@ -181,24 +215,26 @@ def _file_prompt(path: Path, n: int, line: str) -> BenchPrompt:
     prompt = row.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise InputError(f'{path}, line {n}: no non-empty string "prompt"', PROMPT_FILE_HINT)
-    category = row.get("category", path.stem)
+    category = row.get("category", Path(path.name).stem)
     if not isinstance(category, str) or not category.strip():
         raise InputError(
             f'{path}, line {n}: "category" must be a non-empty string', PROMPT_FILE_HINT
         )
-    prediction = row.get("prediction")
-    if prediction is not None and not isinstance(prediction, str):
-        raise InputError(f'{path}, line {n}: "prediction" must be a string', PROMPT_FILE_HINT)
+    for key in ("prediction", "first"):
+        if row.get(key) is not None and not isinstance(row[key], str):
+            raise InputError(f'{path}, line {n}: "{key}" must be a string', PROMPT_FILE_HINT)
     return BenchPrompt(
         category=category,
         id=str(row.get("id", f"line-{n}")),
         prompt=prompt,
         source=str(row.get("source", path)),
-        prediction=prediction,
+        prediction=row.get("prediction"),
+        first=row.get("first"),
     )
 
 
-def _read_prompt_file(path: Path) -> list[BenchPrompt]:
+def _read_prompt_file(path: Any) -> list[BenchPrompt]:
+    """A prompt file's prompts (``path``: a ``Path``, or a check set's packaged file)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as err:
@@ -244,6 +280,11 @@ def load_prompt_file(
                 f"its categories: {', '.join(present)}",
             )
         prompts = [p for p in prompts if p.category in categories]
+    return _limited(prompts, limit)
+
+
+def _limited(prompts: list[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
+    """At most ``limit`` prompts per category, in order."""
     kept: list[BenchPrompt] = []
     counts: dict[str, int] = {}
     for p in prompts:

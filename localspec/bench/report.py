@@ -1,19 +1,20 @@
 """Render a bench summary: a Markdown table, summary.md / summary.json, and a speedup chart.
 
 ``summary`` is the dict ``localspec.bench.summary.summarize`` returns, extended by the caller with
-``meta`` (models, machine, settings), ``ceiling`` (``runner.measure_ceiling``) and
-``ceilings`` (the same per category, at its answers' depth: ``BenchRunner.ceilings``).
+``meta`` (models, machine, settings), ``ceiling`` (``runner.measure_ceiling``),
+``ceilings`` (the same per category, at its answers' depth: ``BenchRunner.ceilings``) and
+``break_even`` (``break_even.break_even``).
 ``render_table`` gives the text printed to stdout and saved as summary.md: one row per
 category and mode (``vs none`` notes the short runs it left out; ``of ceiling`` is a mode's
 ratio to ``none`` over its category's ceiling; ``vs best native``, ``vs native-none`` and
 ``vs llama-bench`` appear only when the llama.cpp modes they compare with ran; ``wall s``,
 ``first token s``, ``wall / none`` and ``wall / first native`` when the runs were timed so),
-a
-per-prompt table (each speculative mode's lowest prompt against ``none``, as measured and
-timed by each run's own plain steps), then notes on native runs that wrote more tokens than
-asked and the ceiling lines. ``write_chart`` draws the ratio to ``none`` per category and
-mode with matplotlib (Agg backend, imported only here and only when asked for, so the rest
-of the bench runs without it).
+a per-prompt table (each speculative mode's lowest prompt against ``none``, as measured and
+timed by each run's own plain steps), where each drafter pays (the verify cost under which
+its drafting rounds beat plain steps, beside this machine's), then notes on native runs that
+wrote more tokens than asked and the ceiling lines. ``write_chart`` draws the ratio to
+``none`` per category and mode with matplotlib (Agg backend, imported only here and only
+when asked for, so the rest of the bench runs without it).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ COLUMNS_AFTER: list[Column] = [
 
 
 OF_CEILING: Column = ("of ceiling", lambda g: _fmt(g.get("of_ceiling"), ".2f"))
+SAME_AS_FIRST: Column = ("same as first", lambda g: _fmt(g.get("same_as_first"), ".0%"))
 # What a user waits for (seconds; the ratios are of wall times: below 1, sooner).
 WAIT_COLUMNS: dict[str, Column] = {
     "wall_s": ("wall s", lambda g: _fmt(g.get("wall_s"), ".2f")),
@@ -90,13 +92,14 @@ WAIT_COLUMNS: dict[str, Column] = {
 
 
 def _columns(summary: dict[str, Any]) -> list[Column]:
-    """The table's columns; the native ratios, the share of the ceiling and the wait
-    figures only when some group has them."""
+    """The table's columns; the native ratios, the share of the ceiling, the wait figures
+    and auto-again's answers the same as the first only when some group has them."""
     present = {key for g in summary["overall"].values() for key in g}
     native = [column for key, column in NATIVE_COLUMNS.items() if key in present]
     ceiling = [OF_CEILING] if "of_ceiling" in present else []
     waits = [column for key, column in WAIT_COLUMNS.items() if key in present]
-    return [*COLUMNS_BEFORE, *ceiling, *native, *waits, *COLUMNS_AFTER]
+    again = [SAME_AS_FIRST] if "same_as_first" in present else []
+    return [*COLUMNS_BEFORE, *ceiling, *native, *waits, *COLUMNS_AFTER, *again]
 
 
 def _row(name: str, mode: str, g: dict[str, Any], columns: list[Column]) -> str:
@@ -209,15 +212,39 @@ def _per_prompt_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _break_even_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each drafter pays (``break_even.break_even``'s rows)."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Where each drafter pays: a drafting round brings T tokens for verifying k drafts and "
+        "k c plain steps of drafting, so it pays where verifying k drafts costs less than "
+        "T - k c plain steps (verify here: what it costs on this machine).",
+        "",
+        "| mode | category | drafter | drafting rounds | mean draft k | tokens/pass T "
+        "| draft step c | pays below | verify here |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        cells = [r["mode"], r["category"], r["drafter"], str(r["rounds"]),
+                 f"{r['mean_draft']:.1f}", f"{r['tokens_per_pass']:.2f}",
+                 f"{r['draft_step']:.2f}", f"{r['pays_below']:.2f}",
+                 _fmt(r["verify_here"], ".2f")]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_table(summary: dict[str, Any]) -> str:
-    """The per-category table, overall geometric-mean rows last, the per-prompt table, then
-    the notes and the ceiling."""
+    """The per-category table, overall geometric-mean rows last, the per-prompt table,
+    where each drafter pays, then the notes and the ceiling."""
     columns = _columns(summary)
     lines = [_header(columns)]
     for category, modes in summary["categories"].items():
         lines += [_row(category, mode, g, columns) for mode, g in modes.items()]
     lines += [_row(OVERALL, mode, g, columns) for mode, g in summary["overall"].items()]
     lines += _per_prompt_table(summary)
+    lines += _break_even_table(summary.get("break_even") or [])
     lines += _overshoot_note(summary)
     if summary.get("ceiling"):
         lines += _ceiling_lines(summary["ceiling"])

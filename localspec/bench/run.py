@@ -2,20 +2,22 @@
 
 ``run_bench(args, on_progress)`` checks the modes and options before any loading, loads the
 pair once, measures the target's ceiling (its best batch of 16, 32 or 64 tokens, after a
-short context and again per category where its answers run), runs the
-shipped prompt sets or the user's ``--prompts`` file in every mode (see ``runner.py`` for
-the protocol; ``--cold``, the default, starts every run with nothing learned and keeps the
-user's saved learning untouched, ``--warm`` lets the controllers learn from prompt to
-prompt; ``--trace`` keeps each run's rounds), appends one JSON line per run to
-``records.jsonl`` as it goes, then writes summary.md, summary.json and speedup.png and
-prints the table to stdout. Progress goes to stderr (model loading through ``on_progress``).
-Ctrl-C stops after the current run and still summarises what was measured; the exit status
-is then ``EXIT_CANCELLED``, else 0. Bad options and inputs raise the errors of
-``localspec.errors``, for the front end to report.
+short context and again per category where its answers run), runs the shipped prompt sets or
+the user's ``--prompts`` file in every mode (see ``runner.py`` for the protocol; ``--cold``,
+the default, starts every run with nothing learned and keeps the user's saved learning
+untouched, ``--warm`` lets the controllers learn from prompt to prompt; ``--trace`` keeps
+each run's rounds; ``--rpc-delay`` reaches the ``--rpc`` workers through a relay that delays
+every round trip, ``relay.py``), appends one JSON line per run to ``records.jsonl`` as it
+goes, then writes summary.md, summary.json (with where each drafter pays, ``break_even.py``)
+and speedup.png and prints the table to stdout. Progress goes to stderr (model loading
+through ``on_progress``). Ctrl-C stops after the current run and still summarises what was
+measured; the exit status is then ``EXIT_CANCELLED``, else 0. Bad options and inputs raise
+the errors of ``localspec.errors``, for the front end to report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -33,7 +35,8 @@ from localspec.backend.llama import default_kernels_environ
 from localspec.backend.native import NativeRunner, check_binary
 from localspec.bench import report as bench_report
 from localspec.bench.args import BenchArgs
-from localspec.bench.fresh import FreshRunner
+from localspec.bench.break_even import break_even
+from localspec.bench.fresh import FreshRunner, check_modes
 from localspec.bench.modes import (
     BASELINE,
     NATIVE_BENCH,
@@ -44,6 +47,7 @@ from localspec.bench.modes import (
 )
 from localspec.bench.prompts import BenchPrompt, load_prompt_file, load_prompts
 from localspec.bench.records import RunRecord
+from localspec.bench.relay import DelayRelay, relayed
 from localspec.bench.runner import CEILING_BATCHES, BenchConfig, BenchRunner, measure_ceiling
 from localspec.bench.summary import MIN_RATIO_TOKENS, summarize
 from localspec.errors import EXIT_CANCELLED, UsageError
@@ -122,6 +126,12 @@ def _choose_modes(args: BenchArgs) -> tuple[tuple[BenchMode, ...], list[str]]:
         raise UsageError(f"invalid --native-flags: {err}", "quote it as for a shell") from None
     if args.native_bin is not None:
         check_binary(args.native_bin, chosen)  # before minutes of model loading
+    check_modes(chosen, fresh=args.fresh)
+    if args.rpc_delay is not None and (args.rpc_delay < 0 or not args.pair.rpc):
+        raise UsageError(
+            f"invalid --rpc-delay {args.rpc_delay:g}: it delays the link to the --rpc workers",
+            "pass --rpc HOST:PORT with it, and a delay of 0 ms or more",
+        )
     return chosen, native_args
 
 
@@ -185,12 +195,14 @@ def _native_runner(
     return native
 
 
-def _fresh_runner(args: BenchArgs, session: Session, config: BenchConfig) -> FreshRunner | None:
+def _fresh_runner(
+    options: ModelOptions, session: Session, config: BenchConfig
+) -> FreshRunner | None:
     """With ``--fresh``: the runner of fresh ``complete`` processes over the same pair."""
     if not config.fresh:
         return None
     return FreshRunner(
-        args.pair,
+        options,
         session.target.path,
         session.draft_path,
         cold=config.cold,
@@ -218,27 +230,28 @@ def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = 
     config, options = _settings(args, chosen)
     if args.chart:
         bench_report.require_matplotlib()
-    if config.fresh:
-        FreshRunner.check(chosen)
     out_dir = _out_dir(args.out)
-    opening = time.perf_counter()
-    session = open_session(options, on_progress=on_progress)
-    load_s = time.perf_counter() - opening
-    fresh = None
-    try:
+    with contextlib.ExitStack() as closing:
+        if args.rpc_delay is not None:  # every run reaches the workers through a slower link
+            relays = relayed(options.rpc, args.rpc_delay)
+            closing.callback(_close, relays)
+            options = options.model_copy(update={"rpc": tuple(r.address for r in relays)})
+        opening = time.perf_counter()
+        session = open_session(options, on_progress=on_progress)
+        load_s = time.perf_counter() - opening
+        closing.callback(session.close)
         native = _native_runner(args, session, chosen, native_args)
-        fresh = _fresh_runner(args, session, config)
+        fresh = _fresh_runner(options, session, config)
+        if fresh is not None:
+            closing.callback(fresh.close)
         runner = BenchRunner(session, config, native, fresh, load_s)
         ceiling = _ceiling(session, prompts[0].prompt, args.raw)
         _echo("measuring it again at the depth where each category's answers run")
         ceilings = runner.ceilings(prompts)
         records, code = _run(runner, prompts, out_dir, len(chosen), config.repeat)
         meta = _meta(session, config, args, native, len(prompts))
-    finally:
-        session.close()
-        if fresh is not None:
-            fresh.close()
     summary = summarize(records, chosen, config.greedy, ceilings)
+    summary["break_even"] = break_even(records, session.costs)
     summary["meta"] = meta
     summary["ceiling"] = ceiling
     summary["ceilings"] = ceilings
@@ -249,6 +262,11 @@ def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = 
         written.append(str(bench_report.write_chart(summary, out_dir / "speedup.png")))
     _echo("wrote " + ", ".join(written))
     return code
+
+
+def _close(relays: list[DelayRelay]) -> None:
+    for relay in relays:
+        relay.close()
 
 
 def _run(
@@ -294,6 +312,7 @@ def _meta(
         "context": args.pair.n_ctx,
         "prompts": n_prompts,
         "prompt_file": str(args.prompts) if args.prompts is not None else "shipped sets",
+        "categories": args.categories or "default",
         "modes": ", ".join(config.modes),
         "max_tokens": config.max_tokens,
         "temperature": config.temperature,
@@ -304,13 +323,15 @@ def _meta(
         "repeat": config.repeat,
         "exact": args.pair.exact,
         "verification": session.verification,
-        "rpc": [str(e) for e in session.rpc.endpoints] if session.rpc is not None else [],
+        "rpc": list(args.pair.rpc),
         "min_ratio_tokens": MIN_RATIO_TOKENS,
-        # The costs the cost model started from (scripts/break_even.py prices drafters by them).
+        # The costs the cost model started from (the break-even and the replays use them).
         "costs": session.costs.to_dict() if session.costs is not None else None,
         "localspec": __version__,
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
     }
+    if args.rpc_delay is not None:
+        meta["rpc_delay_ms"] = args.rpc_delay
     if native is not None:
         meta["native_binary"] = str(native.binary)
         if NATIVE_BENCH in config.modes:

@@ -2,8 +2,10 @@
 
 ``BenchRunner.run`` drives a loaded ``Session``:
 
-- ``auto-store`` is ``auto`` with the session's datastores and ``auto-chains`` is ``auto``
-  without draft trees (single chains only), so each runs beside ``auto``;
+- ``auto-store`` is ``auto`` with the session's datastores, ``auto-chains`` is ``auto``
+  without draft trees (single chains only) and ``auto-without-DRAFTER`` is ``auto`` with that
+  drafter left out, so each runs beside ``auto``; ``auto-again`` asks each question again in
+  a fresh process (``fresh.py``) and needs ``--fresh``;
 - every prompt is run in every mode before the next prompt starts (interleaved), and the
   mode order rotates from one prompt to the next, so drift on a busy machine (thermal,
   other work) falls on all modes alike instead of on whichever ran last;
@@ -40,7 +42,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.backend.native import NativeResult, NativeRunner
-from localspec.bench.fresh import FreshRunner
+from localspec.bench.fresh import FreshRunner, check_modes
 from localspec.bench.modes import (
     CHAINS_MODE,
     ENGINE_MODES,
@@ -138,6 +140,7 @@ class BenchRunner:
                 f"mode {SELF_MODE} drafts with a draft derived from the target",
                 "pass --draft self (auto and model then draft with it too)",
             )
+        check_modes(config.modes, fresh=fresh is not None)
         if STORE_MODE in config.modes and not session.store_corpora:
             raise UsageError(
                 f"mode {STORE_MODE} needs a datastore",
@@ -157,6 +160,7 @@ class BenchRunner:
             trace=self.config.trace,
             trees=mode != CHAINS_MODE,
             prediction=tuple(prediction) if mode == PREDICTION_MODE else (),
+            left_out=(mode.left_out,) if mode.left_out else (),
         )
 
     def _models(self) -> list[Any]:
@@ -271,6 +275,7 @@ class BenchRunner:
                 self.config.temperature,
                 seed,
                 prompt.predicted() or "",
+                prompt.first,
             )
         return self.run_engine(tokens, mode, max_tokens, index, prediction)
 

@@ -16,8 +16,9 @@ per-prompt ratio to ``none`` and the same ratios timed by each run's own plain s
 (``of_ceiling``, when ceilings are given), what a user waits for where the runs were timed
 so (``wall_s`` and ``first_token_s``, their means; ``wall_to_none``; for fresh processes
 ``wall_to_first_native``, against the speculative llama.cpp process that ended first on
-the same prompt: geometric means of per-prompt wall-time ratios, below 1 sooner), and the
-list of native runs that overshot.
+the same prompt: geometric means of per-prompt wall-time ratios, below 1 sooner), for
+``auto-again`` the share of second answers that were the first one (``same_as_first``), and
+the list of native runs that overshot.
 Repeated runs of a prompt and mode count once, by their median run. The result is plain
 JSON data; nothing is printed.
 """
@@ -273,6 +274,9 @@ def _group(
     ]
     if greedy and pairs:
         out["agreement"] = _agreement(pairs)
+    again = [r.same_as_first for r in records if r.same_as_first is not None]
+    if again:
+        out["same_as_first"] = round(sum(again) / len(again), 4)
     if ceilings and mode not in NATIVE_MODES:
         out["of_ceiling"] = _ceiling_share(runs, ceilings)
     return out

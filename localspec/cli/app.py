@@ -40,7 +40,11 @@ class Command:
 COMMANDS = {
     "complete": Command("localspec.cli.complete", "complete", quick_exit=True),
     "chat": Command("localspec.cli.chat", "chat"),
-    "bench": Command("localspec.cli.bench", "bench_command"),
+    "bench": Command(
+        "localspec.cli.bench",
+        "bench_app",
+        "Measure plain and speculative decoding by prompt category, side by side.",
+    ),
     "calibrate": Command("localspec.cli.calibrate", "calibrate_command"),
     "serve": Command("localspec.cli.serve", "serve"),
     "worker": Command("localspec.cli.worker", "worker"),

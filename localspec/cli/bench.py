@@ -1,13 +1,17 @@
-"""``localspec bench``: the typer command function.
+"""``localspec bench`` and ``localspec bench replay DIR``: the typer group.
 
-``bench_command`` parses the command's options into a ``BenchArgs`` and hands them to
-``localspec.bench.run.run_bench``, which runs the whole bench (see there: the protocol,
-the files written, what goes to stdout and stderr). Errors become ``error:`` / ``hint:``
-lines and their exit codes; Ctrl-C during a run still summarises what was measured.
+``bench_command`` (the group's own command, run when no subcommand is named) parses the
+command's options into a ``BenchArgs`` and hands them to ``localspec.bench.run.run_bench``,
+which runs the whole bench (see there: the protocol, the files written, what goes to stdout
+and stderr). ``replay_command`` replays a bench run's greedy answers at a machine's costs
+(``localspec.bench.replay``) and prints the table, or with ``--json`` every answer's row.
+Errors become ``error:`` / ``hint:`` lines and their exit codes; Ctrl-C during a run still
+summarises what was measured.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -21,11 +25,14 @@ from localspec.cli.options import ModelChoice, TemperatureOpt
 
 @option_groups
 def bench_command(
+    context: typer.Context,
     categories: Annotated[
         str | None,
         typer.Option(
-            help="comma-separated categories (default: all but repo_code and apply, which "
-            "are run when named: apply edits whole files, with the file as the prediction)"
+            help="comma-separated categories (default: all but repo_code, apply and the check "
+            "sets, which are run when named: apply edits whole files, with the file as the "
+            "prediction; check3, check4, check3_unrelated and history_followup are prompts "
+            "the bench was not tuned on)"
         ),
     ] = None,
     limit: Annotated[int | None, typer.Option(help="prompts per category at most")] = None,
@@ -33,8 +40,8 @@ def bench_command(
         Path | None,
         typer.Option(
             help="your own prompts instead of the shipped sets: JSONL, one object a line with "
-            '"prompt" (and optional "id", "category", "source", and "prediction" for mode '
-            "auto-prediction)"
+            '"prompt" (and optional "id", "category", "source", "prediction" for mode '
+            'auto-prediction and "first" for mode auto-again)'
         ),
     ] = None,
     modes: Annotated[
@@ -75,6 +82,14 @@ def bench_command(
             "start to its exit as a user waits for it (llama.cpp's modes always are)"
         ),
     ] = False,
+    rpc_delay: Annotated[
+        float | None,
+        typer.Option(
+            metavar="MS",
+            help="reach the --rpc workers through a relay on 127.0.0.1 that adds MS "
+            "milliseconds to every round trip, as a slower network would",
+        ),
+    ] = None,
     trace: Annotated[
         bool,
         typer.Option(help="keep every round (drafter, draft, accepted, timings) in records.jsonl"),
@@ -109,11 +124,56 @@ def bench_command(
     model: ModelChoice,
 ) -> None:
     """Measure plain and speculative decoding by prompt category, side by side."""
+    if context.invoked_subcommand is not None:
+        return  # ``bench replay``: its own options
     fields = dict(locals())  # exactly the options above
-    del fields["model"]
+    del fields["model"], fields["context"]
     from localspec.bench.run import run_bench  # the engine loads only when the bench runs
 
     with cli_errors():
         args = BenchArgs(**fields, pair=model.options(command="bench"))
         code = run_bench(args, on_progress=echo_progress)
     raise typer.Exit(code)
+
+
+@option_groups
+def replay_command(
+    directory: Annotated[
+        Path,
+        typer.Argument(
+            metavar="DIR", help="a folder that localspec bench --out wrote (greedy runs)"
+        ),
+    ],
+    costs: Annotated[
+        Path | None,
+        typer.Option(
+            help="the costs to replay at: a cost profile's JSON, or the device check's "
+            "device_check.json (one profile per pair of shapes); default: the run's own"
+        ),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(help="the prompt file the bench ran (default: the one its run names)"),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print every answer's replay as JSON")
+    ] = False,
+    *,
+    model: ModelChoice,
+) -> None:
+    """Replay a bench run's answers: auto's choices and estimated speedups at given costs."""
+    from localspec.bench.replay import render, replay_dir
+
+    with cli_errors():
+        options = model.options(command="bench")
+        result, missing = replay_dir(
+            directory, options, costs=costs, prompts=prompts, on_progress=echo_progress
+        )
+    if missing:
+        typer.echo(f"{missing} answers left out: their prompts were not found", err=True)
+    typer.echo(json.dumps(result, indent=1) if as_json else render(result))
+
+
+bench_app = typer.Typer(add_completion=False)
+bench_app.callback(invoke_without_command=True)(bench_command)
+bench_app.command("replay")(replay_command)

@@ -96,6 +96,9 @@ class GenerationParams(BaseModel):
         True,
         description="auto may verify competing drafts as one draft tree (greedy decoding only)",
     )
+    left_out: tuple[str, ...] = Field(
+        (), description="drafters (by registry name) the mode does not draft with"
+    )
 
     @field_validator("temperature")
     @classmethod

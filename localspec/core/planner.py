@@ -59,9 +59,11 @@ def restore_drafters(drafters: dict[str, Drafter], data: Any, keep: float) -> No
 
 
 def planner_key(params: GenerationParams) -> PlannerKey:
-    """What a planner is built with: its mode, its drafters' limits and draft trees."""
+    """What a planner is built with: its mode, the drafters it leaves out, their limits and
+    draft trees."""
     return (
-        params.drafter, params.draft_max, params.ngram_draft_max, params.draft_min, params.trees,
+        params.drafter, params.left_out, params.draft_max, params.ngram_draft_max,
+        params.draft_min, params.trees,
     )  # fmt: skip
 
 

@@ -45,7 +45,7 @@ from localspec.core.drafting.base import NOT_CHOSEN, Branching, Offer, Outcome
 # most, at any length), while a match that parts keeps a few tokens in both (mean 1.2 tokens
 # after a 2-token match, 4-5 after 12). The parting rates below sit under those means: at the
 # measured ones, first drafts in prose cost more than they returned in replays of the
-# bench's answers (scripts/ngram_replay.py). Which kind of text this is is learned per text
+# bench's answers (localspec bench replay). Which kind of text this is is learned per text
 # (``CopyPricing.copies``).
 BUCKETS = (
     (-1, 0.73, 0.78),  # HEAD: the answer has come to the prediction's first tokens

@@ -1,12 +1,12 @@
 """The drafters there are, and which modes draft with them.
 
 ``build_drafters(params, resources)`` builds, in registry order, every drafter the mode
-``params.drafter`` drafts with that can be built from ``resources`` (a draft model's
-drafter needs a draft model). The order is the order offers are weighed in (a tie goes to
-the first). Adding a drafter is one module with a ``build(params, resources)`` function and
-one line here; the engine and the controller do not change. Drafters are keyed by their own
-``name``: the draft model's drafter is named ``self`` when the draft model was derived from
-the target (``Resources.draft_name``).
+``params.drafter`` drafts with, but those ``params.left_out`` names, that can be built from
+``resources`` (a draft model's drafter needs a draft model). The order is the order offers
+are weighed in (a tie goes to the first). Adding a drafter is one module with a
+``build(params, resources)`` function and one line here; the engine and the controller do
+not change. Drafters are keyed by their own ``name``: the draft model's drafter is named
+``self`` when the draft model was derived from the target (``Resources.draft_name``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def build_drafters(
     for entry in REGISTRY:
         if draft_model_only and not entry.uses_draft_model:
             continue
-        if params.drafter in entry.modes:
+        if params.drafter in entry.modes and entry.name not in params.left_out:
             drafter = entry.build(params, resources)
             if drafter is not None:
                 drafters[drafter.name] = drafter  # the draft model's may be "self"

@@ -12,8 +12,8 @@ would read them) through that model's tokenizer, repeated until it is large enou
 one, random documents made of phrases drawn from a shared pool, so that they share runs of
 tokens as code and prose do.
 
-    python scripts/datastore_lookup.py --target qwen2.5-coder-1.5b --dir /tmp/lookup-store
-    python scripts/datastore_lookup.py --tokens 20000000
+    python experiments/datastore_lookup.py --target qwen2.5-coder-1.5b --dir /tmp/lookup-store
+    python experiments/datastore_lookup.py --tokens 20000000
 """
 
 from __future__ import annotations

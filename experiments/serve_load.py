@@ -1,6 +1,6 @@
 """Load a running ``localspec serve``: N concurrent streaming clients, M requests each.
 
-    python scripts/serve_load.py --url http://127.0.0.1:8080 --clients 4 --requests 5
+    python experiments/serve_load.py --url http://127.0.0.1:8080 --clients 4 --requests 5
 
 Bounded in count (clients x requests) and in time (--deadline seconds; what is still
 running then counts as failed). Prints requests/s, time to first token and end-to-end

@@ -7,7 +7,7 @@ every other layer, and any given with ``--layers``) is derived, loaded and read 
 same text; its agreement is the share of continuation positions where its argmax is the
 target's token: the greedy acceptance rate of each drafted token.
 
-    python scripts/self_draft_agreement.py [--target REF] [--limit 3] [--tokens 96]
+    python experiments/self_draft_agreement.py [--target REF] [--limit 3] [--tokens 96]
         [--layers 0-6,21-27 ...] [--markdown]
 """
 

@@ -4,7 +4,7 @@
 120x40, streaming tokens into the transcript and redrawing the stats panel as it does on a
 terminal, then rendering the answer as Markdown), interleaved, decode tokens/s side by side.
 
-    python scripts/chat_overhead.py --prompts 4 --max-tokens 200 --repeat 2
+    python experiments/chat_overhead.py --prompts 4 --max-tokens 200 --repeat 2
 
 `--app` runs one chat answer and prints its stats as JSON (the script runs itself so).
 A benchmark, not a test: one run's tok/s moves by several percent with the machine.

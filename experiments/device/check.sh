@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The device check: localspec on a GPU beside llama.cpp's own tools, in one run.
 #
-#   bash scripts/device_check.sh prepare   # here: the carry folder .device/ (under 64 MiB)
-#   bash scripts/device_check.sh cuda      # on the GPU machine: build, make models, measure
-#   bash scripts/device_check.sh cpu       # the same run on this CPU, with small models
+#   bash experiments/device/check.sh prepare   # here: the carry folder .device/ (under 64 MiB)
+#   bash experiments/device/check.sh cuda      # on the GPU machine: build, make models, measure
+#   bash experiments/device/check.sh cpu       # the same run on this CPU, with small models
 #
 # prepare needs the real default pair (MODELS, default $LOCALSPEC_TEST_HOME/models or
 # .test-cache/models) and pip (the llama-cpp-python sdist from its cache; SDIST=FILE gives
@@ -17,7 +17,7 @@
 # device_check.json and device_check.md under OUT (default .device/out-MODE). DEPTH, TOKENS
 # and THREADS change the prompt's length, the tokens decoded and the threads (all cores).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MODE=${1:-}
 DEVICE=${DEVICE_DIR:-.device}
 PY=${PYTHON:-python3}

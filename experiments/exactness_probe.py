@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Find where a target's logits stop being batch-invariant, operation by operation.
 
-    python scripts/exactness_probe.py MODEL.gguf [--setting default|norepack|notiled|exact]
+    python experiments/exactness_probe.py MODEL.gguf [--setting default|norepack|notiled|exact]
         [--context 600] [--batch 2 3 8 16 33 64] [--threads N]
 
 For each batch size k it evaluates k tokens after a context twice: one at a time, and as one
