@@ -36,10 +36,15 @@ import typer
 
 from localspec.cli.common import cli_errors, echo_error, echo_progress, is_loopback
 from localspec.cli.groups import option_groups
-from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice
 from localspec.errors import UsageError
 from localspec.progress import Progress
 from localspec.serve.access import Access
+from localspec.session.options import (
+    DraftingChoice,
+    ModelChoice,
+    SamplingChoice,
+    SharedStoreChoice,
+)
 
 # The session module loads llama.cpp, and the server's app and clients the web framework and
 # numpy, so they are imported only when the server starts (the session by its loading
@@ -104,17 +109,7 @@ def serve(
     sampling: SamplingChoice,
     drafting: DraftingChoice,
     model: ModelChoice,
-    store: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--store",
-            metavar="NAME",
-            help="draft every client's answers from this datastore too (repeatable; every "
-            "client can probe it through timings: see docs/serve.md, Security)",
-        ),
-    ] = None,
-    no_store: Annotated[bool, typer.Option("--no-store", hidden=True)] = False,  # the default
-    no_history: Annotated[bool, typer.Option("--no-history", hidden=True)] = False,  # likewise
+    stores: SharedStoreChoice,
 ) -> None:
     """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions)."""
     from localspec.serve.app import ServerState
@@ -122,8 +117,7 @@ def serve(
 
     with cli_errors():
         params = sampling.params(drafting, max_tokens=max_tokens)
-        # The user's own history is neither kept nor shared unless --store names it.
-        options = model.options(params.drafter, stores=tuple(store or ()), history=False)
+        options = model.options(params.drafter, **stores.fields())
         keys = read_keys(api_key or [], api_key_file)
     _warn_of_exposure(host, keys)
     state = ServerState(
