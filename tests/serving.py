@@ -9,6 +9,7 @@ runs ``localspec serve`` itself, for what only a real process shows (signals, ex
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import subprocess
@@ -71,10 +72,9 @@ def serving(
     app_state = ServerState(
         defaults=defaults or GenerationParams(max_tokens=24, drafter="auto"),
         access=access or Access(),
-        worker=worker,
-        model_id="target",
-        **state,
     )
+    app_state.serve_with(worker)  # as the loader does, then the test's own settings
+    app_state = dataclasses.replace(app_state, **{"model_id": "target", **state})
     port = free_port()
     config = uvicorn.Config(create_app(app_state), host="127.0.0.1", port=port,
                             log_level="warning")  # fmt: skip

@@ -22,10 +22,10 @@ from localspec.bench import runner as bench_runner
 from localspec.bench import summary as bench_summary
 from localspec.bench.records import RunRecord
 from localspec.cli.bench import bench_command
-from localspec.cli.options import ModelChoice
 from localspec.core.engine import SpecDecoder
 from localspec.core.params import GenerationParams
 from localspec.errors import InputError, UsageError
+from localspec.session.options import ModelChoice, command_line
 from tests.test_bench import (
     NATIVE_SAMPLE,
     SPEC_SIMPLE_HELP,
@@ -362,7 +362,8 @@ def args(**changes) -> bench_cli.BenchArgs:
         native_bin=None, native_flags="", repeat=1, out=None, chart=False, warmup=True,
     )  # fmt: skip
     own = {k: v for k, v in changes.items() if k not in model_names}
-    return bench_cli.BenchArgs(**{**base, **own}, pair=model.options(command="bench"))
+    pair = model.options(spelling=command_line("bench"))
+    return bench_cli.BenchArgs(**{**base, **own}, pair=pair)
 
 
 def test_native_bin_alone_adds_all_native_modes(tmp_path):

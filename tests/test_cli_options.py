@@ -1,6 +1,7 @@
-"""Option groups (``cli.groups``) and the shared groups of ``cli.options``: each group's
-options appear once per command that takes it, and the command receives one typed value
-per group; the model group's checks are those of ``session.options``."""
+"""Option groups (``cli.groups``) and the shared option set of ``session.options``: each
+group's options appear once per command that takes it, and the command receives one typed
+value per group; each option says where its value goes, and the checks are those the
+Python API makes too."""
 
 from __future__ import annotations
 
@@ -13,15 +14,21 @@ import typer
 from typer.testing import CliRunner
 
 from localspec.cli.groups import option_groups
-from localspec.cli.options import (
-    DraftingChoice,
-    ModelChoice,
-    PairChoice,
-    SamplingChoice,
-    StoreChoice,
-)
 from localspec.core.params import DrafterMode
 from localspec.errors import UsageError
+from localspec.session.options import (
+    DraftingChoice,
+    ModelChoice,
+    Option,
+    PairChoice,
+    SamplingChoice,
+    SharedStoreChoice,
+    Spelling,
+    StoreChoice,
+    command_line,
+    options_of,
+    settings,
+)
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ def test_model_options_parse_placement_rpc_and_shares():
         rpc="10.0.0.2:50052,10.0.0.3:50052",
         rpc_split="3,1",
         exact=True,
-    ).options(command="calibrate", recalibrate=True)
+    ).options(spelling=command_line("calibrate"), recalibrate=True)
     assert (options.target, options.n_ctx, options.exact, options.recalibrate) == (
         "t.gguf",
         2048,
@@ -125,37 +132,88 @@ def test_model_options_parse_placement_rpc_and_shares():
 
 def test_a_bad_model_value_names_the_option_and_the_command_s_help():
     with pytest.raises(UsageError) as caught:
-        ModelChoice(threads=0).options(command="bench")
+        ModelChoice(threads=0).options(spelling=command_line("bench"))
     assert "--threads" in caught.value.message
     assert caught.value.hint == "see localspec bench --help"
     with pytest.raises(UsageError, match="--rpc-split"):
         ModelChoice(rpc="h:1", rpc_split="3,x").options()
     with pytest.raises(UsageError, match="--gpu-layers"):
-        PairChoice(gpu_layers="most").options(command="doctor")
+        PairChoice(gpu_layers="most").options(spelling=command_line("doctor"))
 
 
 def test_the_pair_group_leaves_rpc_and_exact_at_their_defaults():
-    options = PairChoice(target="t.gguf", threads=2).options(command="doctor")
+    options = PairChoice(target="t.gguf", threads=2).options(spelling=command_line("doctor"))
     assert (options.threads, options.exact, options.rpc, options.rpc_split) == (2, False, (), ())
 
 
-def test_model_choice_of_a_command_s_values():
-    @dataclass
-    class Values:
-        target: str | None = "t.gguf"
-        draft: str | None = None
-        threads: int | None = 4
-        ctx: int = 1024
-        gpu_layers: str | None = None
-        draft_gpu_layers: str | None = None
-        rpc: str | None = None
-        rpc_timeout: float = 5.0
-        rpc_split: str | None = None
-        exact: bool = True
-        modes: str = "none"  # not the model's: left out
-
-    choice = ModelChoice.of(Values())
+def test_model_choice_of_a_call_s_keywords():
+    values = {field: None for field in ("draft", "gpu_layers", "draft_gpu_layers", "rpc")}
+    values |= dict(target="t.gguf", threads=4, ctx=1024, rpc_timeout=5.0, rpc_split=None)
+    values |= dict(exact=True, modes="none")  # not the model's: left out
+    choice = ModelChoice.of(values)
     assert choice == ModelChoice(target="t.gguf", threads=4, ctx=1024, rpc_timeout=5.0, exact=True)
+
+
+def test_each_option_sets_its_field_as_it_says():
+    fields = settings(ModelChoice(ctx=512, gpu_layers="all", rpc_split="3,1"))
+    assert (fields["n_ctx"], fields["n_gpu_layers"], fields["rpc_split"]) == (512, -1, (3.0, 1.0))
+    assert "ctx" not in fields and "gpu_layers" not in fields
+    assert settings(DraftingChoice(no_trees=True))["trees"] is False
+    assert set(settings(SamplingChoice())) == {"temperature", "top_k", "top_p", "min_p", "seed"}
+
+
+def test_an_error_names_the_option_as_its_front_end_writes_it():
+    python = Spelling("", "_", "see help(localspec.load)")
+    with pytest.raises(UsageError, match="invalid draft_gpu_layers") as caught:
+        PairChoice(draft_gpu_layers="most").options(spelling=python)
+    with pytest.raises(UsageError, match="invalid rpc_split 'x'"):
+        ModelChoice(rpc="h:1", rpc_split="x").options(spelling=python)
+    with pytest.raises(UsageError, match="invalid ctx: "):
+        ModelChoice(ctx=8).options(spelling=python)
+    assert caught.value.hint
+    with pytest.raises(UsageError, match="store and no_store contradict"):
+        StoreChoice(["docs"], True).fields(python)
+
+
+@dataclass(frozen=True)
+class Half:
+    said: Annotated[int, Option(help="said")] = 1
+    unsaid: int = 2
+
+
+@dataclass(frozen=True)
+class Shared:
+    loud: Annotated[bool, Option("--loud", help="speak up")] = False
+    level: Annotated[str, Option(metavar="LOW|HIGH", help="how much")] = "low"
+    secret: Annotated[bool, Option("--secret", hidden=True)] = False
+
+
+def test_a_group_field_without_an_option_is_refused():
+    with pytest.raises(TypeError, match="fields without an Option: unsaid"):
+        options_of(Half)
+
+
+def test_a_shared_option_is_a_typer_option_of_the_same_flags_and_help():
+    seen = []
+
+    @option_groups
+    def say(*, shared: Shared) -> None:
+        seen.append(shared)
+
+    result = run(say, "--help")
+    assert "--loud" in result.output and "--no-loud" not in result.output
+    assert "speak up" in result.output and "LOW|HIGH" in result.output
+    assert "--secret" not in result.output
+    assert run(say, "--loud", "--level", "high", "--secret").exit_code == 0
+    assert seen == [Shared(loud=True, level="high", secret=True)]
+
+
+def test_a_server_s_stores_are_named_ones_and_never_the_history():
+    assert SharedStoreChoice().fields() == {"stores": (), "history": False}
+    assert SharedStoreChoice(["docs"], True, True).fields() == {
+        "stores": ("docs",),
+        "history": False,
+    }
 
 
 @pytest.mark.parametrize(

@@ -119,12 +119,12 @@ def test_the_api_is_a_front_end_below_the_cli(tmp_path, monkeypatch):
     (fake / "api").mkdir(parents=True)
     (fake / "api" / "speculator.py").write_text(
         "import typer\nfrom localspec.session.open import open_session\n"
-        "from localspec.cli.options import SamplingChoice\nfrom localspec.serve import app\n"
+        "from localspec.cli.groups import option_groups\nfrom localspec.serve import app\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     found = violations("api.speculator")
     assert len(found) == 3
-    assert any("localspec.cli.options" in v for v in found)
+    assert any("localspec.cli.groups" in v for v in found)
     assert any("localspec.serve" in v for v in found)
     assert any("typer" in v for v in found)
 

@@ -62,7 +62,8 @@ def server(tiny_pair):
     session.generate = recording
     worker = GenerationWorker(session, max_queue=16)
     worker.start()
-    state = ServerState(defaults=params, worker=worker, model_id="target", draft_id="draft")
+    state = ServerState(defaults=params)
+    state.serve_with(worker)  # as the loader does: the session's facts copied, then the worker
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
                                         log_level="warning"))  # fmt: skip
@@ -96,7 +97,11 @@ def fim_worker(fim_pair):
 @pytest.fixture
 def fim_server(server, fim_worker, monkeypatch):
     """The shared server, answering from the pair with FIM tokens for one test."""
-    monkeypatch.setattr(server["state"], "worker", fim_worker)
+    state = server["state"]
+    for name in ("worker", "model_id", "draft_id", "derived_draft", "placement", "n_vocab",
+                 "infill"):  # fmt: skip
+        monkeypatch.setattr(state, name, getattr(state, name))  # restored after the test
+    state.serve_with(fim_worker)
     return {**server, "worker": fim_worker}
 
 
@@ -479,6 +484,35 @@ def test_serve_with_a_missing_model_exits_with_the_clear_error(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 1
     assert "error: model file not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_pair_that_cannot_be_loaded_stops_the_server_which_exits_with_its_error(
+    monkeypatch,
+):
+    from typer.testing import CliRunner
+
+    from localspec.cli import serve as serve_cli
+    from localspec.cli.app import app
+    from localspec.cli.serve import load_into
+    from localspec.errors import UsageError
+    from localspec.serve.server import run
+    from localspec.session import open as open_module
+
+    def broken(options, on_progress=None):
+        raise UsageError("the pair is broken", "mend it")
+
+    monkeypatch.setattr(open_module, "open_session", broken)
+    state = ServerState(defaults=GenerationParams(), loading=True)
+    state.loader = threading.Thread(target=load_into, args=(state, None, 4), daemon=True)
+    state.loader.start()
+    assert run(state, "127.0.0.1", _free_port()) is True  # stopped; nothing loaded to free
+    assert isinstance(state.load_error, UsageError) and not state.loading
+    assert state.worker is None and not state.loader.is_alive()
+    # The server's log would keep a handler on the runner's stream, closed once it returns.
+    monkeypatch.setattr(serve_cli, "_log_to_stderr", lambda: None)
+    result = CliRunner().invoke(app, ["serve", "--port", str(_free_port()), "--drafter", "none"])
+    assert result.exit_code == 2, result.output  # the error's own code, not the server's
+    assert "error: the pair is broken\nhint: mend it\n" in result.output
 
 
 PREFLIGHT = {"Access-Control-Request-Method": "POST",

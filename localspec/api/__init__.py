@@ -55,16 +55,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from localspec.api.speculator import Speculator
 from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
-from localspec.backend.rpc import parse_endpoints
 from localspec.core.params import DrafterMode
 from localspec.progress import OnProgress, Progress, ProgressKind
 from localspec.session.open import open_session
-from localspec.session.options import Spelling, drafter_mode, model_options, parse_shares
-from localspec.session.placement import parse_layers
+from localspec.session.options import ModelChoice, Spelling, drafter_mode
 
 # How ``load`` names an option in an error, and where its options are described.
 LOAD = Spelling("", "_", "see help(localspec.load)")
@@ -109,12 +106,19 @@ def load(
     to the history of answers. ``learn``: save what ``auto`` learned for the next process.
     ``on_progress``: called with each ``localspec.progress.Progress`` of the loading.
     """
+    # The keywords named as ModelChoice's fields are the command line's model options,
+    # read and checked as they are there (session/options.py).
+    choice = ModelChoice.of(locals())
     mode = drafter_mode(drafter, LOAD)
-    fields = _pair_fields(
-        target, draft, threads, ctx, gpu_layers, draft_gpu_layers, exact, rpc, rpc_timeout,
-        rpc_split, stores, history, calibrate,
-    )  # fmt: skip
-    options = model_options(mode, spelling=LOAD, **fields)
+    chosen = {} if calibrate is None else {"calibrate": calibrate}
+    options = choice.options(
+        mode,
+        spelling=LOAD,
+        stores=(stores,) if isinstance(stores, str) else stores,
+        history=history,
+        show_download_progress=False,
+        **chosen,
+    )
     warnings: list[str] = []
 
     def told(progress: Progress) -> None:
@@ -129,35 +133,3 @@ def load(
         # What was learned is restored (a warm start) but this script's answers add nothing.
         session.learning = None
     return Speculator(session, mode, warnings)
-
-
-def _pair_fields(
-    target: Any, draft: Any, threads: int | None, ctx: int, gpu_layers: Any,
-    draft_gpu_layers: Any, exact: bool, rpc: Any, rpc_timeout: float, rpc_split: Any,
-    stores: Any, history: bool, calibrate: bool | None,
-) -> dict[str, Any]:  # fmt: skip
-    """The ``ModelOptions`` fields of ``load``'s arguments."""
-    fields = dict(
-        target=_reference(target),
-        draft=_reference(draft),
-        threads=threads,
-        n_ctx=ctx,
-        n_gpu_layers=parse_layers(gpu_layers, "gpu_layers"),
-        draft_gpu_layers=parse_layers(draft_gpu_layers, "draft_gpu_layers"),
-        exact=exact,
-        rpc=tuple(map(str, parse_endpoints(rpc))) if rpc else (),
-        rpc_timeout=rpc_timeout,
-        rpc_split=parse_shares(rpc_split, LOAD),
-        stores=(stores,) if isinstance(stores, str) else stores,
-        history=history,
-        show_download_progress=False,
-    )
-    if calibrate is not None:
-        fields["calibrate"] = calibrate
-    return fields
-
-
-def _reference(value: Any) -> Any:
-    """A model given as a ``pathlib.Path`` is its path's text; anything else is validated
-    as the command line's text is."""
-    return os.fspath(value) if isinstance(value, os.PathLike) else value

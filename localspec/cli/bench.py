@@ -20,7 +20,7 @@ import typer
 from localspec.bench.args import BenchArgs
 from localspec.cli.common import cli_errors, echo_progress
 from localspec.cli.groups import option_groups
-from localspec.cli.options import ModelChoice, TemperatureOpt
+from localspec.session.options import ModelChoice, Temperature, command_line
 
 
 @option_groups
@@ -64,7 +64,7 @@ def bench_command(
         ),
     ] = None,
     max_tokens: Annotated[int, typer.Option(help="new tokens per run at most")] = 200,
-    temperature: TemperatureOpt = 0.0,
+    temperature: Temperature = 0.0,
     seed: Annotated[int | None, typer.Option(help="sampling seed (prompt i uses seed+i)")] = None,
     raw: Annotated[bool, typer.Option(help="send prompts without the chat template")] = False,
     cold: Annotated[
@@ -131,7 +131,7 @@ def bench_command(
     from localspec.bench.run import run_bench  # the engine loads only when the bench runs
 
     with cli_errors():
-        args = BenchArgs(**fields, pair=model.options(command="bench"))
+        args = BenchArgs(**fields, pair=model.options(spelling=command_line("bench")))
         code = run_bench(args, on_progress=echo_progress)
     raise typer.Exit(code)
 

@@ -11,9 +11,9 @@ import typer
 
 from localspec.cli.common import cli_errors, echo_progress
 from localspec.cli.groups import option_groups
-from localspec.cli.options import ModelChoice
 from localspec.core.costs import CostProfile
 from localspec.models.paths import cache_root
+from localspec.session.options import ModelChoice, command_line
 
 # The session module loads llama.cpp, and the cost cache numpy, so they are imported only
 # when a pair is measured or forgotten: ``localspec --help`` and the other commands start
@@ -34,7 +34,7 @@ def calibrate_command(
 ) -> None:
     """Measure this machine's step costs for the pair again (the auto drafter uses them)."""
     with cli_errors():
-        options = model.options(command="calibrate", recalibrate=True)
+        options = model.options(spelling=command_line("calibrate"), recalibrate=True)
         where = cache_root() / "calibration"
         if reset:
             forget(where)

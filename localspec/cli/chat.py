@@ -16,9 +16,9 @@ import typer
 
 from localspec.cli.common import SystemOpt, cli_errors, read_system
 from localspec.cli.groups import option_groups
-from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
 from localspec.core.params import GenerationParams
 from localspec.models.paths import conversations_dir
+from localspec.session.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
 from localspec.storage import conversations
 
 # The session module loads llama.cpp, and the terminal app Textual, so both are imported only

@@ -2,7 +2,8 @@
 lines on stderr and an exit code (``fail``, ``cli_errors``), how progress reports
 (``localspec.progress``) are printed on stderr (``progress_line``), ``--system``, and
 ``signals_interrupt`` for work that must unwind on SIGTERM and SIGHUP as on Ctrl-C.
-The model, sampling and drafting options are declared in ``cli.options``."""
+The options several commands share are declared once, in ``session.options``, and shown
+through ``cli.groups``."""
 
 from __future__ import annotations
 

@@ -23,12 +23,12 @@ import typer
 from localspec.cli import PROCESS, STARTED
 from localspec.cli.common import SystemOpt, cli_errors, echo_progress, read_system
 from localspec.cli.groups import option_groups
-from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import EXIT_CANCELLED, InputError, UsageError, WorkersLostError, exit_with
 from localspec.progress import Progress, ProgressKind
+from localspec.session.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
 from localspec.storage.textfile import decode_utf8, read_bounded
 
 # The session module loads llama.cpp, so it is imported only when a completion runs:

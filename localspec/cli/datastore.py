@@ -21,10 +21,11 @@ from rich.table import Table
 from rich.text import Text
 
 from localspec.cli.common import cli_errors, echo_progress
-from localspec.cli.options import TargetOpt
+from localspec.cli.groups import option_groups
 from localspec.errors import DatastoreError, LocalspecError, UsageError
 from localspec.models.catalog import locate_model, resolve_model
 from localspec.models.resources import human
+from localspec.session.options import Target
 from localspec.storage.fingerprint import cached_fingerprint
 from localspec.storage.indexing import (
     MAX_ADD_TOKENS,
@@ -57,6 +58,7 @@ datastore_app = typer.Typer(
 
 
 @datastore_app.command()
+@option_groups
 def add(
     paths: Annotated[list[str], typer.Argument(help="files and directories to index")],
     name: Annotated[
@@ -69,7 +71,7 @@ def add(
         int,
         typer.Option(metavar="N", min=1, help="stop, writing nothing, past this many tokens read"),
     ] = MAX_ADD_TOKENS,
-    target: TargetOpt = None,
+    target: Target = None,
 ) -> None:
     """Index text and code files with the target's tokenizer (.gitignore is respected)."""
     with cli_errors("\ninterrupted; the store is as it was"):
@@ -107,7 +109,8 @@ def add(
 
 
 @datastore_app.command("list")
-def list_stores(target: TargetOpt = None) -> None:
+@option_groups
+def list_stores(target: Target = None) -> None:
     """Show the stores and the history: size, sources, and whether the target can use them."""
     with cli_errors():
         library = Library()

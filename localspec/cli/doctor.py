@@ -15,9 +15,9 @@ import typer
 
 from localspec.cli.common import cli_errors
 from localspec.cli.groups import option_groups
-from localspec.cli.options import PairChoice
 from localspec.errors import EXIT_FAILURE
 from localspec.session.doctor import diagnose
+from localspec.session.options import PairChoice, command_line
 
 
 @option_groups
@@ -29,7 +29,7 @@ def doctor(
     """Check the llama.cpp build, the devices, where each model would run, the models on
     disk and the costs measured here; what a bug report should quote."""
     with cli_errors():
-        report = diagnose(pair.options(command="doctor"))
+        report = diagnose(pair.options(spelling=command_line("doctor")))
     if json_out:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -1,10 +1,15 @@
 """Option groups: options declared once, as the fields of a dataclass, shared by commands.
 
-An option group is a frozen dataclass whose fields are typer parameters: each field's type
-is ``Annotated[T, typer.Option(...)]`` and its default is the option's default. A command
-decorated with ``@option_groups`` names a group as the type of one of its parameters
-(``model: ModelChoice``); typer then sees the group's fields in that parameter's place, one
-option each, and the command receives one instance of the group built from their values.
+An option group is a frozen dataclass whose fields are options: each field's type is
+``Annotated[T, Option(...)]`` (the shared set's ``session.options.Option``, or typer's own)
+and its default is the option's default. A command decorated with ``@option_groups`` names
+a group as the type of one of its parameters (``model: ModelChoice``); typer then sees the
+group's fields in that parameter's place, one option each, and the command receives one
+instance of the group built from their values. A parameter of the command typed with a
+shared option alone (``threads: Threads``) is that option.
+
+A shared option becomes typer's (``typer_annotation``), with its flags, help, metavar and
+whether it is listed.
 
 A field's name is the command's parameter name (``ctx.get_parameter_source("seed")`` keeps
 working), so two groups of one command, or a group and the command, must not share a name:
@@ -18,7 +23,11 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from localspec.session.options import declared
 
 R = TypeVar("R")
 
@@ -26,6 +35,18 @@ R = TypeVar("R")
 def is_group(annotation: Any) -> bool:
     """Whether a parameter's type is an option group (a dataclass type)."""
     return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
+
+
+def typer_annotation(annotation: Any) -> Any:
+    """A parameter's annotation as typer reads it: a shared option's becomes typer's option
+    of the same flags and help; any other is left as it is."""
+    option = declared(annotation)
+    if option is None:
+        return annotation
+    given = typer.Option(
+        *option.flags, help=option.help, metavar=option.metavar, hidden=option.hidden
+    )
+    return Annotated[annotation.__origin__, given]  # type: ignore[name-defined]
 
 
 def group_parameters(group: type) -> list[inspect.Parameter]:
@@ -40,7 +61,7 @@ def group_parameters(group: type) -> list[inspect.Parameter]:
             field.name,
             inspect.Parameter.KEYWORD_ONLY,
             default=field.default,
-            annotation=hints[field.name],
+            annotation=typer_annotation(hints[field.name]),
         )
         for field in dataclasses.fields(group)
     ]
@@ -60,7 +81,7 @@ def option_groups(command: Callable[..., R]) -> Callable[..., R]:
             groups[parameter.name] = annotation
             parameters += group_parameters(annotation)
         else:
-            parameters.append(parameter.replace(annotation=annotation))
+            parameters.append(parameter.replace(annotation=typer_annotation(annotation)))
     names = [parameter.name for parameter in parameters]
     if len(set(names)) != len(names):
         twice = sorted({name for name in names if names.count(name) > 1})

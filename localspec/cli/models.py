@@ -21,13 +21,14 @@ from rich.table import Table
 
 from localspec.backend.quantize import ftype_for, quantize
 from localspec.cli.common import cli_errors, echo_progress, signals_interrupt
-from localspec.cli.options import ThreadsOpt
+from localspec.cli.groups import option_groups
 from localspec.errors import ModelNotFoundError
 from localspec.models import catalog, fetch, paths
 from localspec.models.derive import compact_layers, parse_layers
 from localspec.models.derived import derived_folders, remove_derived
 from localspec.models.resources import human
 from localspec.progress import Progress, ProgressKind
+from localspec.session.options import Threads
 
 # The self-draft module loads llama.cpp when imported, the vocabulary check when it runs:
 # both are imported only by their command, so ``localspec --help`` and ``localspec models
@@ -248,6 +249,7 @@ def optimize(
 
 
 @models_app.command("derive-draft")
+@option_groups
 def derive_draft(
     target: Annotated[
         str | None,
@@ -258,7 +260,7 @@ def derive_draft(
         typer.Option(help="derive exactly these layers, e.g. 0-7,20-27 (no measurement)"),
     ] = None,
     refresh: Annotated[bool, typer.Option("--refresh", help="measure and derive again")] = False,
-    threads: ThreadsOpt = None,
+    threads: Threads = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="print only the derived file's path")
     ] = False,

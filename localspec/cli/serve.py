@@ -36,10 +36,15 @@ import typer
 
 from localspec.cli.common import cli_errors, echo_error, echo_progress, is_loopback
 from localspec.cli.groups import option_groups
-from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice
 from localspec.errors import UsageError
 from localspec.progress import Progress
 from localspec.serve.access import Access
+from localspec.session.options import (
+    DraftingChoice,
+    ModelChoice,
+    SamplingChoice,
+    SharedStoreChoice,
+)
 
 # The session module loads llama.cpp, and the server's app and clients the web framework and
 # numpy, so they are imported only when the server starts (the session by its loading
@@ -104,17 +109,7 @@ def serve(
     sampling: SamplingChoice,
     drafting: DraftingChoice,
     model: ModelChoice,
-    store: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--store",
-            metavar="NAME",
-            help="draft every client's answers from this datastore too (repeatable; every "
-            "client can probe it through timings: see docs/serve.md, Security)",
-        ),
-    ] = None,
-    no_store: Annotated[bool, typer.Option("--no-store", hidden=True)] = False,  # the default
-    no_history: Annotated[bool, typer.Option("--no-history", hidden=True)] = False,  # likewise
+    stores: SharedStoreChoice,
 ) -> None:
     """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions)."""
     from localspec.serve.app import ServerState
@@ -122,8 +117,7 @@ def serve(
 
     with cli_errors():
         params = sampling.params(drafting, max_tokens=max_tokens)
-        # The user's own history is neither kept nor shared unless --store names it.
-        options = model.options(params.drafter, stores=tuple(store or ()), history=False)
+        options = model.options(params.drafter, **stores.fields())
         keys = read_keys(api_key or [], api_key_file)
     _warn_of_exposure(host, keys)
     state = ServerState(
@@ -142,7 +136,10 @@ def serve(
     )
     state.loader.start()
     typer.echo(f"serving on http://{host}:{port}/v1 (loading the models)", err=True)
-    if not run(state, host, port):
+    freed = run(state, host, port)
+    if state.load_error is not None:  # the server stopped: it has nothing to serve
+        raise typer.Exit(echo_error(state.load_error))
+    if not freed:
         # A thread may still use the models (or is loading them): freeing them, as the
         # interpreter's exit would, could crash; the system takes them back instead.
         what = "the models were still loading" if state.loading else "a generation did not stop"
@@ -215,6 +212,9 @@ class StoppedLoading(BaseException):
 
 
 def load_into(state, options, queue_size: int, history: bool = False) -> None:  # noqa: ANN001
+    """Load the pair, then serve it (``ServerState.serve_with``). A failure is left in
+    ``state.load_error``, which stops the server (serve/server.py); ``serve`` then says it
+    and exits with its code."""
     from localspec.serve.clients import keep_apart
     from localspec.serve.worker import GenerationWorker
     from localspec.session.open import open_session
@@ -230,8 +230,9 @@ def load_into(state, options, queue_size: int, history: bool = False) -> None:  
         state.loading = False
         return
     except Exception as err:  # typed errors and bugs alike: said in one line, as the CLI does
-        state.load_error = str(err)
-        os._exit(echo_error(err))  # the server cannot do anything without its models
+        state.loading = False
+        state.load_error = err  # the server stops, and serve says why and exits with its code
+        return
     if state.closing:  # stopped while loading: nobody will use the pair
         session.close()
         state.loading = False
@@ -240,13 +241,9 @@ def load_into(state, options, queue_size: int, history: bool = False) -> None:  
         # What auto learns from one client's answers would shape another's next start.
         session.learning = None
     session.learn_with(state.defaults)  # a request's own limits learn apart, unsaved
-    state.model_id = session.target.path.stem
-    state.draft_id = session.draft_path.stem if session.draft_path is not None else None
-    state.derived_draft = session.decoder.draft_name == "self"
-    state.placement = session.placement.to_dict() if session.placement else None
     worker = GenerationWorker(session, max_queue=queue_size, on_client=keep_apart(history))
     worker.start()
-    state.worker = worker
+    state.serve_with(worker)
     state.loading = False
     if session.slot is not None:  # whether the draft model was loaded, and why
         typer.echo(session.slot.summary(), err=True)

@@ -1,13 +1,16 @@
 """The HTTP front end: OpenAI's chat and completion endpoints over a ``GenerationWorker``.
 
-``create_app(state)`` builds a FastAPI app. ``ServerState`` holds the worker once the pair is
-loaded (``/health`` answers ``loading`` until then, and every other endpoint a 503). Every
+``create_app(state)`` builds a FastAPI app. ``ServerState`` (serve/state.py) holds the worker
+once the pair is loaded, with the facts of the pair the endpoints read (``/health`` answers
+``loading`` until then, and every other endpoint a 503); no endpoint touches the session,
+which is the worker's. Every
 request first passes ``access.Guard`` (its ``Host`` and ``Origin``); every endpoint but
 ``/health`` then requires ``Authorization: Bearer KEY`` when keys are set (``/health`` says
 how many requests wait only to a caller with a key), and the key names the client a job
 runs for (the worker keeps clients apart, see serve/worker.py). A POST
-body must be ``application/json`` of at most ``max_body`` bytes; every field is checked
-before a job is queued, and every refusal has OpenAI's error shape. An internal failure is
+body must be ``application/json`` of at most ``max_body`` bytes, read once into a typed
+request (serve/requests.py) whose every field is checked before a job is queued, and every
+refusal has OpenAI's error shape. An internal failure is
 logged with an id and answered with that id, never with its text. A streamed answer is sent
 as server-sent events; the first event (or error) is awaited before the response starts, so
 a request that cannot run gets a proper status. A client that disconnects, streamed or not,
@@ -30,9 +33,8 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -42,15 +44,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import Event, Finished
 from localspec.core.params import GenerationParams
-from localspec.serve.access import Access, Guard, client_of
+from localspec.serve.access import Guard, client_of
 from localspec.serve.errors import ApiError
-from localspec.serve.openai_shapes import (
-    chat_messages,
-    completion_prompts,
-    generation_params,
-    prediction_text,
-    stream_flags,
-)
 from localspec.serve.replies import (
     Asked,
     cancel_on_disconnect,
@@ -60,33 +55,20 @@ from localspec.serve.replies import (
     streamed_answer,
     whole_answer,
 )
-from localspec.serve.worker import GenerationWorker, Job, QueueFull
+from localspec.serve.requests import (
+    ApiRequest,
+    CompletionRequest,
+    chat_request,
+    completion_request,
+)
+from localspec.serve.state import ServerState
+from localspec.serve.worker import Job, QueueFull
 from localspec.session.session import Session
 
 JSON_TYPE = "application/json"
 # A prediction longer than this many contexts cannot be copied by any answer: refused.
 PREDICTION_CONTEXTS = 4
-
-
-@dataclass
-class ServerState:
-    defaults: GenerationParams
-    access: Access = field(default_factory=Access)
-    max_body: int = 1 << 20
-    max_tokens_limit: int | None = None  # the most new tokens a request may ask for
-    speculative_overrides: bool = True  # a request may set speculative.* (within limits)
-    timings: bool = True  # False (--no-timings): answers carry no ``timings`` object
-    worker: GenerationWorker | None = None
-    model_id: str = "localspec"
-    draft_id: str | None = None
-    derived_draft: bool = False  # the draft was derived from the target (--draft self)
-    placement: dict[str, Any] | None = None  # where each model runs (session/placement.py)
-    load_error: str | None = None
-    loading: bool = False  # the pair is being loaded (cli/serve.py's loader thread)
-    loader: threading.Thread | None = None  # that thread: it stops at its next step
-    closing: bool = False  # told to stop: a pair loaded now is freed, not served
-    # Control-token text in a /v1/completions prompt acts as control tokens (never in chat).
-    parse_special: bool = False
+Parsed = TypeVar("Parsed", bound=ApiRequest)
 
 
 def _with_prediction(
@@ -114,14 +96,6 @@ def _counted(events: Iterator[Event], asked: Asked) -> Iterator[Event]:
         if isinstance(event, Finished) and asked.predicted:
             asked.counts.append(prediction_counts(asked.predicted[0], event.token_ids))
         yield event
-
-
-def _check_prediction(params: GenerationParams, predicted: str | None) -> None:
-    """A prediction is drafted from by ``auto`` only: with another drafter it would be
-    ignored, and its counts would say nothing of the answer."""
-    if predicted is not None and not params.drafter.uses_cost_model:
-        raise ApiError(400, f"a prediction is drafted from by speculative.drafter auto, not "
-                       f"{params.drafter}: drop one or the other", param="prediction")  # fmt: skip
 
 
 def _check_drafter(state: ServerState, params: GenerationParams) -> None:
@@ -181,7 +155,7 @@ async def internal_error(request: Request, err: Exception) -> JSONResponse:
 
 async def health(request: Request) -> JSONResponse:
     state = _state(request)
-    if state.load_error:
+    if state.load_error is not None:
         return JSONResponse({"status": "error", "message": "the models could not be "
                              "loaded; the server's log says why"}, 500)  # fmt: skip
     if state.worker is None:
@@ -203,73 +177,51 @@ async def models(request: Request) -> dict[str, Any]:
 
 
 async def chat_completions(request: Request) -> Any:
-    state = _state(request)
-    client = client_of(state.access, request.headers.get("authorization"))
-    body = await _read_json(state, request)
-    messages = chat_messages(body)
-    params = generation_params(
-        body, state.defaults, state.max_tokens_limit, state.speculative_overrides
-    )
-    _check_drafter(state, params)
-    predicted = prediction_text(body)
-    _check_prediction(params, predicted)
-    stream, include_usage = stream_flags(body)
-    asked = Asked(chat=True, stream=stream, include_usage=include_usage)
+    state, client, chat = await _parsed(request, chat_request)
+    asked = chat.asked()
 
     def start(session: Session, cancel: threading.Event) -> Iterator[Event]:
-        chosen = _with_prediction(session, params, predicted, asked)
-        return _counted(session.chat(messages, chosen, cancel), asked)
+        params = _with_prediction(session, chat.params, chat.prediction, asked)
+        return _counted(session.chat(chat.messages, params, cancel), asked)
 
-    return await _answer(state, request, Job(start, params, client=client), asked)
+    return await _answer(state, request, Job(start, chat.params, client=client), asked)
 
 
 async def completions(request: Request) -> Any:
-    state = _state(request)
-    client = client_of(state.access, request.headers.get("authorization"))
-    body = await _read_json(state, request)
-    assert state.worker is not None
-    session = state.worker.session
-    suffix = _suffix(state, session, body)
-    prompts = completion_prompts(body, session.target.n_vocab, infill=bool(suffix))
-    params = generation_params(
-        body, state.defaults, state.max_tokens_limit, state.speculative_overrides
-    )
-    _check_drafter(state, params)
-    predicted = prediction_text(body)
-    _check_prediction(params, predicted)
-    stream, include_usage = stream_flags(body)
-    asked = Asked(False, stream, include_usage, n_prompts=len(prompts))
+    state, client, completion = await _parsed(request, completion_request)
+    asked = completion.asked()
 
     def start(session: Session, cancel: threading.Event) -> Iterator[Event]:
-        chosen = _with_prediction(session, params, predicted, asked)
-        token_lists = [
-            p if isinstance(p, list)
-            else session.infill_tokens(p, suffix) if suffix
-            else session.text_tokens(p, raw=True, parse_special=state.parse_special)
-            for p in prompts
-        ]  # fmt: skip
+        params = _with_prediction(session, completion.params, completion.prediction, asked)
+        token_lists = [_prompt_tokens(session, completion, p) for p in completion.prompts]
         for tokens in token_lists:  # all fit (the engine's check) before the first runs
-            session.check_prompt(tokens, chosen)
-        return _counted(_in_turn(session, token_lists, chosen, cancel), asked)
+            session.check_prompt(tokens, params)
+        return _counted(_in_turn(session, token_lists, params, cancel), asked)
 
-    return await _answer(state, request, Job(start, params, client=client), asked)
+    return await _answer(state, request, Job(start, completion.params, client=client), asked)
 
 
-def _suffix(state: ServerState, session: Session, body: dict[str, Any]) -> str | None:
-    """The request's ``suffix``, checked: text, and only for a model with FIM tokens."""
-    suffix = body.get("suffix")
-    if suffix is not None and not isinstance(suffix, str):
-        raise ApiError(400, "suffix must be text", param="suffix")
-    if suffix and not session.fim.infill:
-        raise ApiError(
-            400,
-            f"suffix (fill-in-the-middle) needs a model with FIM tokens, and "
-            f"{state.model_id} has none: use a code model trained for infill, such as "
-            "Qwen2.5-Coder",
-            param="suffix",
-            code="unsupported_parameter",
-        )
-    return suffix
+async def _parsed(
+    request: Request, parse: Callable[[dict[str, Any], ServerState], Parsed]
+) -> tuple[ServerState, str, Parsed]:
+    """The server's state, the request's client (its key checked first) and the request
+    as ``parse`` reads its body: once, each field checked, before any job is queued."""
+    state = _state(request)
+    client = client_of(state.access, request.headers.get("authorization"))
+    parsed = parse(await _read_json(state, request), state)
+    _check_drafter(state, parsed.params)
+    return state, client, parsed
+
+
+def _prompt_tokens(session: Session, completion: CompletionRequest, prompt: str | list[int]
+                   ) -> list[int]:  # fmt: skip
+    """One prompt's tokens, in the worker: token ids as given, a fill-in-the-middle between
+    the model's FIM tokens, or text read raw."""
+    if isinstance(prompt, list):
+        return prompt
+    if completion.suffix:
+        return session.infill_tokens(prompt, completion.suffix)
+    return session.text_tokens(prompt, raw=True, parse_special=completion.parse_special)
 
 
 async def _answer(state: ServerState, request: Request, job: Job, asked: Asked) -> Any:

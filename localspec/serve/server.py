@@ -1,7 +1,9 @@
 """Running the app, and stopping it without pulling the models from under a generation.
 
 ``run(state, host, port)`` serves ``create_app(state)`` with uvicorn until it is told to
-stop (Ctrl-C, SIGTERM), then ``shutdown(state)``; either signal ends it normally.
+stop (Ctrl-C, SIGTERM) or the pair could not be loaded (``ServerState.load_error``: the
+caller says why and exits with its code), then ``shutdown(state)``; either signal ends it
+normally.
 ``StoppingServer`` is uvicorn's server whose shutdown first cancels every generation
 (``GenerationWorker.cancel_all``): uvicorn waits for open responses to end before it
 returns, and a stream still being written would otherwise hold it for as long as its answer
@@ -37,6 +39,12 @@ class StoppingServer(uvicorn.Server):
         if self.localspec.worker is not None:
             self.localspec.worker.cancel_all()
         await super().shutdown(sockets)
+
+    async def on_tick(self, counter: int) -> bool:
+        """Whether to stop: told to, or left without a pair to serve."""
+        if self.localspec.load_error is not None:
+            return True
+        return await super().on_tick(counter)
 
 
 class Stopped(Exception):

@@ -1,10 +1,28 @@
-"""Option values as people give them, checked the same way for every front end.
+"""The options people give, declared once, and checked the same way for every front end.
 
-The command line and the Python API (``localspec.api``) take the same options and refuse
-the same bad values with the same ``UsageError``; only the spelling differs. A message names
-the option as its front end writes it, and its hint says where that front end describes
-its options (``Spelling``: ``--max-tokens`` and ``see localspec complete --help`` on the
-command line, ``max_tokens`` and the API's own pointer in Python).
+The option set: each group is a frozen dataclass whose fields are options, typed
+``Annotated[T, Option(...)]`` with the option's default as the field's:
+
+- ``PairChoice``: which target and draft, and where their layers run (``doctor``);
+- ``ModelChoice``: that, plus the RPC workers and ``--exact`` (every command that loads the
+  pair, the Python API's ``load``); ``options(...)`` checks the values and returns the
+  ``ModelOptions``;
+- ``StoreChoice``: the datastores to draft from (``complete``, ``chat``);
+  ``SharedStoreChoice``: those every client of ``serve`` drafts from;
+- ``SamplingChoice`` and ``DraftingChoice``: how tokens are sampled and drafted;
+  ``SamplingChoice.params(...)`` checks them and returns the ``GenerationParams``.
+
+An ``Option`` holds what ``--help`` says of it and how the command line writes it (the CLI
+turns it into typer's option: ``cli.groups``), and where its value goes: the field of
+``ModelOptions`` or ``GenerationParams`` it sets (``to``, where not its own name) and how
+the value as given becomes that field's (``read``). ``settings(group)`` applies them, so a
+front end never maps an option itself: adding an option is one field of a group.
+
+The checks: the command line and the Python API (``localspec.api``) take the same options
+and refuse the same bad values with the same ``UsageError``; only the spelling differs. A
+message names the option as its front end writes it, and its hint says where that front end
+describes its options (``Spelling``: ``--max-tokens`` and ``see localspec complete --help``
+on the command line, ``max_tokens`` and the API's own pointer in Python).
 
 - ``drafter_mode(value)``: a drafter's name as a ``DrafterMode``;
 - ``build_params(**fields)``: ``GenerationParams``, the fields given as None left at their
@@ -14,25 +32,29 @@ command line, ``max_tokens`` and the API's own pointer in Python).
   which decides whether the draft is loaded (at once, or only where it may pay) and the
   machine's costs measured (``self``
   drafts with a draft derived from the target's own layers);
-- ``parse_shares(value)``: the share of the target's layers per RPC worker;
+- ``parse_shares(value, name)``: the share of the target's layers per RPC worker;
 - ``invalid_value(error)``: a pydantic ``ValidationError`` of option values as a
   ``UsageError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
+import os
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Self
 
 from pydantic import ValidationError
 
+from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
+from localspec.backend.rpc import parse_endpoints
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import UsageError, validation_problem
 from localspec.session.pair import SELF_DRAFT, ModelOptions
-
-# Fields of ModelOptions whose option has another name.
-OPTION_NAMES = {"n_ctx": "ctx", "n_gpu_layers": "gpu_layers"}
+from localspec.session.placement import parse_layers
 
 
 @dataclass(frozen=True)
@@ -120,15 +142,312 @@ def model_options(
 
 
 def parse_shares(
-    value: str | Sequence[float] | None, spelling: Spelling = COMMAND_LINE
+    value: str | Sequence[float] | None, name: str = "--rpc-split"
 ) -> tuple[float, ...]:
-    """``"3,1"`` (or ``[3, 1]``) -> ``(3.0, 1.0)``; nothing -> ``()`` (by the workers' memory)."""
+    """``"3,1"`` (or ``[3, 1]``) -> ``(3.0, 1.0)``; nothing -> ``()`` (by the workers' memory).
+    ``name``: the option as its front end writes it, for the error."""
     if not value:
         return ()
     parts = value.split(",") if isinstance(value, str) else value
     try:
         return tuple(float(part) for part in parts)
     except (TypeError, ValueError):
-        raise UsageError(
-            f"invalid {spelling.option('rpc_split')} {value!r}", "write numbers, e.g. 3,1"
-        ) from None
+        raise UsageError(f"invalid {name} {value!r}", "write numbers, e.g. 3,1") from None
+
+
+# -- the option set ---------------------------------------------------------------------------
+
+# How an option's value as given becomes its field's: ``read(value, name)``, where ``name``
+# is the option as its front end writes it (``--gpu-layers``, ``gpu_layers``), for an error.
+Reader = Callable[[Any, str], Any]
+
+
+class Option:
+    """One option as people see it, and where its value goes.
+
+    ``flags``: its command-line names where they are not ``--NAME`` (a bool named
+    ``"--exact"`` alone is a flag without a ``--no-`` form); ``help``: what ``--help`` says
+    of it; ``metavar``: its value's placeholder there; ``hidden``: taken but not listed.
+    ``to``: the ``ModelOptions`` or ``GenerationParams`` field it sets, where not its own
+    name; ``read``: the ``Reader`` of its value, where the field takes another form.
+
+    A group field's type is the value as the command line gives it (text for a number of
+    layers or a list of workers); the Python API may give the forms its own signature
+    names (a number, a list, a path), which each reader takes too."""
+
+    def __init__(
+        self,
+        *flags: str,
+        help: str | None = None,
+        metavar: str | None = None,
+        hidden: bool = False,
+        to: str | None = None,
+        read: Reader | None = None,
+    ) -> None:
+        self.flags = flags
+        self.help = help
+        self.metavar = metavar
+        self.hidden = hidden
+        self.to = to
+        self.read = read
+
+    def __repr__(self) -> str:
+        return f"Option(flags={self.flags!r}, help={self.help!r}, to={self.to!r})"
+
+
+def declared(annotation: Any) -> Option | None:
+    """The ``Option`` an annotation carries (``Annotated[T, Option(...)]``), if any."""
+    return next((m for m in getattr(annotation, "__metadata__", ()) if isinstance(m, Option)), None)
+
+
+@functools.cache
+def options_of(group: type) -> dict[str, Option]:
+    """A group's options by field name, in the fields' order."""
+    hints = typing.get_type_hints(group, include_extras=True)
+    found = {field.name: declared(hints[field.name]) for field in dataclasses.fields(group)}
+    missing = [name for name, option in found.items() if option is None]
+    if missing:
+        raise TypeError(f"{group.__name__}: fields without an Option: {', '.join(missing)}")
+    return typing.cast(dict[str, Option], found)
+
+
+def settings(choice: Any, spelling: Spelling = COMMAND_LINE) -> dict[str, Any]:
+    """The ``ModelOptions`` or ``GenerationParams`` fields a group's values set: each under
+    its option's ``to`` (else its own name), read by its ``read``; a value that cannot be
+    read is a ``UsageError`` worded for ``spelling``."""
+    fields: dict[str, Any] = {}
+    group: type = type(choice)
+    for name, option in options_of(group).items():
+        value = getattr(choice, name)
+        if option.read is not None:
+            value = option.read(value, spelling.option(name))
+        fields[option.to or name] = value
+    return fields
+
+
+def model_reference(value: Any, name: str) -> Any:
+    """A model given as a ``pathlib.Path`` is its path's text; anything else is validated
+    as the command line's text is."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def layers(value: Any, name: str) -> int | None:
+    """A number of layers (``auto``, ``all`` or N) as ``ModelOptions`` holds it."""
+    return parse_layers(value, name)
+
+
+def endpoints(value: Any, name: str) -> tuple[str, ...]:
+    """RPC workers (``"h:1,h:2"``, or a list in Python) as ``HOST:PORT`` texts."""
+    return tuple(map(str, parse_endpoints(value))) if value else ()
+
+
+def negated(value: Any, name: str) -> bool:
+    """A ``--no-X`` flag as the field ``X`` it turns off."""
+    return not value
+
+
+LAYERS_METAVAR = "auto|all|N"
+Target = Annotated[
+    str | None, Option(help="target: path, catalog name or repo:file", read=model_reference)
+]
+Threads = Annotated[int | None, Option(help="CPU threads (default: all cores)")]
+Temperature = Annotated[float, Option(help="0 is greedy")]
+
+
+@dataclass(frozen=True)
+class PairChoice:
+    """Which target and draft, and where their layers run."""
+
+    target: Target = None
+    draft: Annotated[
+        str | None,
+        Option(
+            help="draft: path, catalog name or repo:file; self: derived from the target's layers",
+            read=model_reference,
+        ),
+    ] = None
+    threads: Threads = None
+    ctx: Annotated[int, Option(help="context size in tokens", to="n_ctx")] = 4096
+    gpu_layers: Annotated[
+        str | None,
+        Option(
+            metavar=LAYERS_METAVAR,
+            help="target layers on the GPU (or on the --rpc workers): auto (default) puts all "
+            "of them there when this build can offload and they fit, else runs on the CPU; "
+            "all, 0 (the CPU) or a number of layers",
+            to="n_gpu_layers",
+            read=layers,
+        ),
+    ] = None
+    draft_gpu_layers: Annotated[
+        str | None,
+        Option(
+            metavar=LAYERS_METAVAR,
+            help="draft layers on the GPU: auto (default) follows --gpu-layers in the memory "
+            "the target leaves; 0 keeps the draft on the CPU",
+            read=layers,
+        ),
+    ] = None
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Self:
+        """The group of those of ``values`` that are its options (a call's keywords)."""
+        return cls(**{field.name: values[field.name] for field in dataclasses.fields(cls)})
+
+    def options(
+        self,
+        drafter: DrafterMode | None = None,
+        *,
+        spelling: Spelling = COMMAND_LINE,
+        **fields: Any,
+    ) -> ModelOptions:
+        """The checked ``ModelOptions``, ``fields`` (``stores``, ``recalibrate``...) added.
+        With a ``drafter``, whether the draft is loaded and the costs measured follow from
+        it (``model_options``) unless ``fields`` set them. A bad value is a ``UsageError``
+        worded for ``spelling``."""
+        values = {**settings(self, spelling), **fields}
+        if drafter is not None:
+            return model_options(drafter, spelling=spelling, **values)
+        return pair_options(spelling=spelling, **values)
+
+
+@dataclass(frozen=True)
+class ModelChoice(PairChoice):
+    """The pair and where it runs, on this machine or on RPC workers, and its kernels."""
+
+    rpc: Annotated[
+        str | None,
+        Option(
+            "--rpc",
+            metavar="HOST:PORT[,...]",
+            help="run the target's layers on llama.cpp RPC workers (localspec worker on each "
+            "machine); the draft stays on this one",
+            read=endpoints,
+        ),
+    ] = None
+    rpc_timeout: Annotated[
+        float,
+        Option(
+            "--rpc-timeout",
+            help="seconds one target evaluation may wait on the RPC workers before the answer "
+            "ends with an error",
+        ),
+    ] = DEFAULT_RPC_TIMEOUT
+    rpc_split: Annotated[
+        str | None,
+        Option(
+            "--rpc-split",
+            metavar="N,N,...",
+            help="share of the target's layers per --rpc worker, e.g. 3,1 (default: by each "
+            "worker's free memory)",
+            read=parse_shares,
+        ),
+    ] = None
+    exact: Annotated[
+        bool,
+        Option(
+            "--exact",
+            help="greedy output identical to plain decoding's, token for token, whatever the "
+            "drafter (batch-invariant kernels; slower)",
+        ),
+    ] = False
+
+
+@dataclass(frozen=True)
+class StoreChoice:
+    """The datastores to draft from, and whether answers join the history store."""
+
+    store: Annotated[
+        list[str] | None,
+        Option(
+            "--store",
+            metavar="NAME",
+            help="draft from this datastore (repeatable; default: every store built with the "
+            "target's tokenizer, the history of answers included)",
+        ),
+    ] = None
+    no_store: Annotated[bool, Option("--no-store", help="draft from no datastore")] = False
+    no_history: Annotated[
+        bool, Option("--no-history", help="do not add answers to the history store")
+    ] = False
+
+    def fields(self, spelling: Spelling = COMMAND_LINE) -> dict[str, Any]:
+        """The ``ModelOptions`` fields they set: ``stores`` and ``history``."""
+        if self.store and self.no_store:
+            store, no_store = spelling.option("store"), spelling.option("no_store")
+            raise UsageError(f"{store} and {no_store} contradict each other", "give one of them")
+        stores = () if self.no_store else (tuple(self.store) if self.store else None)
+        return {"stores": stores, "history": not self.no_history}
+
+
+@dataclass(frozen=True)
+class SharedStoreChoice(StoreChoice):
+    """The datastores every client of a server drafts from: none unless named, and the
+    user's own history neither kept nor shared unless ``--store`` names it. ``--no-store``
+    and ``--no-history`` say what is already so: taken, not listed."""
+
+    store: Annotated[
+        list[str] | None,
+        Option(
+            "--store",
+            metavar="NAME",
+            help="draft every client's answers from this datastore too (repeatable; every "
+            "client can probe it through timings: see docs/serve.md, Security)",
+        ),
+    ] = None
+    no_store: Annotated[bool, Option("--no-store", hidden=True)] = False
+    no_history: Annotated[bool, Option("--no-history", hidden=True)] = False
+
+    def fields(self, spelling: Spelling = COMMAND_LINE) -> dict[str, Any]:
+        return {"stores": tuple(self.store or ()), "history": False}
+
+
+@dataclass(frozen=True)
+class DraftingChoice:
+    """Which drafter, and how long and how branched its drafts may be."""
+
+    drafter: Annotated[
+        DrafterMode,
+        Option(
+            help="auto (cost model), model, ngram, self (a draft of the target's own layers), "
+            "lookahead (the target's own guesses; exact when sampling), or none (plain decoding)"
+        ),
+    ] = DrafterMode.AUTO
+    draft_max: Annotated[int, Option(help="longest draft per round")] = 16
+    no_trees: Annotated[
+        bool,
+        Option(
+            "--no-trees",
+            help="verify single draft chains only (auto otherwise verifies competing drafts "
+            "as one draft tree when that is expected to pay; greedy decoding only)",
+            to="trees",
+            read=negated,
+        ),
+    ] = False
+
+
+@dataclass(frozen=True)
+class SamplingChoice:
+    """How the next token is chosen (greedy unless ``temperature`` is above 0)."""
+
+    temperature: Temperature = 0.0
+    top_k: Annotated[int, Option(help="sampling: keep the k most likely (0: off)")] = 40
+    top_p: Annotated[float, Option(help="sampling: nucleus mass (1: off)")] = 0.95
+    min_p: Annotated[float, Option(help="sampling: drop below min-p x top (0: off)")] = 0.05
+    seed: Annotated[int | None, Option(help="sampling seed")] = None
+
+    def params(
+        self, drafting: DraftingChoice, *, spelling: Spelling = COMMAND_LINE, **fields: Any
+    ) -> GenerationParams:
+        """The checked ``GenerationParams`` of these and ``drafting``'s values, with
+        ``fields`` (``max_tokens``, ``trace``...)."""
+        return build_params(
+            spelling=spelling,
+            **settings(self, spelling),
+            **settings(drafting, spelling),
+            **fields,
+        )
+
+
+# Fields of ModelOptions whose option has another name, in every front end (``ctx``).
+OPTION_NAMES = {option.to: name for name, option in options_of(ModelChoice).items() if option.to}

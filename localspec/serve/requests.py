@@ -1,0 +1,112 @@
+"""A request's body read once, before any job is queued, into the typed request its
+endpoint runs.
+
+``chat_request(body, state)`` reads ``/v1/chat/completions``' body into a ``ChatRequest``,
+``completion_request(body, state)`` reads ``/v1/completions``' into a
+``CompletionRequest``; both read what every request carries alike (``ApiRequest``: its
+``GenerationParams`` over the server's defaults and within its limits, its prediction's
+text, whether to stream and to add the usage) in the same steps and order. Every refusal
+is an ``ApiError`` (a 400 that names the field, in OpenAI's shape, serve/openai_shapes.py);
+nothing here touches the session: what a completion's prompts are checked against (the
+vocabulary, whether the model has FIM tokens) is the ``ServerState``'s copy of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from localspec.core.params import GenerationParams
+from localspec.serve.errors import ApiError
+from localspec.serve.openai_shapes import (
+    chat_messages,
+    completion_prompts,
+    generation_params,
+    prediction_text,
+    stream_flags,
+)
+from localspec.serve.replies import Asked
+from localspec.serve.state import ServerState
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """What every request asks of its generation."""
+
+    params: GenerationParams
+    prediction: str | None  # the answer's predicted text (read with the tokenizer in the worker)
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class ChatRequest(ApiRequest):
+    messages: list[dict[str, str]]
+
+    def asked(self) -> Asked:
+        """What its answer is shaped by (serve/replies.py)."""
+        return Asked(True, self.stream, self.include_usage)
+
+
+@dataclass(frozen=True)
+class CompletionRequest(ApiRequest):
+    prompts: list[str | list[int]]  # text, or token ids within the vocabulary
+    suffix: str | None  # fill-in-the-middle: the text after the cursor
+    parse_special: bool  # control-token text in a prompt acts as control tokens
+
+    def asked(self) -> Asked:
+        """What its answer is shaped by (serve/replies.py): one choice per prompt."""
+        return Asked(False, self.stream, self.include_usage, n_prompts=len(self.prompts))
+
+
+def chat_request(body: dict[str, Any], state: ServerState) -> ChatRequest:
+    messages = chat_messages(body)
+    params, prediction, stream, include_usage = _generation(body, state)
+    return ChatRequest(params, prediction, stream, include_usage, messages)
+
+
+def completion_request(body: dict[str, Any], state: ServerState) -> CompletionRequest:
+    suffix = _suffix(body, state)
+    prompts = completion_prompts(body, state.n_vocab, infill=bool(suffix))
+    params, prediction, stream, include_usage = _generation(body, state)
+    return CompletionRequest(
+        params, prediction, stream, include_usage, prompts, suffix, state.parse_special
+    )
+
+
+def _generation(
+    body: dict[str, Any], state: ServerState
+) -> tuple[GenerationParams, str | None, bool, bool]:
+    """What every request carries: its params, its prediction's text and its stream flags."""
+    params = generation_params(
+        body, state.defaults, state.max_tokens_limit, state.speculative_overrides
+    )
+    prediction = prediction_text(body)
+    _check_prediction(params, prediction)
+    stream, include_usage = stream_flags(body)
+    return params, prediction, stream, include_usage
+
+
+def _check_prediction(params: GenerationParams, predicted: str | None) -> None:
+    """A prediction is drafted from by ``auto`` only: with another drafter it would be
+    ignored, and its counts would say nothing of the answer."""
+    if predicted is not None and not params.drafter.uses_cost_model:
+        raise ApiError(400, f"a prediction is drafted from by speculative.drafter auto, not "
+                       f"{params.drafter}: drop one or the other", param="prediction")  # fmt: skip
+
+
+def _suffix(body: dict[str, Any], state: ServerState) -> str | None:
+    """The request's ``suffix``, checked: text, and only for a model with FIM tokens."""
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise ApiError(400, "suffix must be text", param="suffix")
+    if suffix and not state.infill:
+        raise ApiError(
+            400,
+            f"suffix (fill-in-the-middle) needs a model with FIM tokens, and "
+            f"{state.model_id} has none: use a code model trained for infill, such as "
+            "Qwen2.5-Coder",
+            param="suffix",
+            code="unsupported_parameter",
+        )
+    return suffix
