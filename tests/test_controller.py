@@ -10,14 +10,11 @@ import pytest
 from localspec.core.controller import LOSS_BUDGET, LOSS_HORIZON, Controller, Plan
 from localspec.core.costs import CostProfile
 from localspec.core.drafting.base import Offer
-from localspec.core.drafting.copying import (
-    COPY_DEPTH,
-    COPY_ODDS,
-    CopyOffer,
-    CopyPricing,
-    bucket_of,
-)
+from localspec.core.drafting.evidence import CopyOffer, Evidence, match_bucket
+from localspec.core.drafting.grades import Grade
 from localspec.core.drafting.model import ModelDrafter
+from localspec.core.drafting.pricing import CopyPricing
+from localspec.core.drafting.tunables import COPY_DEPTH, COPY_ODDS
 from localspec.core.engine import DEFAULT_COSTS
 from localspec.core.tree import MAX_BRANCHES, TREE_MAX_NODES
 
@@ -50,12 +47,13 @@ class Pair:
         self.c = Controller(costs, **kw)
         self.copies = CopyPricing(COPY_ODDS)
         self.model = ModelDrafter(SimpleNamespace(cached=[]), lambda t: False, costs=self.c.costs)
-        self._found: dict[int, CopyOffer] = {}
+        self._copies: dict[int, CopyOffer] = {}
 
-    def ngram(self, available: int, match: int = 3, streak: bool = False, **kw) -> Offer:
-        found = CopyOffer(available, match, streak, **kw)
-        offer = self.copies.offer(NGRAM, found)
-        self._found[id(offer)] = found  # what observe grades
+    def ngram(self, available: int, match: int = 3, under_way: bool = False, **kw) -> Offer:
+        evidence = Evidence.UNDER_WAY if under_way else Evidence.MATCH
+        copy = CopyOffer(available, match, evidence, **kw)
+        offer = self.copies.offer(NGRAM, copy)
+        self._copies[id(offer)] = copy  # what observe grades
         return offer
 
     def model_offer(self, available: int, catch_up: int = 0) -> Offer:
@@ -72,7 +70,7 @@ class Pair:
         """A finished round, as the engine folds it in."""
         if offer is not None and drafted > 0:
             if offer.drafter == NGRAM:
-                self.copies.drafted(self._found[id(offer)], drafted, accepted)
+                self.copies.grade(Grade.DRAFTED, self._copies[id(offer)], drafted, accepted)
             else:
                 self.model.estimate.observe(drafted, accepted)
         self.c.observe(plan, offer, drafted, accepted)
@@ -83,7 +81,7 @@ class Pair:
 
     def expected_rate(self, offer: Offer, k: int) -> float:
         step = CPU.draft_step_s * k if offer.drafter == MODEL else 0.0
-        return (1 + offer.accepted(k)[-1]) / (CPU.verify(k) + step)
+        return (1 + offer.expected_accepted(k)[-1]) / (CPU.verify(k) + step)
 
 
 def test_never_picks_a_draft_slower_than_a_plain_step():
@@ -130,19 +128,19 @@ def test_a_long_match_drafts_on_a_cold_start_and_a_streak_drafts_longer():
     strong = p.plan(p.ngram(64, match=20))
     assert strong.drafter == NGRAM  # a long match is likely a copy
     assert strong.expected_tokens_per_s > medium.expected_tokens_per_s
-    assert bucket_of(20) == 16 and bucket_of(2) == 2
+    assert match_bucket(20) == 16 and match_bucket(2) == 2
     copying = Pair(CPU)
-    offer = copying.ngram(64, match=20, streak=True)
+    offer = copying.ngram(64, match=20, under_way=True)
     copying.learn(offer, 47, 47, 20)
-    assert copying.plan(copying.ngram(64, match=20, streak=True)).k > 16  # accepted whole
+    assert copying.plan(copying.ngram(64, match=20, under_way=True)).k > 16  # accepted whole
 
 
 def test_prefers_draft_lengths_whose_measured_cost_per_token_is_low():
     p = Pair(CPU)
-    offer = p.ngram(60, match=20, streak=True)  # a copy under way: long drafts are allowed
+    offer = p.ngram(60, match=20, under_way=True)  # a copy under way: long drafts are allowed
     p.learn(offer, 47, 47, 30)  # copies accepted whole
     # 47 drafts cost 0.33 s as measured, less than 31 drafts (0.457 s): take the cheaper batch
-    assert p.plan(p.ngram(60, match=20, streak=True)).k >= 47
+    assert p.plan(p.ngram(60, match=20, under_way=True)).k >= 47
 
 
 def test_idle_drafter_is_probed_only_if_it_could_pay():
@@ -302,14 +300,14 @@ def test_a_new_text_waits_for_a_long_match_or_for_copies_to_show():
     assert p.plan(p.ngram(40, match=4)).drafter is None  # in prose, it would part at once
     assert p.plan(p.ngram(40, match=20)).drafter == NGRAM
     for _ in range(2):  # the answer copied what plain steps passed over
-        p.copies.passed(CopyOffer(40, match=4), COPY_DEPTH, COPY_DEPTH)
+        p.copies.grade(Grade.PASSED, CopyOffer(40, match=4), COPY_DEPTH, COPY_DEPTH)
     assert p.plan(p.ngram(40, match=4)).drafter == NGRAM
 
 
 def test_a_draft_expected_to_win_by_less_than_the_margin_is_not_taken():
     p = Pair(IN_SITU, margin=1.0)
-    offer = p.ngram(1, match=20, streak=True)
-    rate = (1 + offer.accepted(1)[-1]) / IN_SITU.verify(1)
+    offer = p.ngram(1, match=20, under_way=True)
+    rate = (1 + offer.expected_accepted(1)[-1]) / IN_SITU.verify(1)
     assert rate > 1 / IN_SITU.plain_s  # it would win, a little
     assert p.plan(offer).drafter == NGRAM
     p.c.margin = rate * IN_SITU.plain_s * 1.01
@@ -333,7 +331,7 @@ def test_drafts_that_lost_time_raise_the_bar_until_the_answer_is_ahead_again():
     budget = LOSS_BUDGET * IN_SITU.plain_s * max(151, LOSS_HORIZON)
     assert c.required_margin == pytest.approx(c.margin * (1 + deficit / budget))
     assert p.plan(p.ngram(40, match=12)).drafter is None  # weaker evidence waits
-    copy = p.ngram(40, match=20, streak=True)  # a copy under way still clears the bar
+    copy = p.ngram(40, match=20, under_way=True)  # a copy under way still clears the bar
     plan = p.plan(copy)
     assert plan.drafter == NGRAM
     c.observe(plan, copy, plan.k, plan.k)  # and puts the answer ahead again
@@ -383,7 +381,7 @@ def test_no_tree_when_trees_are_off_for_sampled_rounds_streaks_or_agreeing_sourc
     assert off.plan(fork(off)).branches == 1
     p = Pair(FLAT, trees=True)
     assert p.plan(fork(p), sampled=True).branches == 1  # exact sampling over trees: no
-    assert p.plan(fork(p, streak=True)).branches == 1  # a copy under way keeps to its source
+    assert p.plan(fork(p, under_way=True)).branches == 1  # a copy under way keeps to its source
     assert p.plan(fork(p, shares=())).branches == 1
     fixed = Pair(FLAT, trees=True, fixed=True)
     assert fixed.plan(fork(fixed)).branches == 1

@@ -118,7 +118,7 @@ class Controller:
             for k, m, rate in candidates:
                 if rate > best.expected_tokens_per_s:
                     shape = f"k={k}" if m == 1 else f"tree {m}x{k}"
-                    what = f"{offer.drafter} {shape}{offer.evidence}"
+                    what = f"{offer.drafter} {shape}{offer.label}"
                     best = Plan(
                         offer.drafter, k, rate, f"{what}: {rate:.1f} tok/s expected", branches=m
                     )
@@ -141,7 +141,7 @@ class Controller:
 
     def _chains(self, offer: Offer) -> Iterator[tuple[int, int, float]]:
         """(k, 1, expected tokens per second) of every chain ``offer`` could draft."""
-        acc = offer.accepted(offer.available)
+        acc = offer.expected_accepted(offer.available)
         for k in range(self.draft_min, offer.available + 1):
             yield k, 1, (1.0 + acc[k - 1]) / self._seconds(offer, k)
 
