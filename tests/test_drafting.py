@@ -130,7 +130,7 @@ def test_a_copy_whose_deep_tokens_held_again_is_drafted_long_again():
         pricing.grade(Grade.DRAFTED, streak, 63, 63)
         for _ in range(3):
             pricing.grade(Grade.DRAFTED, streak, 63, 24)  # edits 25 tokens in
-    short = c.plan([told.offer("ngram", streak)]).k
+    short = c.choose([told.offer("ngram", streak)]).k
     assert short < 63
     for _ in range(2):
         for pricing in (told, untold):
@@ -138,8 +138,8 @@ def test_a_copy_whose_deep_tokens_held_again_is_drafted_long_again():
         told.grade(
             Grade.BEYOND, streak, 63 - short, 63 - short, short
         )  # the copy went on past them
-    assert c.plan([told.offer("ngram", streak)]).k == 63
-    assert c.plan([untold.offer("ngram", streak)]).k == short
+    assert c.choose([told.offer("ngram", streak)]).k == 63
+    assert c.choose([untold.offer("ngram", streak)]).k == short
 
 
 def test_passed_over_drafts_of_a_copy_under_way_teach_its_estimate():
@@ -152,12 +152,12 @@ def test_passed_over_drafts_of_a_copy_under_way_teach_its_estimate():
     for _ in range(30):
         # copies that parted at once (in an earlier answer)
         pricing.grade(Grade.DRAFTED, streak, 16, 1)
-    assert c.plan([pricing.offer("ngram", streak)]).drafter is None
+    assert c.choose([pricing.offer("ngram", streak)]).drafter is None
     for _ in range(40):
         pricing.grade(Grade.PASSED, streak, 12, 12)  # the answer went on copying all along
-        if c.plan([pricing.offer("ngram", streak)]).drafter == "ngram":
+        if c.choose([pricing.offer("ngram", streak)]).drafter == "ngram":
             break
-    assert c.plan([pricing.offer("ngram", streak)]).drafter == "ngram"
+    assert c.choose([pricing.offer("ngram", streak)]).drafter == "ngram"
     estimate = pricing.estimate(streak)
     before = list(estimate.tries)
     # not a streak: graded as this text's odds
@@ -169,7 +169,7 @@ def test_a_store_fork_prices_trees_as_a_copy_does():
     store = store_drafter([]).pricing
     offer = store.offer("store", CopyOffer(16, 8, support=0.5, shares=(0.5, 0.5)))
     assert offer.tree is not None and offer.branches == 2
-    assert Controller(FLAT, trees=True).plan([offer]).branches == 2
+    assert Controller(FLAT, trees=True).choose([offer]).branches == 2
 
 
 def ngram_auto() -> tuple[Planner, dict]:

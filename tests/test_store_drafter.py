@@ -88,10 +88,10 @@ def test_a_cold_long_store_match_buys_no_long_draft_until_the_text_copies_the_st
     c = Controller(cpu)
     store = store_drafter([]).pricing
     quoted = CopyOffer(31, 32)  # a question quoting a file matches it at length
-    assert c.plan([store.offer("store", quoted)]).drafter is None
+    assert c.choose([store.offer("store", quoted)]).drafter is None
     for _ in range(3):  # the answer showed it copies the store
         store.grade(Grade.PASSED, CopyOffer(31, 16), COPY_DEPTH, COPY_DEPTH)
-    plan = c.plan([store.offer("store", quoted)])
+    plan = c.choose([store.offer("store", quoted)])
     assert plan.drafter == "store" and plan.k >= 8
 
 
@@ -99,11 +99,11 @@ def test_passed_over_store_drafts_that_part_cut_its_odds_and_its_drafts_short():
     c = Controller(COSTS)  # verify batches cost little more than a step
     store = store_drafter([]).pricing
     copy = CopyOffer(16, 4)
-    assert c.plan([store.offer("store", copy)]).k == 16  # a long bet on a long copy
+    assert c.choose([store.offer("store", copy)]).k == 16  # a long bet on a long copy
     for _ in range(6):
         store.grade(Grade.PASSED, copy, COPY_DEPTH, 0)
     assert store.copies.odds < STORE_COPY_ODDS / 2
-    assert c.plan([store.offer("store", copy)]).k <= 2  # only what a parting match keeps
+    assert c.choose([store.offer("store", copy)]).k <= 2  # only what a parting match keeps
 
 
 def test_store_learning_round_trips_and_older_files_without_it_load():

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from localspec.core.cached_model import CachedModel, PendingModel, TargetModel, greedy_ids
-from localspec.core.controller import PLAIN_STEP, Controller, Plan
+from localspec.core.controller import PLAIN_STEP, Choice, Controller
 from localspec.core.costs import CostProfile, LiveCosts
 from localspec.core.drafting.base import (
     NOT_CHOSEN,
@@ -131,7 +131,7 @@ class _Verified:
 
 
 @dataclass(frozen=True)
-class _Outcome:
+class _Emitted:
     emitted: int
     paused: float  # seconds the consumer held the generator while tokens were yielded
     reason: FinishReason | None
@@ -326,12 +326,14 @@ class SpecDecoder:
         if offers:
             # Each branch is an offer's length, at most ``remaining``; every node takes a cell.
             nodes = min(room, run.tree_nodes)
-            plan = run.controller.plan(
+            choice = run.controller.choose(
                 list(offers.values()), sampled=not run.params.greedy, nodes=nodes
             )
-        else:  # what the controller plans without offers, spared at every plain step
-            plan = PLAIN_STEP
-        tried = self._tree_round(run, plan) if plan.branches > 1 else self._chain_round(run, plan)
+        else:  # what the controller chooses without offers, spared at every plain step
+            choice = PLAIN_STEP
+        tried = (
+            self._tree_round(run, choice) if choice.branches > 1 else self._chain_round(run, choice)
+        )
         draft, verdict = tried.draft, tried.verdict
 
         drafted = len(draft.tokens)  # of the chain the round amounted to
@@ -340,9 +342,9 @@ class SpecDecoder:
         run.controller.observe_timing(tried.nodes, tried.t_done - tried.t_verify)
         mine = Outcome(True, drafted, verdict.accepted)
         for name, drafter in run.drafters.items():
-            drafter.observe(run.committed, mine if name == plan.drafter else NOT_CHOSEN)
-        offer = offers.get(plan.drafter) if plan.drafter is not None else None
-        run.controller.observe(plan, offer, drafted, verdict.accepted)
+            drafter.observe(run.committed, mine if name == choice.drafter else NOT_CHOSEN)
+        offer = offers.get(choice.drafter) if choice.drafter is not None else None
+        run.controller.observe(choice, offer, drafted, verdict.accepted)
         event = RoundCompleted(
             index=run.rounds,
             drafter=draft.source if tried.nodes else None,
@@ -352,8 +354,8 @@ class SpecDecoder:
             seconds=self.clock() - t_round - outcome.paused,
             draft_seconds=tried.t_verify - t_round,
             verify_seconds=tried.t_done - tried.t_verify,
-            reason=plan.reason,
-            match=plan.match,
+            reason=choice.reason,
+            match=choice.match,
             branches=tried.branches,
             compute_seconds=self._compute(run) - compute if run.timed else None,
         )
@@ -404,27 +406,27 @@ class SpecDecoder:
                 offers[name] = offer
         return offers
 
-    def _chain_round(self, run: _Run, plan: Plan) -> _Verified:
+    def _chain_round(self, run: _Run, choice: Choice) -> _Verified:
         """Draft a chain (none for a plain step) and verify it in one target batch."""
         draft = PLAIN
-        if plan.drafter is not None and plan.k > 0:
-            drafter = run.drafters[plan.drafter]
-            draft = drafter.propose(run.committed, plan.k, run.params, run.rng)
+        if choice.drafter is not None and choice.k > 0:
+            drafter = run.drafters[choice.drafter]
+            draft = drafter.propose(run.committed, choice.k, run.params, run.rng)
         t_verify = self.clock()
         verdict = self._verify_round(run, draft)
         return _Verified(draft, verdict, len(draft.tokens), 1, t_verify, self.clock())
 
-    def _tree_round(self, run: _Run, plan: Plan) -> _Verified:
-        """Draft the plan's competing branches and verify them as one draft tree (greedy);
+    def _tree_round(self, run: _Run, choice: Choice) -> _Verified:
+        """Draft the choice's competing branches and verify them as one draft tree (greedy);
         the drafter is told which branch the target took, and the round amounts to that
         branch's chain round."""
-        assert plan.drafter is not None and run.params.greedy
+        assert choice.drafter is not None and run.params.greedy
         # Only an offer that prices trees is planned as one: its drafter branches.
-        drafter = run.drafters[plan.drafter].branching
+        drafter = run.drafters[choice.drafter].branching
         assert drafter is not None
-        branches = drafter.alternatives(plan.k, plan.branches)
+        branches = drafter.alternatives(choice.k, choice.branches)
         if not branches:  # nothing to draft after all: a plain step
-            return self._chain_round(run, Plan(None, 0, 0.0, plan.reason))
+            return self._chain_round(run, Choice(None, 0, 0.0, choice.reason))
         t_verify = self.clock()
         watchers = self._watchers(run)
 
@@ -436,16 +438,16 @@ class SpecDecoder:
         t_done = self.clock()
         run.target_changes = self.target.changes
         drafter.take(tried.taken)
-        draft = Draft(plan.drafter, branches[tried.taken])
+        draft = Draft(choice.drafter, branches[tried.taken])
         return _Verified(draft, tried.verdict, tried.nodes, len(branches), t_verify, t_done)
 
-    def _emit(self, run: _Run, verdict: Verdict, draft: Draft) -> Generator[Event, None, _Outcome]:
+    def _emit(self, run: _Run, verdict: Verdict, draft: Draft) -> Generator[Event, None, _Emitted]:
         """Emit the round's tokens, stopping at an end of generation."""
         emitted, paused = 0, 0.0
         drafted = draft.source if verdict.accepted else TARGET
         for i, tok in enumerate(verdict.tokens(draft.tokens)):
             if self.target.is_eog(tok):
-                return _Outcome(emitted, paused, FinishReason.EOS)
+                return _Emitted(emitted, paused, FinishReason.EOS)
             origin = drafted if i < verdict.accepted else TARGET
             piece = run.text.push(self.target.token_bytes(tok))
             run.committed.append(tok)
@@ -455,10 +457,10 @@ class SpecDecoder:
             yield run.emit(TokenEmitted(tok, piece, origin, len(run.generated) - 1))
             paused += self.clock() - t_yield  # the consumer's time is not ours
             if run.text.stopped:
-                return _Outcome(emitted, paused, FinishReason.STOP)
+                return _Emitted(emitted, paused, FinishReason.STOP)
             if len(run.generated) >= run.params.max_tokens:
-                return _Outcome(emitted, paused, FinishReason.LENGTH)
-        return _Outcome(emitted, paused, None)
+                return _Emitted(emitted, paused, FinishReason.LENGTH)
+        return _Emitted(emitted, paused, None)
 
     def _verify_round(self, run: _Run, draft: Draft) -> Verdict:
         """Evaluate ``[last, drafts]`` in one target batch, verify, and roll the target's
