@@ -7,17 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from localspec.core.controller import LOSS_BUDGET, LOSS_HORIZON, Controller, Plan
+from localspec.core.controller import LOSS_BUDGET, LOSS_HORIZON, Choice, Controller
 from localspec.core.costs import CostProfile
 from localspec.core.drafting.base import Offer
-from localspec.core.drafting.copying import (
-    COPY_DEPTH,
-    COPY_ODDS,
-    CopyOffer,
-    CopyPricing,
-    bucket_of,
-)
+from localspec.core.drafting.evidence import CopyOffer, Evidence, match_bucket
+from localspec.core.drafting.grades import Grade
 from localspec.core.drafting.model import ModelDrafter
+from localspec.core.drafting.pricing import CopyPricing
+from localspec.core.drafting.tunables import COPY_DEPTH, COPY_ODDS
 from localspec.core.engine import DEFAULT_COSTS
 from localspec.core.tree import MAX_BRANCHES, TREE_MAX_NODES
 
@@ -50,12 +47,13 @@ class Pair:
         self.c = Controller(costs, **kw)
         self.copies = CopyPricing(COPY_ODDS)
         self.model = ModelDrafter(SimpleNamespace(cached=[]), lambda t: False, costs=self.c.costs)
-        self._found: dict[int, CopyOffer] = {}
+        self._copies: dict[int, CopyOffer] = {}
 
-    def ngram(self, available: int, match: int = 3, streak: bool = False, **kw) -> Offer:
-        found = CopyOffer(available, match, streak, **kw)
-        offer = self.copies.offer(NGRAM, found)
-        self._found[id(offer)] = found  # what observe grades
+    def ngram(self, available: int, match: int = 3, under_way: bool = False, **kw) -> Offer:
+        evidence = Evidence.UNDER_WAY if under_way else Evidence.MATCH
+        copy = CopyOffer(available, match, evidence, **kw)
+        offer = self.copies.offer(NGRAM, copy)
+        self._copies[id(offer)] = copy  # what observe grades
         return offer
 
     def model_offer(self, available: int, catch_up: int = 0) -> Offer:
@@ -65,25 +63,25 @@ class Pair:
         self.model.model.cached = committed[: len(committed) - max(catch_up, 1)]
         return self.model.offer(committed, available)
 
-    def plan(self, *offers: Offer, **kw) -> Plan:
-        return self.c.plan(list(offers), **kw)
+    def choose(self, *offers: Offer, **kw) -> Choice:
+        return self.c.choose(list(offers), **kw)
 
-    def observe(self, plan: Plan, offer: Offer | None, drafted: int, accepted: int) -> None:
+    def observe(self, plan: Choice, offer: Offer | None, drafted: int, accepted: int) -> None:
         """A finished round, as the engine folds it in."""
         if offer is not None and drafted > 0:
             if offer.drafter == NGRAM:
-                self.copies.drafted(self._found[id(offer)], drafted, accepted)
+                self.copies.grade(Grade.DRAFTED, self._copies[id(offer)], drafted, accepted)
             else:
                 self.model.estimate.observe(drafted, accepted)
         self.c.observe(plan, offer, drafted, accepted)
 
     def learn(self, offer: Offer, drafted: int, accepted: int, times: int) -> None:
         for _ in range(times):
-            self.observe(self.plan(offer), offer, drafted, accepted)
+            self.observe(self.choose(offer), offer, drafted, accepted)
 
     def expected_rate(self, offer: Offer, k: int) -> float:
         step = CPU.draft_step_s * k if offer.drafter == MODEL else 0.0
-        return (1 + offer.accepted(k)[-1]) / (CPU.verify(k) + step)
+        return (1 + offer.expected_accepted(k)[-1]) / (CPU.verify(k) + step)
 
 
 def test_never_picks_a_draft_slower_than_a_plain_step():
@@ -91,7 +89,7 @@ def test_never_picks_a_draft_slower_than_a_plain_step():
     p.learn(p.model_offer(4), 4, 0, 30)  # a model drafter that is usually wrong
     p.learn(p.ngram(4, 2), 4, 0, 30)
     for _ in range(10):
-        plan = p.plan(p.ngram(8, 2), p.model_offer(16))
+        plan = p.choose(p.ngram(8, 2), p.model_offer(16))
         if plan.drafter is not None:
             assert plan.reason.startswith("probe")
         else:
@@ -103,7 +101,7 @@ def test_chosen_plan_is_the_best_candidate():
     offer = p.ngram(12, 3)
     p.learn(offer, COPY_DEPTH, COPY_DEPTH, 20)
     offer = p.ngram(12, 3)
-    plan = p.plan(offer)
+    plan = p.choose(offer)
     assert plan.drafter == NGRAM and plan.match == 3
     best = max(p.expected_rate(offer, k) for k in range(1, 13))
     assert plan.expected_tokens_per_s == pytest.approx(best)
@@ -116,33 +114,33 @@ def test_draft_length_grows_with_how_often_the_text_copies():
         p = Pair(CPU)
         offer = p.ngram(64, 6)
         for i in range(16):
-            p.observe(Plan(NGRAM, 16, 0.0, ""), offer, 16, 16 if i < copies else 1)
-        plan = p.plan(p.ngram(64, 6))
+            p.observe(Choice(NGRAM, 16, 0.0, ""), offer, 16, 16 if i < copies else 1)
+        plan = p.choose(p.ngram(64, 6))
         lengths.append(plan.k if plan.drafter else 0)
     assert lengths == sorted(lengths) and lengths[0] == 0 and lengths[-1] > 16
 
 
 def test_a_long_match_drafts_on_a_cold_start_and_a_streak_drafts_longer():
     p = Pair(CPU)  # nothing learned yet: priors alone
-    weak = p.plan(p.ngram(64, match=2))
+    weak = p.choose(p.ngram(64, match=2))
     assert weak.drafter is None  # a 2-token match does not pay for a verify batch here
-    medium = p.plan(p.ngram(64, match=12))
-    strong = p.plan(p.ngram(64, match=20))
+    medium = p.choose(p.ngram(64, match=12))
+    strong = p.choose(p.ngram(64, match=20))
     assert strong.drafter == NGRAM  # a long match is likely a copy
     assert strong.expected_tokens_per_s > medium.expected_tokens_per_s
-    assert bucket_of(20) == 16 and bucket_of(2) == 2
+    assert match_bucket(20) == 16 and match_bucket(2) == 2
     copying = Pair(CPU)
-    offer = copying.ngram(64, match=20, streak=True)
+    offer = copying.ngram(64, match=20, under_way=True)
     copying.learn(offer, 47, 47, 20)
-    assert copying.plan(copying.ngram(64, match=20, streak=True)).k > 16  # accepted whole
+    assert copying.choose(copying.ngram(64, match=20, under_way=True)).k > 16  # accepted whole
 
 
 def test_prefers_draft_lengths_whose_measured_cost_per_token_is_low():
     p = Pair(CPU)
-    offer = p.ngram(60, match=20, streak=True)  # a copy under way: long drafts are allowed
+    offer = p.ngram(60, match=20, under_way=True)  # a copy under way: long drafts are allowed
     p.learn(offer, 47, 47, 30)  # copies accepted whole
     # 47 drafts cost 0.33 s as measured, less than 31 drafts (0.457 s): take the cheaper batch
-    assert p.plan(p.ngram(60, match=20, streak=True)).k >= 47
+    assert p.choose(p.ngram(60, match=20, under_way=True)).k >= 47
 
 
 def test_idle_drafter_is_probed_only_if_it_could_pay():
@@ -152,7 +150,7 @@ def test_idle_drafter_is_probed_only_if_it_could_pay():
     plans = []
     for _ in range(12):
         offer = p.model_offer(8)
-        plan = p.plan(offer)
+        plan = p.choose(offer)
         plans.append(plan)
         p.observe(plan, offer if plan.drafter else None, plan.k if plan.drafter else 0, 0)
     assert any(q.drafter == MODEL and q.reason.startswith("probe") for q in plans)
@@ -161,7 +159,7 @@ def test_idle_drafter_is_probed_only_if_it_could_pay():
     slow = Pair(CPU, probe_every=5)
     slow.learn(slow.model_offer(4), 4, 0, 30)
     for _ in range(12):
-        plan = slow.plan(slow.model_offer(8))
+        plan = slow.choose(slow.model_offer(8))
         assert plan.drafter is None
         slow.observe(plan, None, 0, 0)
 
@@ -170,9 +168,9 @@ def test_fixed_mode_always_drafts_when_it_can():
     p = Pair(CPU, fixed=True)
     offer = p.ngram(6, 2)
     p.learn(offer, 6, 0, 30)
-    assert p.plan(p.ngram(6, 2)).k == 6
-    assert p.plan().drafter is None
-    assert p.plan(p.model_offer(16)).reason == "fixed model draft of 16"
+    assert p.choose(p.ngram(6, 2)).k == 6
+    assert p.choose().drafter is None
+    assert p.choose(p.model_offer(16)).reason == "fixed model draft of 16"
 
 
 def test_cost_interpolation_between_measured_sizes():
@@ -211,8 +209,8 @@ def test_draft_catch_up_cost_keeps_a_lagging_draft_model_idle():
     costs = CostProfile(plain_s=0.06, verify_s={4: 0.12}, draft_step_s=0.005, draft_prefill_s=0.004)
     p = Pair(costs)
     p.learn(p.model_offer(4), 4, 4, 20)
-    assert p.plan(p.model_offer(50)).drafter == MODEL
-    lagging = p.plan(p.model_offer(50, catch_up=400))
+    assert p.choose(p.model_offer(50)).drafter == MODEL
+    lagging = p.choose(p.model_offer(50, catch_up=400))
     assert lagging.drafter is None  # 1.6 s of catching up does not pay for one round
 
 
@@ -240,13 +238,13 @@ def test_a_new_generation_relearns_acceptance_quickly():
     p.c.new_generation()
     offer = p.ngram(16, 6)
     p.learn(offer, 16, 16, 200)  # a long stretch of code being copied: drafts always accepted
-    assert p.plan(p.ngram(16, 6)).drafter == NGRAM
+    assert p.choose(p.ngram(16, 6)).drafter == NGRAM
     p.copies.new_text()
     p.c.new_generation()
     for _ in range(6):  # prose: the same matches now fail at once
         offer = p.ngram(16, 6)
-        p.observe(p.plan(offer), offer, 4, 0)
-    assert p.plan(p.ngram(16, 6)).drafter is None
+        p.observe(p.choose(offer), offer, 4, 0)
+    assert p.choose(p.ngram(16, 6)).drafter is None
 
 
 def test_one_stalled_round_does_not_poison_the_costs():
@@ -256,12 +254,12 @@ def test_one_stalled_round_does_not_poison_the_costs():
     for _ in range(10):
         p.c.observe_timing(0, CPU.plain_s)
         p.c.observe_timing(2, CPU.verify(2))
-    before = p.plan(p.ngram(8, match=2))
+    before = p.choose(p.ngram(8, match=2))
     p.c.observe_timing(0, 40 * CPU.plain_s)  # a 1.4 s stall on a 36 ms step
     p.c.observe_timing(2, 40 * CPU.verify(2))
     assert p.c.costs.plain_s < 1.2 * CPU.plain_s
     assert p.c.costs.verify(2) < 1.2 * CPU.verify(2)
-    assert p.plan(p.ngram(8, match=2)).drafter == before.drafter is None
+    assert p.choose(p.ngram(8, match=2)).drafter == before.drafter is None
 
 
 def test_a_machine_that_really_slowed_down_is_followed():
@@ -286,11 +284,13 @@ def test_a_text_whose_drafts_part_at_once_loses_its_odds_and_one_that_copies_gai
     prose, code = Pair(CPU), Pair(CPU)
     assert prose.copies.copies.odds == code.copies.copies.odds == pytest.approx(COPY_ODDS)
     for _ in range(4):
-        prose.observe(Plan(NGRAM, 16, 0.0, ""), prose.ngram(16, 6), 16, 2)
-        code.observe(Plan(NGRAM, 16, 0.0, ""), code.ngram(16, 6), 16, 16)
+        prose.observe(Choice(NGRAM, 16, 0.0, ""), prose.ngram(16, 6), 16, 2)
+        code.observe(Choice(NGRAM, 16, 0.0, ""), code.ngram(16, 6), 16, 16)
     assert prose.copies.copies.odds < COPY_ODDS < code.copies.copies.odds
-    assert prose.plan(prose.ngram(64, 8)).drafter is None
-    assert code.plan(code.ngram(64, 8)).k > 16  # a text that copies drafts long on a middling match
+    assert prose.choose(prose.ngram(64, 8)).drafter is None
+    assert (
+        code.choose(code.ngram(64, 8)).k > 16
+    )  # a text that copies drafts long on a middling match
 
 
 # Verify costs relative to a plain step as measured on a 2-core CPU during real answers.
@@ -299,21 +299,21 @@ IN_SITU = CostProfile(plain_s=0.033, verify_s={1: 0.055, 2: 0.075, 3: 0.085, 15:
 
 def test_a_new_text_waits_for_a_long_match_or_for_copies_to_show():
     p = Pair(IN_SITU)
-    assert p.plan(p.ngram(40, match=4)).drafter is None  # in prose, it would part at once
-    assert p.plan(p.ngram(40, match=20)).drafter == NGRAM
+    assert p.choose(p.ngram(40, match=4)).drafter is None  # in prose, it would part at once
+    assert p.choose(p.ngram(40, match=20)).drafter == NGRAM
     for _ in range(2):  # the answer copied what plain steps passed over
-        p.copies.passed(CopyOffer(40, match=4), COPY_DEPTH, COPY_DEPTH)
-    assert p.plan(p.ngram(40, match=4)).drafter == NGRAM
+        p.copies.grade(Grade.PASSED, CopyOffer(40, match=4), COPY_DEPTH, COPY_DEPTH)
+    assert p.choose(p.ngram(40, match=4)).drafter == NGRAM
 
 
 def test_a_draft_expected_to_win_by_less_than_the_margin_is_not_taken():
     p = Pair(IN_SITU, margin=1.0)
-    offer = p.ngram(1, match=20, streak=True)
-    rate = (1 + offer.accepted(1)[-1]) / IN_SITU.verify(1)
+    offer = p.ngram(1, match=20, under_way=True)
+    rate = (1 + offer.expected_accepted(1)[-1]) / IN_SITU.verify(1)
     assert rate > 1 / IN_SITU.plain_s  # it would win, a little
-    assert p.plan(offer).drafter == NGRAM
+    assert p.choose(offer).drafter == NGRAM
     p.c.margin = rate * IN_SITU.plain_s * 1.01
-    assert p.plan(offer).drafter is None
+    assert p.choose(offer).drafter is None
 
 
 def test_drafts_that_lost_time_raise_the_bar_until_the_answer_is_ahead_again():
@@ -323,18 +323,18 @@ def test_drafts_that_lost_time_raise_the_bar_until_the_answer_is_ahead_again():
     c = p.c
     c.new_generation()
     for _ in range(150):  # plain steps: the answer so far copied nothing
-        p.observe(p.plan(), None, 0, 0)
+        p.observe(p.choose(), None, 0, 0)
     assert c.required_margin == c.margin
     long_match = p.ngram(40, match=20)
-    bet = p.plan(long_match)
+    bet = p.choose(long_match)
     assert bet.drafter == NGRAM and bet.k == 15  # a cold long match is worth a bet
     c.observe(bet, long_match, bet.k, 0)  # which lost: a verify batch for one token
     deficit = IN_SITU.verify(15) - IN_SITU.plain_s
     budget = LOSS_BUDGET * IN_SITU.plain_s * max(151, LOSS_HORIZON)
     assert c.required_margin == pytest.approx(c.margin * (1 + deficit / budget))
-    assert p.plan(p.ngram(40, match=12)).drafter is None  # weaker evidence waits
-    copy = p.ngram(40, match=20, streak=True)  # a copy under way still clears the bar
-    plan = p.plan(copy)
+    assert p.choose(p.ngram(40, match=12)).drafter is None  # weaker evidence waits
+    copy = p.ngram(40, match=20, under_way=True)  # a copy under way still clears the bar
+    plan = p.choose(copy)
     assert plan.drafter == NGRAM
     c.observe(plan, copy, plan.k, plan.k)  # and puts the answer ahead again
     assert c.required_margin == c.margin
@@ -359,14 +359,14 @@ def fork(p: Pair, available: int = 16, match: int = 5, shares=(0.5, 0.5), **kw) 
 
 def test_a_fork_is_verified_as_a_tree_when_batches_cost_little_more():
     p = Pair(FLAT, trees=True)
-    plan = p.plan(fork(p))
+    plan = p.choose(fork(p))
     assert plan.drafter == NGRAM and plan.branches == 2
     assert plan.reason.startswith(f"ngram tree 2x{plan.k} (match 5): ")
     # The chain's copy curve, its long-copy chance times both shares over the drafted one's.
     curve = p.copies.curve(CopyOffer(16, 5, shares=(0.5, 0.5)), plan.k, scale=2.0)
     assert plan.expected_tokens_per_s == pytest.approx((1 + curve[-1]) / FLAT.verify(2 * plan.k))
     chains = Pair(FLAT)
-    chain = chains.plan(fork(chains))
+    chain = chains.choose(fork(chains))
     assert chain.branches == 1 and chain.expected_tokens_per_s < plan.expected_tokens_per_s
 
 
@@ -374,31 +374,31 @@ def test_a_fork_is_drafted_as_a_chain_or_not_at_all_when_batches_are_steep():
     for costs in (CPU, DEFAULT_COSTS):
         for match in (2, 5, 8, 16):
             p = Pair(costs, trees=True)
-            plan = p.plan(fork(p, match=match))
+            plan = p.choose(fork(p, match=match))
             assert plan.branches == 1, (costs, match, plan.reason)
 
 
 def test_no_tree_when_trees_are_off_for_sampled_rounds_streaks_or_agreeing_sources():
     off = Pair(FLAT)
-    assert off.plan(fork(off)).branches == 1
+    assert off.choose(fork(off)).branches == 1
     p = Pair(FLAT, trees=True)
-    assert p.plan(fork(p), sampled=True).branches == 1  # exact sampling over trees: no
-    assert p.plan(fork(p, streak=True)).branches == 1  # a copy under way keeps to its source
-    assert p.plan(fork(p, shares=())).branches == 1
+    assert p.choose(fork(p), sampled=True).branches == 1  # exact sampling over trees: no
+    assert p.choose(fork(p, under_way=True)).branches == 1  # a copy under way keeps to its source
+    assert p.choose(fork(p, shares=())).branches == 1
     fixed = Pair(FLAT, trees=True, fixed=True)
-    assert fixed.plan(fork(fixed)).branches == 1
+    assert fixed.choose(fork(fixed)).branches == 1
 
 
 def test_never_more_branches_or_nodes_than_allowed():
     shares = (0.3, 0.25, 0.2, 0.15, 0.1)
     p = Pair(FLAT, trees=True)
-    assert 2 <= p.plan(fork(p, 64, shares=shares)).branches <= MAX_BRANCHES
+    assert 2 <= p.choose(fork(p, 64, shares=shares)).branches <= MAX_BRANCHES
     two = Pair(FLAT, trees=True, max_branches=2)
-    assert two.plan(fork(two, 64, shares=shares)).branches == 2
+    assert two.choose(fork(two, 64, shares=shares)).branches == 2
     one = Pair(FLAT, trees=True, max_branches=1)
-    assert one.plan(fork(one, 64, shares=shares)).branches == 1
+    assert one.choose(fork(one, 64, shares=shares)).branches == 1
     for nodes in (TREE_MAX_NODES, 20, 3):
-        plan = p.plan(fork(p, 64, shares=shares), nodes=nodes)
+        plan = p.choose(fork(p, 64, shares=shares), nodes=nodes)
         assert plan.branches == 1 or plan.branches * plan.k <= nodes
-    plan = p.plan(fork(p, 64, shares=shares), nodes=1000)
+    plan = p.choose(fork(p, 64, shares=shares), nodes=1000)
     assert plan.branches * plan.k <= TREE_MAX_NODES

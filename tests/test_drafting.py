@@ -12,18 +12,14 @@ from localspec.core.acceptance import AcceptanceEstimate
 from localspec.core.controller import Controller
 from localspec.core.costs import CostProfile, LiveCosts
 from localspec.core.drafting.base import Draft, Offer, Outcome, Resources
-from localspec.core.drafting.copying import (
-    COPY_DEPTH,
-    COPY_ODDS,
-    CopyOffer,
-    CopyPricing,
-    PassedDraft,
-    Streak,
-    vote,
-)
+from localspec.core.drafting.copying import Streak, vote
+from localspec.core.drafting.evidence import CopyOffer, Evidence
+from localspec.core.drafting.grades import Grade, Grades, Pending
 from localspec.core.drafting.model import FIXED_P_MIN, ModelDrafter
+from localspec.core.drafting.pricing import CopyPricing
 from localspec.core.drafting.registry import AUTO, REGISTRY, Registration, build_drafters
-from localspec.core.drafting.store import StoreDrafter
+from localspec.core.drafting.store import store_drafter
+from localspec.core.drafting.tunables import COPY_DEPTH, COPY_ODDS
 from localspec.core.params import GenerationParams
 from localspec.core.planner import Planner, restore_drafters
 from tests.fakes import FakeModel
@@ -60,30 +56,57 @@ def test_a_streak_counts_drafts_accepted_whole_from_one_copy():
     assert streak.copied == 0
 
 
-def test_a_passed_draft_is_graded_once_the_answer_shows_its_fate():
-    passed = PassedDraft(CopyOffer(4, match=3), [7, 8, 9, 10], start=3)
-    assert passed.verdict([1, 2, 3, 7, 8]) is None  # so far, so good: not known yet
-    assert passed.verdict([1, 2, 3, 7, 8, 5]) == (4, 2)  # parted at the third token
-    assert passed.verdict([1, 2, 3, 7, 8, 9, 10, 11]) == (4, 4)  # held whole
-    assert PassedDraft(CopyOffer(0), [], start=3).verdict([1, 2, 3]) == (0, 0)
+def passed(tokens: tuple[int, ...], start: int, match: int = 3) -> Pending[CopyOffer]:
+    return Pending(Grade.PASSED, CopyOffer(len(tokens), match), tokens, start)
+
+
+def test_pending_grades_come_due_as_the_answer_shows_them():
+    grades: Grades[CopyOffer] = Grades()
+    first, second = passed((7, 8, 9, 10), 3), passed((20, 21), 7)
+    assert grades.add(first) and grades.add(second)  # a second one is kept, not dropped
+    assert grades.due([1, 2, 3, 7, 8]) == [] and len(grades) == 2  # not known yet
+    assert grades.due([1, 2, 3, 7, 8, 9, 10]) == [(first, 4, 4)]  # held whole
+    assert grades.due([1, 2, 3, 7, 8, 9, 10, 20, 5]) == [(second, 2, 1)]  # parted
+    assert len(grades) == 0
+    assert not grades.add(passed((), 3))  # nothing to grade
+
+
+def test_a_stretch_of_the_answer_is_graded_once_per_kind():
+    grades: Grades[CopyOffer] = Grades()
+    assert grades.add(passed((7, 8, 9, 10), 3))
+    assert grades.covered(Grade.PASSED, 4) and not grades.covered(Grade.BEYOND, 4)
+    assert not grades.add(passed((8, 9, 10, 11), 4))  # the same copy, one token on
+    beyond = Pending(Grade.BEYOND, CopyOffer(4, 3), (8, 9), 4, offset=1)
+    assert grades.add(beyond)  # another kind: graded on its own
+    due = grades.due([1, 2, 3, 7, 8, 9, 10])
+    assert [g[0].kind for g in due] == [Grade.PASSED, Grade.BEYOND]
+
+
+def test_settle_grades_what_the_answer_has_shown_so_far():
+    grades: Grades[None] = Grades()
+    grades.add(Pending(Grade.PASSED, None, (7, 8, 9, 10), 3))
+    grades.add(Pending(Grade.PASSED, None, (5, 6), 9))  # nothing of it shown yet
+    (graded,) = grades.settle([1, 2, 3, 7, 8])
+    assert graded[1:] == (2, 2) and len(grades) == 0
 
 
 def test_what_says_nothing_about_copies_leaves_the_odds_alone():
     pricing = CopyPricing(COPY_ODDS)
-    pricing.drafted(CopyOffer(16, 6), 4, 4)  # short and accepted whole
-    pricing.drafted(CopyOffer(40, 20, streak=True), 40, 3)  # a streak's own estimate
-    pricing.passed(CopyOffer(16, 6), 0, 0)  # nothing was there to pass over
+    pricing.grade(Grade.DRAFTED, CopyOffer(16, 6), 4, 4)  # short and accepted whole
+    under_way = CopyOffer(40, 20, evidence=Evidence.UNDER_WAY)
+    pricing.grade(Grade.DRAFTED, under_way, 40, 3)  # a streak's own estimate
+    pricing.grade(Grade.PASSED, CopyOffer(16, 6), 0, 0)  # nothing was there to pass over
     assert pricing.copies.odds == pytest.approx(COPY_ODDS)
 
 
 def test_drafts_passed_over_are_graded_like_drafts():
     drafted, passed = CopyPricing(COPY_ODDS), CopyPricing(COPY_ODDS)
     for _ in range(3):
-        drafted.drafted(CopyOffer(16, 4), COPY_DEPTH, COPY_DEPTH)
-        passed.passed(CopyOffer(16, 4), COPY_DEPTH, COPY_DEPTH)
+        drafted.grade(Grade.DRAFTED, CopyOffer(16, 4), COPY_DEPTH, COPY_DEPTH)
+        passed.grade(Grade.PASSED, CopyOffer(16, 4), COPY_DEPTH, COPY_DEPTH)
     assert passed.copies.odds == pytest.approx(drafted.copies.odds)
     assert passed.copies.odds > COPY_ODDS
-    passed.passed(CopyOffer(16, 4), COPY_DEPTH, 1)  # it parted after one token
+    passed.grade(Grade.PASSED, CopyOffer(16, 4), COPY_DEPTH, 1)  # it parted after one token
     assert passed.copies.odds < drafted.copies.odds
 
 
@@ -101,20 +124,22 @@ def test_a_copy_whose_deep_tokens_held_again_is_drafted_long_again():
     """One deep failure shortens a copy's drafts; what the copy went on to write past the
     shorter drafts, once counted, lengthens them again."""
     c = Controller(CPU)
-    streak = CopyOffer(64, 32, streak=True)
+    streak = CopyOffer(64, 32, evidence=Evidence.UNDER_WAY)
     told, untold = CopyPricing(COPY_ODDS), CopyPricing(COPY_ODDS)
     for pricing in (told, untold):
-        pricing.drafted(streak, 63, 63)
+        pricing.grade(Grade.DRAFTED, streak, 63, 63)
         for _ in range(3):
-            pricing.drafted(streak, 63, 24)  # edits 25 tokens in
-    short = c.plan([told.offer("ngram", streak)]).k
+            pricing.grade(Grade.DRAFTED, streak, 63, 24)  # edits 25 tokens in
+    short = c.choose([told.offer("ngram", streak)]).k
     assert short < 63
     for _ in range(2):
         for pricing in (told, untold):
-            pricing.drafted(streak, short, short)
-        told.beyond(streak, short, 63 - short, 63 - short)  # the copy went on past them
-    assert c.plan([told.offer("ngram", streak)]).k == 63
-    assert c.plan([untold.offer("ngram", streak)]).k == short
+            pricing.grade(Grade.DRAFTED, streak, short, short)
+        told.grade(
+            Grade.BEYOND, streak, 63 - short, 63 - short, short
+        )  # the copy went on past them
+    assert c.choose([told.offer("ngram", streak)]).k == 63
+    assert c.choose([untold.offer("ngram", streak)]).k == short
 
 
 def test_passed_over_drafts_of_a_copy_under_way_teach_its_estimate():
@@ -123,26 +148,28 @@ def test_passed_over_drafts_of_a_copy_under_way_teach_its_estimate():
     estimate until it drafts again, rather than plain steps for the rest of the answer."""
     c = Controller(CPU)
     pricing = CopyPricing(COPY_ODDS)
-    streak = CopyOffer(32, 64, streak=True)
+    streak = CopyOffer(32, 64, evidence=Evidence.UNDER_WAY)
     for _ in range(30):
-        pricing.drafted(streak, 16, 1)  # copies that parted at once (in an earlier answer)
-    assert c.plan([pricing.offer("ngram", streak)]).drafter is None
+        # copies that parted at once (in an earlier answer)
+        pricing.grade(Grade.DRAFTED, streak, 16, 1)
+    assert c.choose([pricing.offer("ngram", streak)]).drafter is None
     for _ in range(40):
-        pricing.passed(streak, 12, 12)  # the answer went on copying all along
-        if c.plan([pricing.offer("ngram", streak)]).drafter == "ngram":
+        pricing.grade(Grade.PASSED, streak, 12, 12)  # the answer went on copying all along
+        if c.choose([pricing.offer("ngram", streak)]).drafter == "ngram":
             break
-    assert c.plan([pricing.offer("ngram", streak)]).drafter == "ngram"
+    assert c.choose([pricing.offer("ngram", streak)]).drafter == "ngram"
     estimate = pricing.estimate(streak)
     before = list(estimate.tries)
-    pricing.passed(CopyOffer(32, 64), 12, 3)  # not a streak: graded as this text's odds
+    # not a streak: graded as this text's odds
+    pricing.grade(Grade.PASSED, CopyOffer(32, 64), 12, 3)
     assert estimate.tries == before
 
 
 def test_a_store_fork_prices_trees_as_a_copy_does():
-    store = StoreDrafter([]).pricing
+    store = store_drafter([]).pricing
     offer = store.offer("store", CopyOffer(16, 8, support=0.5, shares=(0.5, 0.5)))
     assert offer.tree is not None and offer.branches == 2
-    assert Controller(FLAT, trees=True).plan([offer]).branches == 2
+    assert Controller(FLAT, trees=True).choose([offer]).branches == 2
 
 
 def ngram_auto() -> tuple[Planner, dict]:
@@ -157,11 +184,11 @@ def test_learned_state_round_trips_discounted_and_the_texts_copy_odds_start_afre
     planner, drafters = ngram_auto()
     ngram, model = drafters["ngram"].pricing, drafters["model"]
     for _ in range(20):
-        ngram.drafted(CopyOffer(16, 6), 16, 2)
+        ngram.grade(Grade.DRAFTED, CopyOffer(16, 6), 16, 2)
     for _ in range(50):
-        ngram.drafted(CopyOffer(16, 6), 16, 16)
+        ngram.grade(Grade.DRAFTED, CopyOffer(16, 6), 16, 16)
     for _ in range(20):
-        ngram.drafted(CopyOffer(16, 20, streak=True), 16, 10)
+        ngram.grade(Grade.DRAFTED, CopyOffer(16, 20, Evidence.UNDER_WAY), 16, 10)
     for _ in range(10):
         model.estimate.observe(4, 3)
     saved = planner.learned()
@@ -177,7 +204,7 @@ def test_learned_state_round_trips_discounted_and_the_texts_copy_odds_start_afre
     assert fresh_drafters["ngram"].pricing.copies.odds == COPY_ODDS
     half, half_drafters = ngram_auto()
     restore_drafters(half_drafters, saved, keep=0.5)
-    streak = CopyOffer(16, 20, streak=True)
+    streak = CopyOffer(16, 20, evidence=Evidence.UNDER_WAY)
     evidence = ngram.estimate(streak).tries[0]
     assert half_drafters["ngram"].pricing.estimate(streak).tries[0] == pytest.approx(
         evidence / 2, rel=1e-3

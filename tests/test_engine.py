@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from localspec.core.costs import CostProfile
-from localspec.core.drafting.copying import COPY_ODDS
+from localspec.core.drafting.tunables import COPY_ODDS
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import (
     Finished,
@@ -327,7 +327,7 @@ def test_a_predictions_index_is_freed_when_its_generation_ends():
         # The index of 300,000 tokens took tens of MB while the answer ran; a planner kept
         # for later answers holds none of it.
         assert peak > 20_000_000 and kept < 2_000_000, (kept, peak)
-        assert decoder.planner_for(params).drafters["prediction"].prediction == ()
+        assert decoder.planner_for(params).drafters["prediction"].source.prediction == ()
 
 
 def test_planners_are_bounded_and_the_home_one_is_kept():

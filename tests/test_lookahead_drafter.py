@@ -78,7 +78,7 @@ def test_candidates_start_with_distinct_tokens_and_lay_out_as_one_tree():
     tree = DraftTree.from_branches(branches)
     assert tree.parents[: len(branches[0])] == (ROOT, 0)  # the first branch is a chain
     # A tree is priced above the chain it starts with: either first token may be right.
-    assert offer.tree(2, 2)[0] > offer.accepted(2)[0]
+    assert offer.tree(2, 2)[0] > offer.expected_accepted(2)[0]
 
 
 def test_passed_over_rounds_grade_what_it_would_have_drafted():

@@ -5,24 +5,26 @@ from __future__ import annotations
 import numpy as np
 
 from localspec.core.drafting.base import Outcome
-from localspec.core.drafting.copying import CopyOffer, PassedDraft
-from localspec.core.drafting.ngram import NgramDrafter
+from localspec.core.drafting.copying import CopyDrafter
+from localspec.core.drafting.evidence import CopyOffer, Evidence
+from localspec.core.drafting.grades import Grade, Pending
+from localspec.core.drafting.ngram import ngram_drafter
 from localspec.core.params import GenerationParams
 
 GREEDY = GenerationParams()
 RNG = np.random.default_rng(0)
 
 
-def propose(d: NgramDrafter, tokens: list[int], k: int) -> list[int]:
+def propose(d: CopyDrafter, tokens: list[int], k: int) -> list[int]:
     return d.propose(tokens, k, GREEDY, RNG).tokens
 
 
 def test_prefers_the_longest_suffix_match():
-    d = NgramDrafter(1, 8)
+    d = ngram_drafter(1, 8)
     # "5 6" occurred before 7 8; "6" alone occurred later, before 9.
     toks = [5, 6, 7, 8, 1, 6, 9, 2, 5, 6]
     d.begin(toks)
-    m = d.match()
+    m = d.source.match()
     assert m.n == 2 and m.starts == (2,)
     assert propose(d, toks, 2) == [7, 8]
 
@@ -30,9 +32,9 @@ def test_prefers_the_longest_suffix_match():
 def test_measures_matches_far_back_and_reports_them():
     body = list(range(100, 140))
     toks = [1, 2, 3] + body + [7, 7] + body[:20]
-    d = NgramDrafter(2, 32)
+    d = ngram_drafter(2, 32)
     d.begin(toks)
-    m = d.match()
+    m = d.source.match()
     assert m.n == 20  # the whole repeated stretch, not just the 4-token key
     assert d.copy_offer(toks, 64).match == 20
     assert propose(d, toks, 64)[:20] == body[20:40]
@@ -41,29 +43,29 @@ def test_measures_matches_far_back_and_reports_them():
 def test_match_length_is_capped_at_n_max():
     body = list(range(100, 150))
     toks = body + body
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
-    assert d.match().n == 16
+    assert d.source.match().n == 16
 
 
 def test_follows_the_continuation_most_occurrences_share():
     # "0 1 2 3" is followed by 4 twice and, most recently, by 9 once.
     toks = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 8, 0, 1, 2, 3]
-    d = NgramDrafter(2, 8)
+    d = ngram_drafter(2, 8)
     d.begin(toks)
     assert propose(d, toks, 2) == [4, 5]
 
 
 def test_ties_go_to_the_most_recent_occurrence():
     toks = [1, 2, 3, 9, 1, 2, 4, 9, 1, 2]
-    d = NgramDrafter(2, 2)
+    d = ngram_drafter(2, 2)
     d.begin(toks)
     assert propose(d, toks, 3) == [4, 9, 1]
 
 
 def test_long_draft_stops_at_the_end_of_the_text():
     toks = [1, 2, 3, 4, 5, 6, 1, 2, 3]
-    d = NgramDrafter(2, 8)
+    d = ngram_drafter(2, 8)
     d.begin(toks)
     offer = d.copy_offer(toks, 64)
     assert offer.available == 6  # 4 5 6 1 2 3: everything after the occurrence
@@ -72,31 +74,31 @@ def test_long_draft_stops_at_the_end_of_the_text():
 
 
 def test_no_match_incremental_extension_and_streak():
-    d = NgramDrafter(2, 8)
+    d = ngram_drafter(2, 8)
     body = list(range(10, 30))
     toks = [1, 2, *body]
     d.begin(toks)
-    assert d.match() is None and d.copy_offer(toks, 8) is None
+    assert d.source.match() is None and d.copy_offer(toks, 8) is None
     toks += [1, 2]
     d.observe(toks)
     offer = d.copy_offer(toks, 64)
-    assert offer.match == 2 and not offer.streak
+    assert offer.match == 2 and not offer.under_way
     assert d.offer(toks, 64).drafter == "ngram"
     assert propose(d, toks, 10) == body[:10]
     toks += body[:11]
     d.observe(toks, Outcome(True, 10, 10))  # a long draft accepted whole: the copy goes on
-    assert d.copy_offer(toks, 64).streak
+    assert d.copy_offer(toks, 64).under_way
     assert propose(d, toks, 3) == body[11:14]
     toks += [body[11], 99]
     d.observe(toks, Outcome(True, 3, 1))  # parted: no streak
     after = d.copy_offer(toks, 64)
-    assert after is None or not after.streak
+    assert after is None or not after.under_way
 
 
 def test_never_matches_the_suffix_itself():
-    d = NgramDrafter(1, 2)
+    d = ngram_drafter(1, 2)
     d.begin([7, 8])
-    assert d.match() is None
+    assert d.source.match() is None
 
 
 def _draft_and_observe(d, toks, k, answer_tokens, accepted):
@@ -109,7 +111,7 @@ def _draft_and_observe(d, toks, k, answer_tokens, accepted):
 def test_a_parted_copy_resumes_after_a_replaced_token():
     source = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     toks = [*source, 40, 1, 2, 3]
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
     # The answer copies 4 5, then writes 77 where the source has 6 (a renamed variable).
     draft = _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)
@@ -117,26 +119,26 @@ def test_a_parted_copy_resumes_after_a_replaced_token():
     toks.append(7)  # a plain step: the answer is back on the source, after the 6
     d.observe(toks)
     offer = d.copy_offer(toks, 64)
-    assert offer.resync and offer.available == len(toks) - 7
+    assert offer.evidence is Evidence.RESUMED and offer.available == len(toks) - 7
     assert propose(d, toks, 3) == [8, 9, 10]
 
 
 def test_a_parted_copy_resumes_after_inserted_text():
     toks = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 40, 1, 2, 3]
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
     _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)  # 77 inserted before the 6
     for token in (78, 6):  # more inserted text, then the source again
         toks.append(token)
         d.observe(toks)
     offer = d.copy_offer(toks, 64)
-    assert offer.resync
+    assert offer.evidence is Evidence.RESUMED
     assert propose(d, toks, 3) == [7, 8, 9]
 
 
 def test_a_parted_copy_is_forgotten_when_the_answer_goes_elsewhere():
     toks = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 40, 1, 2, 3]
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
     _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)
     for token in range(100, 112):  # new text, nothing like the source
@@ -151,12 +153,12 @@ END = 99  # an end-of-generation token: the end of a turn in the chat template
 def test_a_copy_ends_after_the_end_of_a_turn():
     # The source turn ends with END, then the template goes on; the answer copies the turn.
     toks = [1, 2, 3, 4, 5, END, 60, 61, 62, 63, 1, 2]
-    d = NgramDrafter(2, 16, ends=lambda t: t == END)
+    d = ngram_drafter(2, 16, ends=lambda t: t == END)
     d.begin(toks)
     offer = d.copy_offer(toks, 64)
     assert offer.available == 4  # 3 4 5 END: never the template after it
     assert propose(d, toks, 64) == [3, 4, 5, END]
-    plain = NgramDrafter(2, 16)
+    plain = ngram_drafter(2, 16)
     plain.begin(toks)
     assert propose(plain, toks, 64)[:6] == [3, 4, 5, END, 60, 61]
 
@@ -164,7 +166,7 @@ def test_a_copy_ends_after_the_end_of_a_turn():
 def test_preview_shows_the_draft_without_drafting_it():
     source = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     toks = [*source, 40, 1, 2, 3]
-    d, never = NgramDrafter(2, 16), NgramDrafter(2, 16)
+    d, never = ngram_drafter(2, 16), ngram_drafter(2, 16)
     d.begin(toks)
     never.begin(toks)
     assert d.preview(5) == [4, 5, 6, 7, 8]
@@ -178,11 +180,11 @@ def test_preview_shows_the_draft_without_drafting_it():
 
 def test_a_passed_draft_is_graded_once_the_answer_shows_its_fate():
     offer = CopyOffer(4, match=3)
-    passed = PassedDraft(offer, [7, 8, 9, 10], start=3)
+    passed = Pending(Grade.PASSED, offer, (7, 8, 9, 10), start=3)
     assert passed.verdict([1, 2, 3, 7, 8]) is None  # so far, so good: not known yet
     assert passed.verdict([1, 2, 3, 7, 8, 5]) == (4, 2)  # parted at the third token
     assert passed.verdict([1, 2, 3, 7, 8, 9, 10, 11]) == (4, 4)  # held whole
-    assert PassedDraft(offer, [], start=3).verdict([1, 2, 3]) == (0, 0)
+    assert Pending(Grade.PASSED, offer, (), start=3).verdict([1, 2, 3]) == (0, 0)
 
 
 # -- edits: what a rewrite replaces once, it replaces again ------------------------------------
@@ -193,13 +195,13 @@ OLD, NEW = 50, 77  # a variable and the name the answer gives it
 def test_a_replaced_token_is_replaced_again_in_later_drafts():
     source = [1, 2, 3, OLD, 5, 6, 7, OLD, 9, 10, 11, 12, OLD, 14, 15]
     toks = [*source, 40, 1, 2]
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
     # The answer copies 3, writes NEW for OLD, and goes on with the source.
     _draft_and_observe(d, toks, 4, [3, NEW], accepted=1)
     toks.append(5)  # back on the source: OLD -> NEW is an edit of this text
     d.observe(toks)
-    assert d.edits == {(OLD,): (NEW,)}
+    assert d.source.place.edits == {(OLD,): (NEW,)}
     assert propose(d, toks, 10) == [6, 7, NEW, 9, 10, 11, 12, NEW, 14, 15]
 
 
@@ -207,20 +209,20 @@ def test_a_replaced_span_is_learned_once_two_tokens_agree_again():
     old, new = [50, 51, 52], [77, 78]  # e.g. " current", "_str", "ing" -> " curr", "_str"
     source = [1, 2, 3, *old, 6, 7, 8, *old, 6, 9]
     toks = [*source, 40, 1, 2]
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
     _draft_and_observe(d, toks, 4, [3, 77], accepted=1)
     for token in (78, 6, 7):  # the rest of the new name, then the source again
         toks.append(token)
         d.observe(toks)
-    assert d.edits == {tuple(old): tuple(new)}
+    assert d.source.place.edits == {tuple(old): tuple(new)}
     assert propose(d, toks, 5) == [8, *new, 6, 9]
 
 
 def test_an_edit_the_answer_does_not_make_is_forgotten():
     source = [1, 2, 3, OLD, 5, 6, 7, OLD, 9, 10]
     toks = [*source, 40, 1, 2]
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
     _draft_and_observe(d, toks, 4, [3, NEW], accepted=1)
     toks.append(5)
@@ -228,52 +230,53 @@ def test_an_edit_the_answer_does_not_make_is_forgotten():
     assert propose(d, toks, 3) == [6, 7, NEW]
     toks += [6, 7, OLD]  # here the answer keeps the old name
     d.observe(toks, Outcome(True, 3, 2))
-    assert d.edits == {}
+    assert d.source.place.edits == {}
     assert propose(d, toks, 2) == [9, 10]
 
 
 def test_insertions_are_not_learned_as_edits():
     source = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     toks = [*source, 40, 1, 2, 3]
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
     _draft_and_observe(d, toks, 5, [4, 5, 77], accepted=2)  # 77 inserted before the 6
     toks.append(6)
     d.observe(toks)
-    assert d.edits == {} and propose(d, toks, 3) == [7, 8, 9]
+    assert d.source.place.edits == {} and propose(d, toks, 3) == [7, 8, 9]
 
 
 def test_a_copy_followed_through_edits_is_offered_on_the_length_it_was_followed():
     body = [10, 11, 12, OLD, 14, 15, 16, 17, OLD, 19, 20, 21, 22, 23, OLD, 25, 26, 27]
     toks = [*body, 40, 10, 11]
-    d = NgramDrafter(2, 32)
+    d = ngram_drafter(2, 32)
     d.begin(toks)
     _draft_and_observe(d, toks, 3, [12, NEW], accepted=1)
     toks.append(14)
     d.observe(toks)
-    assert d.copy_offer(toks, 64).resync  # just back: too soon to call it a copy
+    # Just back: too soon to call it a copy.
+    assert d.copy_offer(toks, 64).evidence is Evidence.RESUMED
     draft = _draft_and_observe(d, toks, 8, [15, 16, 17, NEW, 19, 20, 21, 22, 23], accepted=8)
     assert draft == [15, 16, 17, NEW, 19, 20, 21, 22]
     offer = d.copy_offer(toks, 64)
     # The suffix (with NEW in it) matches little, but the copy was followed for 10 tokens
     # and its last draft held whole.
-    assert not offer.resync and offer.streak and offer.match == 10
+    assert offer.evidence is not Evidence.RESUMED and offer.under_way and offer.match == 10
     assert propose(d, toks, 5) == [NEW, 25, 26, 27, 40]
 
 
 def test_short_drafts_accepted_whole_in_a_row_add_up_to_a_copy_under_way():
     body = list(range(10, 60))
     toks = [1, 2, 3, 4, *body, 7, 1, 2, 3, 4]
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
-    assert not d.copy_offer(toks, 64).streak
+    assert not d.copy_offer(toks, 64).under_way
     _draft_and_observe(d, toks, 5, body[:6], accepted=5)  # 5 accepted whole: not yet
-    assert not d.copy_offer(toks, 64).streak
+    assert not d.copy_offer(toks, 64).under_way
     _draft_and_observe(d, toks, 5, body[6:12], accepted=5)  # 10 in a row: a copy under way
-    assert d.copy_offer(toks, 64).streak
+    assert d.copy_offer(toks, 64).under_way
     _draft_and_observe(d, toks, 5, [*body[12:15], 99], accepted=3)  # parted
     offer = d.copy_offer(toks, 64)
-    assert offer is None or not offer.streak
+    assert offer is None or not offer.under_way
 
 
 def _priced_round(d, toks, k, answer_tokens, accepted):
@@ -291,10 +294,10 @@ def test_a_short_draft_accepted_whole_learns_how_far_the_copy_went_on():
     copy drafted short after one deep failure can be drafted long again."""
     body = list(range(10, 110))
     toks = [1, 2, 3, 4, *body, 7, 1, 2, 3, 4]
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
     _priced_round(d, toks, 16, body[:17], accepted=16)  # a copy under way
-    assert d.copy_offer(toks, 64).streak
+    assert d.copy_offer(toks, 64).under_way
     _priced_round(d, toks, 10, body[17:28], accepted=10)  # whole, 54 short of the limit
     (est,) = d.pricing.streaks.values()
     assert len(est.tries) == 10  # only the drafted depths are known yet
@@ -308,7 +311,7 @@ def test_a_short_draft_accepted_whole_learns_how_far_the_copy_went_on():
 def test_a_short_draft_whose_copy_parts_right_after_it_learns_that_too():
     body = list(range(10, 110))
     toks = [1, 2, 3, 4, *body, 7, 1, 2, 3, 4]
-    d = NgramDrafter(2, 16)
+    d = ngram_drafter(2, 16)
     d.begin(toks)
     _priced_round(d, toks, 16, body[:17], accepted=16)
     _priced_round(d, toks, 10, [*body[17:27], 99], accepted=10)  # the next token parts
@@ -323,7 +326,7 @@ def test_a_short_draft_whose_copy_parts_right_after_it_learns_that_too():
 def test_disagreeing_occurrences_give_shares_and_one_alternative_per_next_token():
     # "0 1 2 3" goes on with 4 twice and, most recently, with 9 once.
     toks = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 8, 0, 1, 2, 3]
-    d = NgramDrafter(2, 8)
+    d = ngram_drafter(2, 8)
     d.begin(toks)
     offer = d.copy_offer(toks, 3)
     assert offer.shares == (2 / 3, 1 / 3)
@@ -334,7 +337,7 @@ def test_disagreeing_occurrences_give_shares_and_one_alternative_per_next_token(
 
 def test_agreeing_occurrences_have_no_alternatives():
     toks = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3]
-    d = NgramDrafter(2, 8)
+    d = ngram_drafter(2, 8)
     d.begin(toks)
     assert d.copy_offer(toks, 8).shares == ()  # they part only later: one next token
     assert d.alternatives(3, 4) == [[4, 6, 0]]
@@ -348,12 +351,12 @@ def test_alternatives_apply_the_edits_and_stop_after_the_end_of_a_turn():
         32, 20, 21, 25, 26, 28,
         41, 1, 2,
     ]  # fmt: skip
-    d = NgramDrafter(2, 16, ends=lambda t: t == END)
+    d = ngram_drafter(2, 16, ends=lambda t: t == END)
     d.begin(toks)
     _draft_and_observe(d, toks, 4, [3, NEW], accepted=1)
     toks.append(5)  # OLD -> NEW is an edit of this text
     d.observe(toks)
-    assert d.edits == {(OLD,): (NEW,)}
+    assert d.source.place.edits == {(OLD,): (NEW,)}
     for token in (20, 21):  # the answer leaves that source for text that occurs thrice
         toks.append(token)
         d.observe(toks)
@@ -367,7 +370,7 @@ def test_take_makes_the_branch_the_target_took_the_draft_observe_follows():
     answer = a[:9]  # the target takes branch a for 8 drafts, then writes a[8] itself
     streaks = {}
     for took in (True, False):
-        d = NgramDrafter(2, 16)
+        d = ngram_drafter(2, 16)
         d.begin(toks)
         assert d.copy_offer(toks, 8).shares == (0.5, 0.5)
         assert d.alternatives(8, 2) == [b[:8], a[:8]]  # a tie: the most recent first
@@ -375,7 +378,7 @@ def test_take_makes_the_branch_the_target_took_the_draft_observe_follows():
             d.take(1)
         committed = toks + answer
         d.observe(committed, Outcome(True, 8, 8))
-        streaks[took] = d.copy_offer(committed, 8).streak
+        streaks[took] = d.copy_offer(committed, 8).under_way
         if took:  # the copy of a goes on from where it was taken
             assert propose(d, committed, 2) == [a[9], 50]
     # Eight drafted tokens accepted in a row from the copy the target took: a copy under
@@ -388,7 +391,8 @@ def test_a_fixed_policy_drafts_from_long_matches_only():
     from matches of FIXED_MIN_MATCH tokens, while auto's drafter offers every match."""
     from localspec.core.costs import LiveCosts
     from localspec.core.drafting.base import Resources
-    from localspec.core.drafting.ngram import FIXED_MIN_MATCH, build
+    from localspec.core.drafting.ngram import build
+    from localspec.core.drafting.tunables import FIXED_MIN_MATCH
     from localspec.core.engine import DEFAULT_COSTS
     from tests.fakes import FakeModel
 

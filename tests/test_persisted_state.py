@@ -7,7 +7,9 @@ import json
 import pytest
 
 from localspec.core.costs import CostProfile
-from localspec.core.drafting.copying import COPY_ODDS, CopyOffer
+from localspec.core.drafting.evidence import CopyOffer, Evidence
+from localspec.core.drafting.grades import Grade
+from localspec.core.drafting.tunables import COPY_ODDS
 from localspec.core.engine import run_to_completion
 from localspec.core.params import GenerationParams
 from localspec.progress import Progress, ProgressKind
@@ -123,11 +125,11 @@ def test_a_second_session_starts_from_what_the_first_learned(tiny_options, isola
         # What a long copying answer teaches: copies under way hold, and this text copies.
         taught = second.decoder.planner_for(params)
         ngram = taught.drafters["ngram"].pricing
-        streak = CopyOffer(32, match=16, streak=True)
+        streak = CopyOffer(32, match=16, evidence=Evidence.UNDER_WAY)
         for _ in range(12):
-            ngram.drafted(streak, 16, 16)
+            ngram.grade(Grade.DRAFTED, streak, 16, 16)
         for _ in range(6):
-            ngram.passed(CopyOffer(32, match=16), 12, 12)
+            ngram.grade(Grade.PASSED, CopyOffer(32, match=16), 12, 12)
         assert ngram.copies.odds > COPY_ODDS
         store.save(key, taught.learned())
     finally:

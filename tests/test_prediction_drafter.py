@@ -9,9 +9,10 @@ import pytest
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.costs import CostProfile
 from localspec.core.drafting.base import NOT_CHOSEN, Outcome
-from localspec.core.drafting.copying import HEAD, CopyOffer
-from localspec.core.drafting.follow import RESYNC_MISSES
-from localspec.core.drafting.prediction import RESUME_AFTER, PredictionDrafter
+from localspec.core.drafting.copying import CopyDrafter
+from localspec.core.drafting.evidence import CopyOffer, Evidence
+from localspec.core.drafting.prediction import prediction_drafter
+from localspec.core.drafting.tunables import RESUME_AFTER, RESYNC_MISSES
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.params import GenerationParams
 from localspec.core.replay import VirtualClock
@@ -22,24 +23,24 @@ PROMPT = [90, 91, 92]
 PREDICTION = list(range(100, 140))
 
 
-def start(prediction=PREDICTION, vocab=None) -> tuple[PredictionDrafter, list[int]]:
-    drafter = PredictionDrafter(vocab=vocab)
+def start(prediction=PREDICTION, vocab=None) -> tuple[CopyDrafter, list[int]]:
+    drafter = prediction_drafter(vocab=vocab)
     drafter.begin(PROMPT, GenerationParams(prediction=tuple(prediction)))
     return drafter, list(PROMPT)
 
 
-def propose(d: PredictionDrafter, committed: list[int], k: int) -> list[int]:
+def propose(d: CopyDrafter, committed: list[int], k: int) -> list[int]:
     return d.propose(committed, k, GenerationParams(), RNG).tokens
 
 
-def answer(d: PredictionDrafter, committed: list[int], tokens: list[int]) -> None:
+def answer(d: CopyDrafter, committed: list[int], tokens: list[int]) -> None:
     """Plain steps: the answer writes ``tokens`` one by one."""
     for token in tokens:
         committed.append(token)
         d.observe(committed, NOT_CHOSEN)
 
 
-def drafted(d: PredictionDrafter, committed: list[int], k: int, written: list[int]) -> list[int]:
+def drafted(d: CopyDrafter, committed: list[int], k: int, written: list[int]) -> list[int]:
     """A round drafting ``k`` tokens, after which the answer is ``written``."""
     draft = propose(d, committed, k)
     accepted = common_prefix_length(draft, written[: len(draft)])
@@ -69,7 +70,7 @@ def test_after_a_replaced_token_it_resyncs_and_goes_on():
     written = [*PREDICTION[:4], 77, *PREDICTION[5:]]  # one token replaced
     assert drafted(d, committed, 6, written) == PREDICTION[:6]
     answer(d, committed, [written[5]])  # back on the prediction, after the replaced token
-    assert d.copy_offer(committed, 64).resync
+    assert d.copy_offer(committed, 64).evidence is Evidence.RESUMED
     assert propose(d, committed, 3) == PREDICTION[6:9]
 
 
@@ -101,7 +102,7 @@ def test_an_empty_prediction_offers_nothing_and_a_bad_id_ends_it():
     d, committed = start([])
     assert d.copy_offer(committed, 64) is None and d.offer(committed, 64) is None
     d, committed = start([*PREDICTION[:3], 10_000, *PREDICTION[3:]], vocab=1000)
-    assert d.prediction == tuple(PREDICTION[:3])
+    assert d.source.prediction == tuple(PREDICTION[:3])
 
 
 COSTS = CostProfile(plain_s=1.0, verify_s={k: 1.0 + 0.05 * k for k in range(1, 65)})
@@ -190,12 +191,13 @@ def test_a_preamble_of_any_length_waits_for_the_predictions_start():
     assert d.copy_offer(committed, 64) is None
     answer(d, committed, [PREDICTION[0]])
     offer = d.copy_offer(committed, 64)
-    assert offer.head and offer.bucket == HEAD and not offer.resync
+    assert offer.evidence is Evidence.START
     assert propose(d, committed, 5) == PREDICTION[1:6]
-    assert d.edits == {}
+    assert d.source.follower.place.edits == {}
     pricing = d.pricing
-    resync = CopyOffer(offer.available, resync=True)
-    assert pricing.accepted(offer, 15)[-1] > 2 * pricing.accepted(resync, 15)[-1]
+    resumed = CopyOffer(offer.available, evidence=Evidence.RESUMED)
+    start_priced, resumed_priced = (pricing.expected_accepted(o, 15)[-1] for o in (offer, resumed))
+    assert start_priced > 2 * resumed_priced
 
 
 def test_an_edit_ends_the_start_and_the_copy_resyncs_as_any_does():
@@ -205,7 +207,7 @@ def test_an_edit_ends_the_start_and_the_copy_resyncs_as_any_does():
     drafted(d, committed, 6, written)
     answer(d, committed, [written[4]])  # back on the prediction, after the replaced token
     offer = d.copy_offer(committed, 64)
-    assert offer.resync and not offer.head
+    assert offer.evidence is Evidence.RESUMED
     assert propose(d, committed, 3) == PREDICTION[6:9]
 
 
@@ -219,5 +221,5 @@ def test_a_copy_that_parted_after_a_long_run_is_resumed_as_at_the_start():
     drafted(d, committed, 24, written)  # 20 followed, then the edit
     answer(d, committed, [written[21]])  # back on the prediction
     offer = d.copy_offer(committed, 64)
-    assert offer.head and offer.bucket == HEAD and not offer.resync
+    assert offer.evidence is Evidence.START
     assert propose(d, committed, 3) == PREDICTION[22:25]

@@ -260,7 +260,7 @@ def test_a_round_without_offers_is_the_plain_step_the_controller_would_plan():
     from localspec.core.engine import DEFAULT_COSTS
 
     for fixed in (False, True):
-        planned = Controller(DEFAULT_COSTS, fixed=fixed).plan([])
+        planned = Controller(DEFAULT_COSTS, fixed=fixed).choose([])
         assert (planned.drafter, planned.k, planned.reason, planned.branches) == (
             PLAIN_STEP.drafter, PLAIN_STEP.k, PLAIN_STEP.reason, PLAIN_STEP.branches,
         )  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from localspec.core.costs import CostProfile
-from localspec.core.drafting.ngram import NgramDrafter
+from localspec.core.drafting.copying import CopyDrafter
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import RoundCompleted, TokenEmitted
 from localspec.core.params import GenerationParams
@@ -56,13 +56,14 @@ def forked_prompt(target: FakeModel) -> tuple[list[int], list[int]]:
 def taken(monkeypatch):
     """The branches the n-gram drafter was told the target took."""
     calls: list[int] = []
-    take = NgramDrafter.take
+    take = CopyDrafter.take
 
     def spy(self, i):
-        calls.append(i)
+        if self.name == "ngram":
+            calls.append(i)
         take(self, i)
 
-    monkeypatch.setattr(NgramDrafter, "take", spy)
+    monkeypatch.setattr(CopyDrafter, "take", spy)
     return calls
 
 

@@ -23,7 +23,7 @@ k tokens, the competing continuations verified in one target pass: a tree of n =
 is one batch of n + 1 tokens, so it costs ``verify(n)`` as a chain of n drafts would. The
 best of chains, trees and a plain step wins. Trees are never planned for sampled decoding:
 exact speculative sampling over a tree (per-branch residual distributions) is not
-implemented, so ``plan(..., sampled=True)`` prices chains only.
+implemented, so ``choose(..., sampled=True)`` prices chains only.
 
 The controller knows no drafter by name: what a drafter learns is its own
 (``Drafter.observe``). Pure arithmetic: no clocks, no model calls, no I/O.
@@ -55,16 +55,19 @@ LOSS_HORIZON = 200
 
 
 @dataclass(frozen=True)
-class Plan:
+class Choice:
+    """What the controller chose for a round: a drafter and its draft length (or a tree of
+    ``branches`` drafts of that length), or a plain step; and why."""
+
     drafter: str | None  # the drafter's name; None: a plain step
     k: int
     expected_tokens_per_s: float
     reason: str
-    match: int = 0  # the matched length the plan drafts from, for the round's record
+    match: int = 0  # the matched length the choice drafts from, for the round's record
     branches: int = 1  # a draft tree of this many branches of k tokens each (1: a chain)
 
 
-PLAIN_STEP = Plan(None, 0, 0.0, "plain step")
+PLAIN_STEP = Choice(None, 0, 0.0, "plain step")
 
 
 class Controller:
@@ -94,9 +97,9 @@ class Controller:
         self._balance = 0.0  # seconds this answer's drafting rounds saved (< 0: lost)
         self._tokens = 0  # tokens this answer has emitted
 
-    def plan(
+    def choose(
         self, offers: list[Offer], *, sampled: bool = False, nodes: int = TREE_MAX_NODES
-    ) -> Plan:
+    ) -> Choice:
         """Choose this round's drafter and draft length among ``offers`` (each already
         bounded by its drafter's limit), or a plain step; a draft tree too when trees are
         on, the round is greedy (not ``sampled``) and an offer prices trees, of at most
@@ -105,11 +108,11 @@ class Controller:
         if self.fixed:
             for offer in offers:
                 reason = f"fixed {offer.drafter} draft of {offer.available}"
-                return Plan(offer.drafter, offer.available, 0.0, reason, offer.match)
+                return Choice(offer.drafter, offer.available, 0.0, reason, offer.match)
         nodes = min(nodes, TREE_MAX_NODES)
         trees = self.trees and not sampled
-        plain = Plan(None, 0, 1.0 / self.costs.plain_s, "plain step")
-        best = Plan(None, 0, plain.expected_tokens_per_s * self.required_margin, "plain step")
+        plain = Choice(None, 0, 1.0 / self.costs.plain_s, "plain step")
+        best = Choice(None, 0, plain.expected_tokens_per_s * self.required_margin, "plain step")
         chosen: Offer | None = None
         for offer in offers:
             candidates = self._chains(offer)
@@ -118,8 +121,8 @@ class Controller:
             for k, m, rate in candidates:
                 if rate > best.expected_tokens_per_s:
                     shape = f"k={k}" if m == 1 else f"tree {m}x{k}"
-                    what = f"{offer.drafter} {shape}{offer.evidence}"
-                    best = Plan(
+                    what = f"{offer.drafter} {shape}{offer.label}"
+                    best = Choice(
                         offer.drafter, k, rate, f"{what}: {rate:.1f} tok/s expected", branches=m
                     )
                     chosen = offer
@@ -141,7 +144,7 @@ class Controller:
 
     def _chains(self, offer: Offer) -> Iterator[tuple[int, int, float]]:
         """(k, 1, expected tokens per second) of every chain ``offer`` could draft."""
-        acc = offer.accepted(offer.available)
+        acc = offer.expected_accepted(offer.available)
         for k in range(self.draft_min, offer.available + 1):
             yield k, 1, (1.0 + acc[k - 1]) / self._seconds(offer, k)
 
@@ -162,7 +165,7 @@ class Controller:
         """Rounds since ``drafter`` last drafted (or since this controller began)."""
         return self._rounds - self._last_drafted.get(drafter, 0)
 
-    def _probe(self, offers: list[Offer]) -> Plan | None:
+    def _probe(self, offers: list[Offer]) -> Choice | None:
         """A short draft from a drafter left idle for long, if it could pay at all: a probe
         that could never win would only cost time."""
         plain_rate = 1.0 / self.costs.plain_s
@@ -175,7 +178,7 @@ class Controller:
             hoped = sum(OPTIMISTIC_ALPHA**j for j in range(k + 1))
             if hoped / self._seconds(offer, k) <= plain_rate:
                 continue
-            return Plan(offer.drafter, k, 0.0, f"probe {offer.drafter} k={k}", offer.match)
+            return Choice(offer.drafter, k, 0.0, f"probe {offer.drafter} k={k}", offer.match)
         return None
 
     def new_generation(self) -> None:
@@ -187,18 +190,18 @@ class Controller:
         """What verifying k drafts took (a plain step when k is 0)."""
         self.costs.observe_verify(k, verify_s)
 
-    def observe(self, plan: Plan, offer: Offer | None, drafted: int, accepted: int) -> None:
-        """Fold in a finished round: ``offer`` is the one the plan drafted from, after
+    def observe(self, choice: Choice, offer: Offer | None, drafted: int, accepted: int) -> None:
+        """Fold in a finished round: ``offer`` is the one the choice drafted from, after
         its drafter (and the costs) learned from the round."""
         self._rounds += 1
-        if plan.drafter is not None:
-            self._last_drafted[plan.drafter] = self._rounds
+        if choice.drafter is not None:
+            self._last_drafted[choice.drafter] = self._rounds
         self._tokens += accepted + 1
         if offer is not None and drafted > 0:
             # At the cost model's prices, not the round's own timing, so that noise on a
             # busy machine does not move the balance.
-            if plan.branches > 1:  # a tree of k * m nodes, verified as one batch
-                spent = self.costs.verify(plan.k * plan.branches)
+            if choice.branches > 1:  # a tree of k * m nodes, verified as one batch
+                spent = self.costs.verify(choice.k * choice.branches)
             else:
                 spent = self._seconds(offer, drafted)
             self._balance += (accepted + 1) * self.costs.plain_s - spent

@@ -13,6 +13,8 @@ last committed token is still to be evaluated. A round (``_round``) then
 5. tells the controller what verifying took, every drafter how the round went (each learns
    from its own verdict), and the controller the round's balance.
 
+Steps 1 to 4 are ``core.rounds``; this module strings them together and keeps the books.
+
 The drafters of a mode are built by the registry (``core.drafting.registry``) and kept with
 their controller across generations (a ``Planner`` per mode and limits, a bounded number of
 them: ``core.planner``), so what they learn carries from answer to answer; ``learned`` and
@@ -48,43 +50,36 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
-from localspec.core.cached_model import CachedModel, PendingModel, TargetModel, greedy_ids
-from localspec.core.controller import PLAIN_STEP, Controller, Plan
+from localspec.core.cached_model import CachedModel, PendingModel, TargetModel
+from localspec.core.controller import PLAIN_STEP, Controller
 from localspec.core.costs import CostProfile, LiveCosts
 from localspec.core.drafting.base import (
     NOT_CHOSEN,
-    PLAIN,
     Corpus,
-    Draft,
     Drafter,
-    Offer,
     Outcome,
     Resources,
-    Watching,
 )
 from localspec.core.drafting.registry import build_drafters
 from localspec.core.events import (
-    TARGET,
     EngineWarning,
     Event,
     Finished,
     FinishReason,
     PrefillDone,
     RoundCompleted,
-    TokenEmitted,
 )
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.core.planner import RESTORE_KEEP, Planner, Planners, restore_drafters
+from localspec.core.rounds import Run, chain_round, emit_tokens, offers, tree_round
 from localspec.core.stats import GenerationStats
 from localspec.core.text import TextAssembler
-from localspec.core.tree import ROOT, DraftTree
-from localspec.core.tree_round import tree_shape, verify_branches
-from localspec.core.verify import Verdict, verify_greedy, verify_rows
+from localspec.core.tree_round import tree_shape
 from localspec.errors import ContextOverflowError, InputError, empty_input
 
 # Used when no calibration is given: batch costs typical of a small CPU (see the design note).
@@ -93,48 +88,6 @@ DEFAULT_COSTS = CostProfile(
     verify_s={1: 2.3, 3: 2.9, 4: 3.2, 15: 5.8, 31: 11.0, 47: 14.0, 63: 17.0},
     draft_step_s=0.5,
 )
-
-
-@dataclass
-class _Run:
-    """The state of one generation that rounds extend."""
-
-    committed: list[int]  # prompt + generated
-    params: GenerationParams
-    rng: np.random.Generator
-    controller: Controller
-    drafters: dict[str, Drafter]
-    text: TextAssembler
-    emit: Callable[[Event], Event]
-    generated: list[int] = field(default_factory=list)
-    rounds: int = 0
-    # The target's ``changes`` after this run's last call on it: while they are unchanged,
-    # its cache holds ``committed[:-1]`` as that call left it.
-    target_changes: int | None = None
-    # Models that count the seconds of their evaluations (``compute_seconds``).
-    timed: tuple = ()
-    tree_nodes: int = 0  # the most nodes a draft tree may have on the target
-    trace: list[dict] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class _Verified:
-    """A round's draft and verdict as the chain it amounted to (after a tree, the branch
-    the target took), and what the target verified."""
-
-    draft: Draft
-    verdict: Verdict
-    nodes: int  # draft tokens in the target's batch (every node of a tree)
-    branches: int
-    t_verify: float  # when the target's pass began
-    t_done: float
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    emitted: int
-    paused: float  # seconds the consumer held the generator while tokens were yielded
-    reason: FinishReason | None
 
 
 class SpecDecoder:
@@ -281,10 +234,10 @@ class SpecDecoder:
         for drafter in planner.drafters.values():
             drafter.begin(prompt, params)  # the draft model may read the prompt: prefill time
         yield emit(PrefillDone(len(prompt), evaluated, self.clock() - t0))
-        run = _Run(
+        run = Run(
             prompt, params, np.random.default_rng(params.seed), planner.controller,
-            planner.drafters, TextAssembler(params.stop), emit, target_changes=prefilled,
-            timed=self._timed(), tree_nodes=tree_shape(self.target)[1],
+            planner.drafters, TextAssembler(params.stop), emit, self.target, self.clock,
+            target_changes=prefilled, timed=self._timed(), tree_nodes=tree_shape(self.target)[1],
         )  # fmt: skip
         reason: FinishReason | None = None
         try:
@@ -311,10 +264,10 @@ class SpecDecoder:
         return tuple(m for m in models if hasattr(m, "compute_seconds"))
 
     @staticmethod
-    def _compute(run: _Run) -> float:
+    def _compute(run: Run) -> float:
         return sum(m.compute_seconds for m in run.timed)
 
-    def _round(self, run: _Run) -> Generator[Event, None, FinishReason | None]:
+    def _round(self, run: Run) -> Generator[Event, None, FinishReason | None]:
         """One draft-verify round; returns why generation ends, or None to go on."""
         if self.pending_draft is not None:
             yield from self._take_up_draft(run)
@@ -322,27 +275,27 @@ class SpecDecoder:
         compute = self._compute(run)
         room = self.target.n_ctx - len(run.committed)
         remaining = min(run.params.max_tokens - len(run.generated) - 1, room)
-        offers = self._offers(run, remaining)
-        if offers:
+        offered = offers(run, remaining)
+        if offered:
             # Each branch is an offer's length, at most ``remaining``; every node takes a cell.
             nodes = min(room, run.tree_nodes)
-            plan = run.controller.plan(
-                list(offers.values()), sampled=not run.params.greedy, nodes=nodes
+            choice = run.controller.choose(
+                list(offered.values()), sampled=not run.params.greedy, nodes=nodes
             )
-        else:  # what the controller plans without offers, spared at every plain step
-            plan = PLAIN_STEP
-        tried = self._tree_round(run, plan) if plan.branches > 1 else self._chain_round(run, plan)
+        else:  # what the controller chooses without offers, spared at every plain step
+            choice = PLAIN_STEP
+        tried = tree_round(run, choice) if choice.branches > 1 else chain_round(run, choice)
         draft, verdict = tried.draft, tried.verdict
 
         drafted = len(draft.tokens)  # of the chain the round amounted to
-        outcome = yield from self._emit(run, verdict, draft)
+        outcome = yield from emit_tokens(run, verdict, draft)
         # A tree of n nodes is one batch of n + 1 tokens, as a chain of n drafts.
         run.controller.observe_timing(tried.nodes, tried.t_done - tried.t_verify)
         mine = Outcome(True, drafted, verdict.accepted)
         for name, drafter in run.drafters.items():
-            drafter.observe(run.committed, mine if name == plan.drafter else NOT_CHOSEN)
-        offer = offers.get(plan.drafter) if plan.drafter is not None else None
-        run.controller.observe(plan, offer, drafted, verdict.accepted)
+            drafter.observe(run.committed, mine if name == choice.drafter else NOT_CHOSEN)
+        offer = offered.get(choice.drafter) if choice.drafter is not None else None
+        run.controller.observe(choice, offer, drafted, verdict.accepted)
         event = RoundCompleted(
             index=run.rounds,
             drafter=draft.source if tried.nodes else None,
@@ -352,8 +305,8 @@ class SpecDecoder:
             seconds=self.clock() - t_round - outcome.paused,
             draft_seconds=tried.t_verify - t_round,
             verify_seconds=tried.t_done - tried.t_verify,
-            reason=plan.reason,
-            match=plan.match,
+            reason=choice.reason,
+            match=choice.match,
             branches=tried.branches,
             compute_seconds=self._compute(run) - compute if run.timed else None,
         )
@@ -364,7 +317,7 @@ class SpecDecoder:
         yield from self._drafter_warnings(run)
         return outcome.reason
 
-    def _take_up_draft(self, run: _Run) -> Iterator[Event]:
+    def _take_up_draft(self, run: Run) -> Iterator[Event]:
         """Between rounds: a draft model whose load has ended drafts from this round on
         (its drafters begin on the text so far); a failed load is said once."""
         pending = self.pending_draft
@@ -381,109 +334,12 @@ class SpecDecoder:
                 run.drafters[name].begin(run.committed, run.params)
 
     @staticmethod
-    def _drafter_warnings(run: _Run) -> Iterator[Event]:
+    def _drafter_warnings(run: Run) -> Iterator[Event]:
         """What drafters with the ``Warns`` capability (``drafting.base``) had to say."""
         for drafter in run.drafters.values():
             pending = getattr(drafter, "warnings", None)
             while pending:
                 yield run.emit(EngineWarning(pending.pop(0)))
-
-    @staticmethod
-    def _watchers(run: _Run) -> list[Watching]:
-        """The drafters shown the target's choices this round (``Watching``)."""
-        found = (getattr(d, "watching", None) for d in run.drafters.values())
-        return [w for w in found if w is not None]
-
-    @staticmethod
-    def _offers(run: _Run, remaining: int) -> dict[str, Offer]:
-        """What every drafter could draft this round, up to its limit."""
-        offers: dict[str, Offer] = {}
-        for name, drafter in run.drafters.items():
-            offer = drafter.offer(run.committed, min(drafter.limit, remaining))
-            if offer is not None:
-                offers[name] = offer
-        return offers
-
-    def _chain_round(self, run: _Run, plan: Plan) -> _Verified:
-        """Draft a chain (none for a plain step) and verify it in one target batch."""
-        draft = PLAIN
-        if plan.drafter is not None and plan.k > 0:
-            drafter = run.drafters[plan.drafter]
-            draft = drafter.propose(run.committed, plan.k, run.params, run.rng)
-        t_verify = self.clock()
-        verdict = self._verify_round(run, draft)
-        return _Verified(draft, verdict, len(draft.tokens), 1, t_verify, self.clock())
-
-    def _tree_round(self, run: _Run, plan: Plan) -> _Verified:
-        """Draft the plan's competing branches and verify them as one draft tree (greedy);
-        the drafter is told which branch the target took, and the round amounts to that
-        branch's chain round."""
-        assert plan.drafter is not None and run.params.greedy
-        # Only an offer that prices trees is planned as one: its drafter branches.
-        drafter = run.drafters[plan.drafter].branching
-        assert drafter is not None
-        branches = drafter.alternatives(plan.k, plan.branches)
-        if not branches:  # nothing to draft after all: a plain step
-            return self._chain_round(run, Plan(None, 0, 0.0, plan.reason))
-        t_verify = self.clock()
-        watchers = self._watchers(run)
-
-        def watch(tree: DraftTree, choices: list[int]) -> None:
-            for watcher in watchers:
-                watcher.watch(tree.tokens, tree.parents, choices)
-
-        tried = verify_branches(self.target, run.committed, branches, watch if watchers else None)
-        t_done = self.clock()
-        run.target_changes = self.target.changes
-        drafter.take(tried.taken)
-        draft = Draft(plan.drafter, branches[tried.taken])
-        return _Verified(draft, tried.verdict, tried.nodes, len(branches), t_verify, t_done)
-
-    def _emit(self, run: _Run, verdict: Verdict, draft: Draft) -> Generator[Event, None, _Outcome]:
-        """Emit the round's tokens, stopping at an end of generation."""
-        emitted, paused = 0, 0.0
-        drafted = draft.source if verdict.accepted else TARGET
-        for i, tok in enumerate(verdict.tokens(draft.tokens)):
-            if self.target.is_eog(tok):
-                return _Outcome(emitted, paused, FinishReason.EOS)
-            origin = drafted if i < verdict.accepted else TARGET
-            piece = run.text.push(self.target.token_bytes(tok))
-            run.committed.append(tok)
-            run.generated.append(tok)
-            emitted += 1
-            t_yield = self.clock()
-            yield run.emit(TokenEmitted(tok, piece, origin, len(run.generated) - 1))
-            paused += self.clock() - t_yield  # the consumer's time is not ours
-            if run.text.stopped:
-                return _Outcome(emitted, paused, FinishReason.STOP)
-            if len(run.generated) >= run.params.max_tokens:
-                return _Outcome(emitted, paused, FinishReason.LENGTH)
-        return _Outcome(emitted, paused, None)
-
-    def _verify_round(self, run: _Run, draft: Draft) -> Verdict:
-        """Evaluate ``[last, drafts]`` in one target batch, verify, and roll the target's
-        cache back so that it holds ``committed[:-1]`` of the next round. Greedy decoding
-        asks the target for its greedy choices only, never for a row."""
-        committed = run.committed
-        batch = [committed[-1], *draft.tokens]
-        # As the last round left it, the target is given the new tokens only; if someone
-        # else used it meanwhile, the whole context is compared.
-        start = len(committed) - 1 if run.target_changes == self.target.changes else 0
-        tail = batch if start else [*committed[:-1], *batch]
-        if run.params.greedy:
-            choices = self.target.greedy_after(start, tail, len(batch)).ids
-            verdict = verify_greedy(choices, draft.tokens)
-        else:
-            rows = self.target.forward_after(start, tail, len(batch), borrow=True)
-            # The rows are borrowed: consumed here, before the target evaluates anything else.
-            verdict = verify_rows(rows, draft.tokens, draft.probs, run.params, run.rng)
-            choices = greedy_ids(rows) if self._watchers(run) else []
-        chain = list(range(ROOT, len(draft.tokens) - 1))  # node i's parent is i - 1
-        for watcher in self._watchers(run) if choices else ():
-            watcher.watch(draft.tokens, chain, choices)
-        self.target.truncate(len(committed) + verdict.accepted)
-        run.target_changes = self.target.changes
-        return verdict
 
 
 def run_to_completion(

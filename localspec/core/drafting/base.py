@@ -7,7 +7,8 @@ generations, so what it learns carries from answer to answer, as llama.cpp keeps
 - ``begin(prompt, params)``: a new answer starts (a new text to learn about);
 - ``offer(committed, limit)``: what it could draft after ``committed`` (at most ``limit``
   tokens), priced by itself: an ``Offer`` carries the expected accepted tokens for every
-  draft length and the seconds drafting them would take. None: nothing to offer;
+  draft length (``expected_accepted``) and the seconds drafting them would take. None:
+  nothing to offer;
 - ``propose(committed, k, params, rng)``: draft at most ``k`` tokens, when the controller
   picked this drafter;
 - ``observe(committed, outcome)``: the round is over, ``committed`` grew; ``outcome`` says
@@ -20,7 +21,7 @@ Optional capability: a drafter whose sources may disagree (the copying ones) can
 the competing continuations as one draft tree; it then exposes itself as ``branching``
 (a ``Branching``), and its offers price trees (``Offer.tree``). Drafters without it set
 ``branching = None`` and are never planned a tree. ``Previewing`` is what a copying drafter
-shows of a draft a round passed over, for the answer to grade (``copying.PassedDraft``).
+shows of a draft a round passed over, for the answer to grade (``grades.Pending``).
 
 Optional capability ``Warns``: a drafter that drafts from something that may fail
 outside its control (a datastore on disk) keeps a ``warnings`` list; the engine yields each
@@ -62,21 +63,21 @@ def no_seconds(k: int) -> float:
 class Offer:
     """What a drafter could propose this round, priced by the drafter itself.
 
-    ``accepted(k)`` lists the expected accepted tokens of drafts of 1..k tokens (k at most
-    ``available``); ``draft_seconds(k)`` is the time drafting k tokens would take (free for
-    copies). When its sources disagree, ``tree(m, k)`` lists the same for a draft tree of
-    ``m`` branches (2 <= m <= ``branches``) of 1..k tokens each. ``probe``: when idle for
-    long, a short draft may be tried so that its estimate can recover (an estimate learned
-    only from its own drafts). ``evidence`` and ``match`` only label the round."""
+    ``expected_accepted(k)`` lists the expected accepted tokens of drafts of 1..k tokens (k
+    at most ``available``); ``draft_seconds(k)`` is the time drafting k tokens would take
+    (free for copies). When its sources disagree, ``tree(m, k)`` lists the same for a draft
+    tree of ``m`` branches (2 <= m <= ``branches``) of 1..k tokens each. ``probe``: when
+    idle for long, a short draft may be tried so that its estimate can recover (an estimate
+    learned only from its own drafts). ``label`` and ``match`` only describe the round."""
 
     drafter: str
     available: int  # most tokens it can draft now
-    accepted: Callable[[int], list[float]]
+    expected_accepted: Callable[[int], list[float]]
     draft_seconds: Callable[[int], float] = no_seconds
     tree: Callable[[int, int], list[float]] | None = None
     branches: int = 1  # most branches a tree of its sources may have (1: chains only)
     probe: bool = False
-    evidence: str = ""  # shown in the plan's reason, e.g. " (match 5, streak)"
+    label: str = ""  # what it is drafted on, for the plan's reason, e.g. " (match 5, streak)"
     match: int = 0  # matched suffix length of a copying offer (0: none)
 
 

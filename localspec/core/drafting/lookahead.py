@@ -28,7 +28,8 @@ Sizes are not fixed: the cost model picks, each round, the draft length and the 
 branches from this machine's verify costs (``auto``); the fixed policy (``--drafter
 lookahead``) drafts the chain length that its acceptance so far pays best at those costs.
 Its acceptance per position is learned from its own drafts and from grading, every round it
-was passed over, what it would have drafted against what the target emitted.
+was passed over, what it would have drafted against what the target emitted (a pending
+grade, ``grades.Grade.PASSED``, settled at once on the tokens the round emitted).
 
 Exact like every drafter: drafts are functions of tokens already committed and rows already
 computed, never of the round's own randomness, so greedy output is the target's and
@@ -47,6 +48,7 @@ import numpy as np
 from localspec.core.acceptance import AcceptanceEstimate, TextCount
 from localspec.core.costs import LiveCosts, could_pay
 from localspec.core.drafting.base import Draft, Offer, Outcome, Resources
+from localspec.core.drafting.grades import Grade, Grades, Pending
 from localspec.core.params import GenerationParams
 from localspec.core.tree import MAX_BRANCHES, ROOT
 
@@ -56,9 +58,9 @@ NGRAM = 4  # tokens of a pooled n-gram: its key and three guesses after it
 POOL_PER_KEY = 4  # n-grams kept per first token, newest first
 SUCCESSORS = 4  # recycled successors kept per token, newest first
 # The most it is hoped to reach per drafted token: the target guessing its own next tokens
-# is right far less often than a copy or a draft model (13-25% per category over the bench's
-# answers, measured with the default pair), so where even this could not pay it stays idle
-# and costs nothing; a draft model is hoped to reach OPTIMISTIC_ALPHA.
+# is right far less often than a copy or a draft model (docs/measurements.md, "Drafting
+# without a second model"), so where even this could not pay it stays idle and costs
+# nothing; a draft model is hoped to reach OPTIMISTIC_ALPHA.
 HOPED_ALPHA = 0.6
 
 
@@ -91,6 +93,7 @@ class LookaheadDrafter:
         self._seen: _Pass | None = None  # the last pass's nodes and the target's tokens
         self._before = 0  # len(committed) when the round began
         self._previewed: list[int] = []  # what it would have drafted this round
+        self.grades: Grades[None] = Grades()  # what it was passed over for, to grade
         self._last_candidates: list[list[int]] = []  # the round's, for ``alternatives``
 
     # -- capabilities ---------------------------------------------------------------------
@@ -132,9 +135,9 @@ class LookaheadDrafter:
             available = min(available, self._paying_length(available))
         branches = min(len(candidates), MAX_BRANCHES)
         tree = self._tree_accepted if branches > 1 else None
-        evidence = f" ({len(candidates)} candidates)"
+        label = f" ({len(candidates)} candidates)"
         return Offer(NAME, available, self.estimate.expected_accepted, tree=tree,
-                     branches=branches, evidence=evidence)  # fmt: skip
+                     branches=branches, label=label)  # fmt: skip
 
     def propose(
         self,
@@ -170,18 +173,17 @@ class LookaheadDrafter:
     def observe(self, committed: Sequence[int], outcome: Outcome) -> None:
         if not self._active:
             return
-        new = list(committed[self._before :])
         if outcome.chosen and outcome.drafted > 0:
             self.estimate.observe(outcome.drafted, outcome.accepted)
-        elif self._previewed and new:
+        else:
             # Passed over: grade what it would have drafted against what the target emitted.
             # Past the emitted tokens nothing is known, so only those positions count.
-            shown = self._previewed[: len(new)]
-            matched = _common_prefix(shown, new)
-            self.estimate.observe(len(shown), matched)
+            self.grades.add(Pending(Grade.PASSED, None, tuple(self._previewed), self._before))
+            for _, drafted, accepted in self.grades.settle(committed):
+                self.estimate.observe(drafted, accepted)
         seen, self._seen = self._seen, None
         if seen is not None:
-            self._learn(committed, seen, len(new))
+            self._learn(committed, seen, len(committed) - self._before)
 
     def learned(self) -> dict[str, Any]:
         return self.estimate.to_dict()
@@ -326,15 +328,6 @@ class _Pass:
             out.append(self.tokens[node])
             node = self.parents[node]
         return out[::-1]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def build(params: GenerationParams, resources: Resources) -> LookaheadDrafter:

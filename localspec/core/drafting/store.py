@@ -1,20 +1,20 @@
 """Retrieval drafting: what followed the text's longest suffix in the user's own corpora.
 
-As REST drafts from a datastore, ``StoreDrafter`` looks the last ``n_max`` committed tokens
+As REST drafts from a datastore, ``StoreSource`` looks the last ``n_max`` committed tokens
 up in token corpora (the user's indexed files, earlier answers) and drafts the continuation
-most occurrences of the longest match share (``copying.vote``). A ``Corpus`` is anything with
-``longest_match(context, n_max, n_min)`` and ``continuations(match, k, limit)``, as
+most occurrences of the longest match share (``copying.vote``). A ``Corpus`` is anything
+with ``longest_match(context, n_max, n_min)`` and ``continuations(match, k, limit)``, as
 ``storage.datastore.TokenIndex`` has; this module does no I/O of its own.
 
 Among corpora the longest match wins, then the one with more occurrences. The draft is read
 token by token: at each position the token most still-agreeing occurrences continue with.
 Its offer carries the match length and ``support``, the share of the examined occurrences
 that go on as the first drafted token, which its price folds in. It is priced as prompt
-lookup is (``copying.CopyPricing``), with odds of long copies of its own that start lower
-(``STORE_COPY_ODDS``): a store is the user's own corpus, which may have nothing to do with
-the text at hand. One lookup per committed text, shared by the round's offer, preview and
-draft. Its q is one-hot, so ``Draft.probs`` is None, and a continuation ends after an
-end-of-generation token.
+lookup is (``pricing.CopyPricing``), with odds of long copies of its own that start lower
+and drafts that part sooner (``tunables.STORE_COPY_ODDS``, ``STORE_PARTING``): a store is
+the user's own corpus, which may have nothing to do with the text at hand. One lookup per
+committed text, shared by the round's offer, preview and draft. Its q is one-hot, so
+``Draft.probs`` is None, and a continuation ends after an end-of-generation token.
 
 When the examined occurrences go on with different next tokens, the offer's ``shares`` give
 each next token's share of them (the drafted one first), and ``alternatives(k, m)`` drafts
@@ -34,23 +34,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from localspec.core.drafting.base import Corpus, Draft, Outcome, Resources
-from localspec.core.drafting.copying import CopyingDrafter, CopyOffer, CopyPricing, Streak, vote
+from localspec.core.drafting.base import Corpus, Outcome, Resources
+from localspec.core.drafting.copying import CopyDrafter, Streak, vote
+from localspec.core.drafting.evidence import CopyOffer, Evidence
+from localspec.core.drafting.pricing import CopyPricing
+from localspec.core.drafting.tunables import EXAMINED, STORE_COPY_ODDS, STORE_PARTING
 from localspec.core.params import GenerationParams
 
 NAME = "store"
-EXAMINED = 32  # occurrences of a match whose continuations are read (spread over all)
-# A datastore is the user's own corpus, which may have nothing to do with the text at hand:
-# its drafts start at lower odds of long copies than prompt lookup's and earn theirs the
-# same way.
-STORE_COPY_ODDS = 0.25
-# A long store match says less than a long match in the prompt: a question quoting a file
-# matches that file for as long as it quotes it, and the answer then writes its own code.
-# Unless the text copies the store, its drafts are priced as parting almost at once (as a
-# 3-token prompt match does), so only the copy chance, earned by graded drafts, buys long ones.
-STORE_PARTING_ALPHA = 0.25
 
 
 @dataclass(frozen=True)
@@ -76,27 +67,26 @@ def _vote(runs: Runs, k: int, ends: Callable[[int], bool] | None) -> tuple[list[
     return tokens, share
 
 
-class StoreDrafter(CopyingDrafter):
-    """Drafts from named corpora; see the module docstring. ``corpora`` may be a callable
-    that gives them: they are read again as every answer begins."""
+Corpora = Sequence[tuple[str, Corpus]] | Callable[[], Sequence[tuple[str, Corpus]]]
 
-    name = NAME
+
+class StoreSource:
+    """Drafts from named corpora (a ``copying.CopySource``); see the module docstring.
+    ``corpora`` may be a callable that gives them: they are read again as every answer
+    begins."""
 
     def __init__(
         self,
-        corpora: Sequence[tuple[str, Corpus]] | Callable[[], Sequence[tuple[str, Corpus]]],
+        corpora: Corpora,
         n_min: int = 4,
         n_max: int = 32,
         k_max: int = 64,
         ends: Callable[[int], bool] | None = None,
         *,
-        limit: int = 64,
         n_vocab: int | None = None,
     ) -> None:
-        super().__init__(CopyPricing(STORE_COPY_ODDS, STORE_PARTING_ALPHA), limit)
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
-        self.branching = self
         self._corpora = corpora
         self.corpora = list(corpora() if callable(corpora) else corpora)
         self.n_min, self.n_max, self.k_max = n_min, n_max, k_max
@@ -108,15 +98,17 @@ class StoreDrafter(CopyingDrafter):
         self.streak = Streak()
         self._taken = 0  # the branch of the last ``alternatives`` the target took
 
-    def begin(self, tokens: Sequence[int], params: GenerationParams | None = None) -> None:
-        """A new answer after ``tokens``: the corpora as they are now, matched up to
+    def begin(self, prompt: Sequence[int], params: GenerationParams | None = None) -> None:
+        """A new answer after ``prompt``: the corpora as they are now, matched up to
         ``params``' n-gram length."""
         if callable(self._corpora):
             self.corpora = list(self._corpora())
         if params is not None:
             self.n_max = params.ngram_max
-        self.begin_text()
         self._found, self._found_at, self.streak = None, None, Streak()
+
+    def end(self) -> None:
+        self._found, self._found_at = None, None
 
     def lookup(self, committed: Sequence[int]) -> Retrieved | None:
         """The best continuation after ``committed`` (computed once per committed text)."""
@@ -188,7 +180,7 @@ class StoreDrafter(CopyingDrafter):
         shares = [weight.get(drafted[0], 0) / total] + [weight[t] / total for t in others]
         return tuple(branches), tuple(shares)
 
-    def copy_offer(self, committed: Sequence[int], limit: int) -> CopyOffer | None:
+    def find(self, committed: Sequence[int], limit: int) -> CopyOffer | None:
         if not self.corpora:
             return None
         found = self.lookup(committed)
@@ -196,25 +188,21 @@ class StoreDrafter(CopyingDrafter):
             return None
         available = min(limit, len(found.tokens))
         shares = found.shares if len(found.shares) > 1 else ()
-        return CopyOffer(
-            available, found.n, self.streak.under_way, support=found.support, shares=shares
-        )
+        kind = Evidence.UNDER_WAY if self.streak.under_way else Evidence.MATCH
+        return CopyOffer(available, found.n, kind, support=found.support, shares=shares)
 
     def preview(self, k: int) -> list[int]:
         """Up to ``k`` tokens ``propose`` would draft after the text of the last ``offer``."""
         found = self._found
         return list(found.tokens[:k]) if found is not None else []
 
-    def propose(
-        self,
-        committed: Sequence[int],
-        k: int,
-        params: GenerationParams,
-        rng: np.random.Generator,
-    ) -> Draft:
+    def draft(self, committed: Sequence[int], k: int) -> list[int]:
         found = self.lookup(committed)
         self._taken = 0
-        return Draft(self.name, list(found.tokens[:k]) if found is not None and k > 0 else [])
+        return list(found.tokens[:k]) if found is not None and k > 0 else []
+
+    def continuation(self, k: int) -> list[int]:
+        return []  # a copy of the corpora is not followed past its draft
 
     def alternatives(self, k: int, m: int) -> list[list[int]]:
         """Up to ``m`` continuations of up to ``k`` tokens with distinct first tokens after
@@ -245,12 +233,19 @@ class _CorpusFailed(Exception):
         self.why = why
 
 
-def build(params: GenerationParams, resources: Resources) -> StoreDrafter:
+def store_drafter(corpora: Corpora, *, limit: int = 64, **source: Any) -> CopyDrafter:
+    """The datastores' drafter: ``StoreSource(corpora, **source)`` priced as a corpus
+    that may have nothing to do with the text."""
+    pricing = CopyPricing(STORE_COPY_ODDS, STORE_PARTING)
+    return CopyDrafter(NAME, StoreSource(corpora, **source), pricing, limit)
+
+
+def build(params: GenerationParams, resources: Resources) -> CopyDrafter:
     fixed = not params.drafter.uses_cost_model
-    return StoreDrafter(
+    return store_drafter(
         resources.corpora,
+        limit=params.draft_max if fixed else params.ngram_draft_max,
         n_max=params.ngram_max,
         ends=resources.target.is_eog,
-        limit=params.draft_max if fixed else params.ngram_draft_max,
         n_vocab=resources.target.n_vocab,
     )

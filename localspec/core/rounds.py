@@ -1,0 +1,178 @@
+"""One round's mechanics: its offers, its draft (a chain or a tree), its verification on the
+target, and the tokens it emits, over a generation's state (``Run``).
+
+``SpecDecoder._round`` (``core.engine``) strings them together and does the bookkeeping:
+``offers`` asks every drafter what it could draft; the controller chooses; ``chain_round``
+or ``tree_round`` drafts and verifies; ``emit_tokens`` yields the accepted drafts and the
+target's own token, stopping at an end of generation, a stop string or the token limit.
+
+Verification keeps the engine's invariant: after a round the target's cache holds
+``committed[:-1]`` of the next one (``verify_round`` rolls it back to the accepted length).
+While the target's ``changes`` are those the run's last call left (``Run.target_changes``),
+it is given the round's new tokens only; otherwise the whole context is compared. Greedy
+decoding asks the target for its greedy choices only, never for a row; sampled rows are
+borrowed, consumed before the target evaluates anything else. Drafters that draft from the
+target's own choices (``Watching``) are shown them after every position, chain or tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localspec.core.cached_model import TargetModel, greedy_ids
+from localspec.core.controller import Choice, Controller
+from localspec.core.drafting.base import PLAIN, Draft, Drafter, Offer, Watching
+from localspec.core.events import TARGET, Event, FinishReason, TokenEmitted
+from localspec.core.params import GenerationParams
+from localspec.core.text import TextAssembler
+from localspec.core.tree import ROOT, DraftTree
+from localspec.core.tree_round import verify_branches
+from localspec.core.verify import Verdict, verify_greedy, verify_rows
+
+
+@dataclass
+class Run:
+    """The state of one generation that rounds extend."""
+
+    committed: list[int]  # prompt + generated
+    params: GenerationParams
+    rng: np.random.Generator
+    controller: Controller
+    drafters: dict[str, Drafter]
+    text: TextAssembler
+    emit: Callable[[Event], Event]
+    target: TargetModel
+    clock: Callable[[], float]
+    generated: list[int] = field(default_factory=list)
+    rounds: int = 0
+    # The target's ``changes`` after this run's last call on it: while they are unchanged,
+    # its cache holds ``committed[:-1]`` as that call left it.
+    target_changes: int | None = None
+    # Models that count the seconds of their evaluations (``compute_seconds``).
+    timed: tuple = ()
+    tree_nodes: int = 0  # the most nodes a draft tree may have on the target
+    trace: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A round's draft and verdict as the chain it amounted to (after a tree, the branch
+    the target took), and what the target verified."""
+
+    draft: Draft
+    verdict: Verdict
+    nodes: int  # draft tokens in the target's batch (every node of a tree)
+    branches: int
+    t_verify: float  # when the target's pass began
+    t_done: float
+
+
+@dataclass(frozen=True)
+class Emitted:
+    emitted: int
+    paused: float  # seconds the consumer held the generator while tokens were yielded
+    reason: FinishReason | None
+
+
+def watchers(run: Run) -> list[Watching]:
+    """The drafters shown the target's choices this round (``Watching``)."""
+    found = (getattr(d, "watching", None) for d in run.drafters.values())
+    return [w for w in found if w is not None]
+
+
+def offers(run: Run, remaining: int) -> dict[str, Offer]:
+    """What every drafter could draft this round, up to its limit."""
+    made: dict[str, Offer] = {}
+    for name, drafter in run.drafters.items():
+        offer = drafter.offer(run.committed, min(drafter.limit, remaining))
+        if offer is not None:
+            made[name] = offer
+    return made
+
+
+def chain_round(run: Run, choice: Choice) -> Verified:
+    """Draft a chain (none for a plain step) and verify it in one target batch."""
+    draft = PLAIN
+    if choice.drafter is not None and choice.k > 0:
+        drafter = run.drafters[choice.drafter]
+        draft = drafter.propose(run.committed, choice.k, run.params, run.rng)
+    t_verify = run.clock()
+    verdict = verify_round(run, draft)
+    return Verified(draft, verdict, len(draft.tokens), 1, t_verify, run.clock())
+
+
+def tree_round(run: Run, choice: Choice) -> Verified:
+    """Draft the choice's competing branches and verify them as one draft tree (greedy);
+    the drafter is told which branch the target took, and the round amounts to that
+    branch's chain round."""
+    assert choice.drafter is not None and run.params.greedy
+    # Only an offer that prices trees is chosen as one: its drafter branches.
+    drafter = run.drafters[choice.drafter].branching
+    assert drafter is not None
+    branches = drafter.alternatives(choice.k, choice.branches)
+    if not branches:  # nothing to draft after all: a plain step
+        return chain_round(run, Choice(None, 0, 0.0, choice.reason))
+    t_verify = run.clock()
+    shown = watchers(run)
+
+    def watch(tree: DraftTree, choices: list[int]) -> None:
+        for watcher in shown:
+            watcher.watch(tree.tokens, tree.parents, choices)
+
+    tried = verify_branches(run.target, run.committed, branches, watch if shown else None)
+    t_done = run.clock()
+    run.target_changes = run.target.changes
+    drafter.take(tried.taken)
+    draft = Draft(choice.drafter, branches[tried.taken])
+    return Verified(draft, tried.verdict, tried.nodes, len(branches), t_verify, t_done)
+
+
+def emit_tokens(run: Run, verdict: Verdict, draft: Draft) -> Generator[Event, None, Emitted]:
+    """Emit the round's tokens, stopping at an end of generation."""
+    emitted, paused = 0, 0.0
+    drafted = draft.source if verdict.accepted else TARGET
+    for i, tok in enumerate(verdict.tokens(draft.tokens)):
+        if run.target.is_eog(tok):
+            return Emitted(emitted, paused, FinishReason.EOS)
+        origin = drafted if i < verdict.accepted else TARGET
+        piece = run.text.push(run.target.token_bytes(tok))
+        run.committed.append(tok)
+        run.generated.append(tok)
+        emitted += 1
+        t_yield = run.clock()
+        yield run.emit(TokenEmitted(tok, piece, origin, len(run.generated) - 1))
+        paused += run.clock() - t_yield  # the consumer's time is not ours
+        if run.text.stopped:
+            return Emitted(emitted, paused, FinishReason.STOP)
+        if len(run.generated) >= run.params.max_tokens:
+            return Emitted(emitted, paused, FinishReason.LENGTH)
+    return Emitted(emitted, paused, None)
+
+
+def verify_round(run: Run, draft: Draft) -> Verdict:
+    """Evaluate ``[last, drafts]`` in one target batch, verify, and roll the target's
+    cache back so that it holds ``committed[:-1]`` of the next round. Greedy decoding
+    asks the target for its greedy choices only, never for a row."""
+    committed, target = run.committed, run.target
+    batch = [committed[-1], *draft.tokens]
+    # As the last round left it, the target is given the new tokens only; if someone
+    # else used it meanwhile, the whole context is compared.
+    start = len(committed) - 1 if run.target_changes == target.changes else 0
+    tail = batch if start else [*committed[:-1], *batch]
+    if run.params.greedy:
+        choices = target.greedy_after(start, tail, len(batch)).ids
+        verdict = verify_greedy(choices, draft.tokens)
+    else:
+        rows = target.forward_after(start, tail, len(batch), borrow=True)
+        # The rows are borrowed: consumed here, before the target evaluates anything else.
+        verdict = verify_rows(rows, draft.tokens, draft.probs, run.params, run.rng)
+        choices = greedy_ids(rows) if watchers(run) else []
+    chain = list(range(ROOT, len(draft.tokens) - 1))  # node i's parent is i - 1
+    for watcher in watchers(run) if choices else ():
+        watcher.watch(draft.tokens, chain, choices)
+    target.truncate(len(committed) + verdict.accepted)
+    run.target_changes = target.changes
+    return verdict
