@@ -27,6 +27,7 @@ from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import BackendError, UsageError
+from localspec.session.preflight import PairFacts
 from tests.fakes import FakeModel
 
 # -- prompt sets ---------------------------------------------------------------------------
@@ -135,6 +136,10 @@ class FakeBenchSession:
     @property
     def has_draft(self):
         return self.draft is not None
+
+    @property
+    def facts(self):
+        return PairFacts(self.target.n_ctx, self.has_draft, derived=False)
 
     @property
     def draft_path(self):

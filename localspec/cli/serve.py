@@ -242,7 +242,6 @@ def load_into(state, options, queue_size: int, history: bool = False) -> None:  
     session.learn_with(state.defaults)  # a request's own limits learn apart, unsaved
     state.model_id = session.target.path.stem
     state.draft_id = session.draft_path.stem if session.draft_path is not None else None
-    state.derived_draft = session.decoder.draft_name == "self"
     state.placement = session.placement.to_dict() if session.placement else None
     worker = GenerationWorker(session, max_queue=queue_size, on_client=keep_apart(history))
     worker.start()

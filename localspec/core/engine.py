@@ -26,8 +26,8 @@ branch the target took (``take``): the same tokens emitted, the same bookkeeping
 count every node of the tree as drafted.
 
 The engine prints nothing and imports no UI: front ends render the events it yields.
-``check`` is the one place a prompt that cannot run is refused (no tokens, more than the
-context holds, a drafter without its draft model), with a typed ``localspec.errors`` error.
+It runs prompts the session's preflight (``session.preflight``) let through: 1 to
+``n_ctx - 1`` tokens, and the draft model the drafter needs.
 Cancellation is cooperative (a ``threading.Event`` checked between rounds). After a round,
 drafters with the ``Warns`` capability (``drafting.base``) have their warnings yielded as
 ``EngineWarning`` events. Drafters that draft from the target's own choices (``Watching``, the
@@ -85,7 +85,6 @@ from localspec.core.text import TextAssembler
 from localspec.core.tree import ROOT, DraftTree
 from localspec.core.tree_round import tree_shape, verify_branches
 from localspec.core.verify import Verdict, verify_greedy, verify_rows
-from localspec.errors import ContextOverflowError, InputError, empty_input
 
 # Used when no calibration is given: batch costs typical of a small CPU (see the design note).
 DEFAULT_COSTS = CostProfile(
@@ -146,11 +145,13 @@ class SpecDecoder:
         *,
         clock: Callable[[], float] | None = None,
         pending_draft: PendingModel | None = None,
+        draft_name: str = "model",
     ) -> None:
         """``clock``: what rounds are timed with (default ``time.perf_counter``); a replay
         gives a virtual one that its models advance by what their evaluations cost.
         ``pending_draft``: a draft model still loading, taken up once it is there (see
-        ``join_draft``)."""
+        ``join_draft``). ``draft_name``: the draft model's drafter, ``self`` for a draft
+        derived from the target's own layers."""
         self.target = target
         self.draft = draft
         self.pending_draft = pending_draft
@@ -159,7 +160,7 @@ class SpecDecoder:
         self.planners = Planners(self._planner)
         self.restored: dict | None = None  # learned state to start every new planner from
         self.corpora: list[tuple[str, Corpus]] = []  # what the datastore drafter looks up
-        self.draft_name = "model"  # its drafter's name: "self" for a draft of the target's layers
+        self.draft_name = draft_name
 
     def controllers(self) -> list[Controller]:
         return [planner.controller for planner in self.planners]
@@ -233,38 +234,19 @@ class SpecDecoder:
         scratch = self._drafters(auto, LiveCosts(self.costs))
         restore_drafters(scratch, data, RESTORE_KEEP)
 
-    def check(self, prompt: list[int], params: GenerationParams) -> None:
-        """Raise what ``generate`` would raise for this prompt before its first event
-        (``ContextOverflowError`` for a prompt the context cannot hold, ``InputError`` for
-        an empty one or a drafter without its draft model), without running it. A drafter
-        that cannot run without the draft model waits here for a load under way."""
-        if params.drafter.needs_draft_model:
-            self.join_draft(wait=True)
-        n_ctx = self.target.n_ctx
-        if not prompt:
-            raise empty_input()
-        if len(prompt) >= n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(prompt)} tokens but the context holds {n_ctx} "
-                f"(at most {n_ctx - 1} prompt tokens, leaving room for one new token)",
-                "shorten the input or raise --ctx",
-                n_tokens=len(prompt),
-                n_ctx=n_ctx,
-            )
-        if params.drafter.needs_draft_model and self.draft is None:
-            raise InputError(
-                f"--drafter {params.drafter} needs a draft model, and none is loaded",
-                "pass --draft REF, or use --drafter ngram",
-            )
-
     def generate(
         self,
         prompt: Sequence[int],
         params: GenerationParams,
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
+        """The events of ``prompt``'s answer. The prompt is one the pair can run: 1 to
+        ``n_ctx - 1`` tokens, with the draft model its drafter needs (the session's
+        preflight refuses any other before it asks). A drafter that cannot run without the
+        draft model waits here for a load under way (a failed load raises its error)."""
         prompt = list(prompt)
-        self.check(prompt, params)
+        if params.drafter.needs_draft_model:
+            self.join_draft(wait=True)
         stats = GenerationStats()
 
         def emit(event: Event) -> Event:

@@ -7,7 +7,9 @@ request first passes ``access.Guard`` (its ``Host`` and ``Origin``); every endpo
 how many requests wait only to a caller with a key), and the key names the client a job
 runs for (the worker keeps clients apart, see serve/worker.py). A POST
 body must be ``application/json`` of at most ``max_body`` bytes; every field is checked
-before a job is queued, and every refusal has OpenAI's error shape. An internal failure is
+before a job is queued, what needs the loaded pair (a drafter without its draft model, a
+prompt the context cannot hold: the session's preflight) as the job starts, before its
+first event; every refusal has OpenAI's error shape. An internal failure is
 logged with an id and answered with that id, never with its text. A streamed answer is sent
 as server-sent events; the first event (or error) is awaited before the response starts, so
 a request that cannot run gets a proper status. A client that disconnects, streamed or not,
@@ -42,6 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import Event, Finished
 from localspec.core.params import GenerationParams
+from localspec.errors import ConflictingOptionsError
 from localspec.serve.access import Access, Guard, client_of
 from localspec.serve.errors import ApiError
 from localspec.serve.openai_shapes import (
@@ -57,10 +60,12 @@ from localspec.serve.replies import (
     internal,
     next_event,
     raise_for,
+    refusal,
     streamed_answer,
     whole_answer,
 )
 from localspec.serve.worker import GenerationWorker, Job, QueueFull
+from localspec.session.preflight import check_options
 from localspec.session.session import Session
 
 JSON_TYPE = "application/json"
@@ -79,7 +84,6 @@ class ServerState:
     worker: GenerationWorker | None = None
     model_id: str = "localspec"
     draft_id: str | None = None
-    derived_draft: bool = False  # the draft was derived from the target (--draft self)
     placement: dict[str, Any] | None = None  # where each model runs (session/placement.py)
     load_error: str | None = None
     loading: bool = False  # the pair is being loaded (cli/serve.py's loader thread)
@@ -116,23 +120,14 @@ def _counted(events: Iterator[Event], asked: Asked) -> Iterator[Event]:
         yield event
 
 
-def _check_prediction(params: GenerationParams, predicted: str | None) -> None:
-    """A prediction is drafted from by ``auto`` only: with another drafter it would be
-    ignored, and its counts would say nothing of the answer."""
-    if predicted is not None and not params.drafter.uses_cost_model:
-        raise ApiError(400, f"a prediction is drafted from by speculative.drafter auto, not "
-                       f"{params.drafter}: drop one or the other", param="prediction")  # fmt: skip
-
-
-def _check_drafter(state: ServerState, params: GenerationParams) -> None:
-    if params.drafter.needs_draft_model and state.draft_id is None:
-        raise ApiError(400, f"speculative.drafter is {params.drafter}, but this server has no "
-                       "draft model: use auto, ngram or lookahead",
-                       param="speculative.drafter")  # fmt: skip
-    if params.drafter.derives_draft and not state.derived_draft:
-        raise ApiError(400, "speculative.drafter is self, but this server's draft was not "
-                       "derived from the target (serve --draft self): use auto or model",
-                       param="speculative.drafter")  # fmt: skip
+def _check_options(params: GenerationParams, predicted: str | None) -> None:
+    """Options that cannot go together (``session.preflight``), refused before a job is
+    queued: a prediction is drafted from by ``auto`` only (with another drafter it would be
+    ignored, and its counts would say nothing of the answer)."""
+    try:
+        check_options(params, prediction=predicted is not None)
+    except ConflictingOptionsError as error:
+        raise refusal(error, chat=False) or error from None
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -210,9 +205,8 @@ async def chat_completions(request: Request) -> Any:
     params = generation_params(
         body, state.defaults, state.max_tokens_limit, state.speculative_overrides
     )
-    _check_drafter(state, params)
     predicted = prediction_text(body)
-    _check_prediction(params, predicted)
+    _check_options(params, predicted)
     stream, include_usage = stream_flags(body)
     asked = Asked(chat=True, stream=stream, include_usage=include_usage)
 
@@ -234,9 +228,8 @@ async def completions(request: Request) -> Any:
     params = generation_params(
         body, state.defaults, state.max_tokens_limit, state.speculative_overrides
     )
-    _check_drafter(state, params)
     predicted = prediction_text(body)
-    _check_prediction(params, predicted)
+    _check_options(params, predicted)
     stream, include_usage = stream_flags(body)
     asked = Asked(False, stream, include_usage, n_prompts=len(prompts))
 
@@ -248,8 +241,8 @@ async def completions(request: Request) -> Any:
             else session.text_tokens(p, raw=True, parse_special=state.parse_special)
             for p in prompts
         ]  # fmt: skip
-        for tokens in token_lists:  # all fit (the engine's check) before the first runs
-            session.check_prompt(tokens, chosen)
+        for tokens in token_lists:  # all can run (the session's preflight) before the first
+            session.preflight(tokens, chosen)
         return _counted(_in_turn(session, token_lists, chosen, cancel), asked)
 
     return await _answer(state, request, Job(start, params, client=client), asked)

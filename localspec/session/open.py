@@ -89,9 +89,10 @@ def open_session(
     )
     from localspec.session.session import Session
 
-    session = Session(target, None, costs, costs_file, rpc=rpc, placement=placement, slot=slot)
-    if slot is not None and options.draft == SELF_DRAFT:
-        session.decoder.draft_name = SELF_DRAFT  # its drafts are labelled as the target's own
+    session = Session(
+        target, None, costs, costs_file, rpc=rpc, placement=placement, slot=slot,
+        derived=options.draft == SELF_DRAFT,
+    )  # fmt: skip
     if options.calibrate and options.learn:
         _restore_learning(session, target_path, draft_path, on_progress)
     try:

@@ -4,6 +4,8 @@
 ``Session.complete`` and ``Session.chat`` turn text or messages into tokens (the target's
 chat template, or raw: ``prompts.Prompts``) and return the engine's event stream;
 ``Session.infill_tokens`` builds a fill-in-the-middle prompt from the target's FIM tokens.
+``Session.generate`` runs a request's preflight (``session.preflight``) as it is asked:
+a request the pair cannot run raises its typed error before the first event.
 The models' KV caches persist across calls, so a chat turn evaluates only the tokens that
 are new.
 
@@ -35,7 +37,9 @@ from localspec.core.events import Event, Finished, FinishReason
 from localspec.core.params import GenerationParams
 from localspec.core.planner import planner_key
 from localspec.session.loading import DraftSlot
+from localspec.session.pair import SELF_DRAFT
 from localspec.session.placement import Placement
+from localspec.session.preflight import PairFacts, check_request
 from localspec.session.prompts import Prompts
 from localspec.storage.answers import KeptAnswers
 from localspec.storage.learning import LearningStore
@@ -56,9 +60,13 @@ class Session:
         rpc: RpcLink | None = None,
         placement: Placement | None = None,
         slot: DraftSlot | None = None,
+        *,
+        derived: bool = False,
     ) -> None:
         """``draft``: a loaded draft model; or ``slot``: the pair's draft model, loaded at
-        once, in the background or when needed (session/loading.py)."""
+        once, in the background or when needed (session/loading.py). ``derived``: that draft
+        model was derived from the target's own layers (``--draft self``): its drafts are
+        labelled as the target's own, and the ``self`` drafter drafts with it."""
         self.target = target
         self.rpc = rpc  # the workers the target runs on, if any
         self.placement = placement  # where each model runs, and why
@@ -70,7 +78,11 @@ class Session:
         if slot is not None and slot.model is not None:
             draft = slot.model
         pending = slot if slot is not None and draft is None else None
-        self.decoder = SpecDecoder(target, draft, costs, pending_draft=pending)
+        self.derived = derived and (draft is not None or slot is not None)
+        draft_name = SELF_DRAFT if self.derived else "model"
+        self.decoder = SpecDecoder(
+            target, draft, costs, pending_draft=pending, draft_name=draft_name
+        )
         self.learning = learning  # where the auto controller's evidence is kept, and its key
         self.warnings: list[str] = []
         self.n_ctx = target.n_ctx
@@ -107,6 +119,11 @@ class Session:
         """Whether the pair has a draft model, loaded or not: a drafter that needs it then
         waits for its load."""
         return self.slot is not None or self._draft is not None
+
+    @property
+    def facts(self) -> PairFacts:
+        """What the preflight of a request needs to know of this pair."""
+        return PairFacts(self.n_ctx, self.has_draft, self.derived)
 
     @property
     def draft_summary(self) -> str | None:
@@ -178,10 +195,10 @@ class Session:
     def infill_tokens(self, prefix: str, suffix: str) -> list[int]:
         return self.prompts.infill_tokens(prefix, suffix)
 
-    def check_prompt(self, tokens: list[int], params: GenerationParams) -> None:
-        """Raise what ``generate`` would for these tokens (a prompt the context cannot hold:
-        ``ContextOverflowError``) without running anything."""
-        self.decoder.check(tokens, params)
+    def preflight(self, tokens: list[int], params: GenerationParams) -> None:
+        """Refuse what ``generate`` would refuse for these tokens (``session.preflight``),
+        running nothing: a server checks every prompt of a request before the first runs."""
+        check_request(self.facts, tokens, params)
 
     def count_chat_tokens(self, messages: list[dict[str, str]]) -> int:
         return len(self.chat_tokens(messages))
@@ -192,8 +209,11 @@ class Session:
         self, tokens: list[int], params: GenerationParams, cancel: threading.Event | None = None
     ) -> Iterator[Event]:
         # Checked now, before the first event: a front end can offer to trim a conversation
-        # that does not fit.
-        self.decoder.check(tokens, params)
+        # that does not fit. A draft model still loading is waited for here when the drafter
+        # needs it, so that a failed load is raised here too.
+        check_request(self.facts, tokens, params)
+        if params.drafter.needs_draft_model:
+            self.decoder.join_draft(wait=True)
         self._refresh_corpora()
         if params.drafter.uses_cost_model and not params.prediction:
             earlier = self._earlier_answer(tokens, params.max_tokens)
