@@ -86,6 +86,8 @@ from localspec.core.tree import ROOT, DraftTree
 from localspec.core.tree_round import tree_shape, verify_branches
 from localspec.core.verify import Verdict, verify_greedy, verify_rows
 
+Corpora = Sequence[tuple[str, Corpus]]  # named corpora the datastore drafter looks up
+
 # Used when no calibration is given: batch costs typical of a small CPU (see the design note).
 DEFAULT_COSTS = CostProfile(
     plain_s=1.0,
@@ -146,35 +148,39 @@ class SpecDecoder:
         clock: Callable[[], float] | None = None,
         pending_draft: PendingModel | None = None,
         draft_name: str = "model",
+        corpora: Corpora | Callable[[], Corpora] = (),
+        restored: dict | None = None,
     ) -> None:
         """``clock``: what rounds are timed with (default ``time.perf_counter``); a replay
         gives a virtual one that its models advance by what their evaluations cost.
         ``pending_draft``: a draft model still loading, taken up once it is there (see
         ``join_draft``). ``draft_name``: the draft model's drafter, ``self`` for a draft
-        derived from the target's own layers."""
+        derived from the target's own layers. ``corpora``: the named corpora the datastore
+        drafter looks up, or what gives them as each answer begins (a session's stores and
+        history). ``restored``: learned state (``learned``) every new planner starts from."""
         self.target = target
         self.draft = draft
         self.pending_draft = pending_draft
         self.clock = clock or time.perf_counter
         self.costs = costs or DEFAULT_COSTS
         self.planners = Planners(self._planner)
-        self.restored: dict | None = None  # learned state to start every new planner from
-        self.corpora: list[tuple[str, Corpus]] = []  # what the datastore drafter looks up
+        self.restored = restored
+        self.corpora = corpora if callable(corpora) else lambda: corpora
         self.draft_name = draft_name
 
     def controllers(self) -> list[Controller]:
         return [planner.controller for planner in self.planners]
 
-    def forget_learning(self) -> None:
+    def forget_learning(self, *, keep_restored: bool = False) -> None:
         """Start the next generation as a fresh process would with no saved state: new
-        controllers and drafters, nothing restored (the machine's measured costs are kept)."""
+        controllers and drafters, nothing restored (the machine's measured costs are kept);
+        ``keep_restored``: as this decoder was built, from its ``restored`` state."""
         self.planners.clear()
-        self.restored = None
+        if not keep_restored:
+            self.restored = None
 
     def _resources(self, costs: LiveCosts) -> Resources:
-        return Resources(
-            costs, self.target, self.draft, lambda: self.corpora, self.clock, self.draft_name
-        )
+        return Resources(costs, self.target, self.draft, self.corpora, self.clock, self.draft_name)
 
     def _drafters(self, params: GenerationParams, costs: LiveCosts) -> dict[str, Drafter]:
         return build_drafters(params, self._resources(costs))
@@ -188,7 +194,7 @@ class SpecDecoder:
         """A new planner for ``params``. Draft trees are on when asked for and the target
         can verify them; they are planned for greedy rounds only."""
         controller = Controller(
-            self.costs, draft_min=params.draft_min, fixed=not params.drafter.uses_cost_model,
+            self.costs, draft_min=params.draft_min, fixed=params.drafter.policy.fixed,
             trees=params.trees and self.target.supports_trees,
             max_branches=tree_shape(self.target)[0],
         )  # fmt: skip
@@ -226,13 +232,6 @@ class SpecDecoder:
     def learned(self, params: GenerationParams) -> dict[str, Any]:
         """What the drafters of ``params``' mode learned (for ``restored``, another time)."""
         return self.planner_for(params).learned()
-
-    def check_learned(self, data: Any) -> None:
-        """Raise ``ValueError``, ``KeyError`` or ``TypeError`` unless ``data`` could be
-        restored into ``auto``'s drafters; changes nothing."""
-        auto = GenerationParams.model_validate({"drafter": DrafterMode.AUTO})
-        scratch = self._drafters(auto, LiveCosts(self.costs))
-        restore_drafters(scratch, data, RESTORE_KEEP)
 
     def generate(
         self,
@@ -466,6 +465,17 @@ class SpecDecoder:
         self.target.truncate(len(committed) + verdict.accepted)
         run.target_changes = self.target.changes
         return verdict
+
+
+def check_learned(
+    data: Any, target: TargetModel, draft: CachedModel | None, costs: CostProfile | None
+) -> None:
+    """Raise ``ValueError``, ``KeyError`` or ``TypeError`` unless ``data`` could be restored
+    into the drafters ``auto`` builds from these models (a decoder's ``restored``); changes
+    nothing."""
+    auto = GenerationParams.model_validate({"drafter": DrafterMode.AUTO})
+    resources = Resources(LiveCosts(costs or DEFAULT_COSTS), target, draft)
+    restore_drafters(build_drafters(auto, resources), data, RESTORE_KEEP)
 
 
 def run_to_completion(

@@ -34,7 +34,7 @@ from localspec.backend.rpc import RpcLink
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import Event, Finished, FinishReason
-from localspec.core.params import GenerationParams
+from localspec.core.params import GenerationParams, Policy
 from localspec.core.planner import planner_key
 from localspec.session.loading import DraftSlot
 from localspec.session.pair import SELF_DRAFT
@@ -62,11 +62,13 @@ class Session:
         slot: DraftSlot | None = None,
         *,
         derived: bool = False,
+        restored: dict | None = None,
     ) -> None:
         """``draft``: a loaded draft model; or ``slot``: the pair's draft model, loaded at
         once, in the background or when needed (session/loading.py). ``derived``: that draft
         model was derived from the target's own layers (``--draft self``): its drafts are
-        labelled as the target's own, and the ``self`` drafter drafts with it."""
+        labelled as the target's own, and the ``self`` drafter drafts with it. ``restored``:
+        what ``auto`` learned in earlier sessions (``learning``), to start from."""
         self.target = target
         self.rpc = rpc  # the workers the target runs on, if any
         self.placement = placement  # where each model runs, and why
@@ -79,10 +81,11 @@ class Session:
             draft = slot.model
         pending = slot if slot is not None and draft is None else None
         self.derived = derived and (draft is not None or slot is not None)
-        draft_name = SELF_DRAFT if self.derived else "model"
+        self.corpora: list[tuple[str, Any]] = []  # what the next answer drafts from
         self.decoder = SpecDecoder(
-            target, draft, costs, pending_draft=pending, draft_name=draft_name
-        )
+            target, draft, costs, pending_draft=pending, corpora=lambda: self.corpora,
+            draft_name=SELF_DRAFT if self.derived else "model", restored=restored,
+        )  # fmt: skip
         self.learning = learning  # where the auto controller's evidence is kept, and its key
         self.warnings: list[str] = []
         self.n_ctx = target.n_ctx
@@ -145,7 +148,7 @@ class Session:
         """Draft from the attached datastores and the history, or from none (``bench``'s
         auto without them)."""
         self._stores_on = on
-        self.decoder.corpora = self.store_corpora if on else []
+        self.corpora = list(self.store_corpora) if on else []
 
     def _refresh_corpora(self) -> None:
         """The corpora of the answer about to begin: the stores, and the history as it is
@@ -155,7 +158,7 @@ class Session:
             found, warnings = answers.corpora()
             corpora += found
             self._warn(warnings)
-        self.decoder.corpora = corpora
+        self.corpora = corpora
 
     def _warn(self, warnings: list[str]) -> None:
         """Keep each distinct warning once: a server asks for an answer after another."""
@@ -173,9 +176,7 @@ class Session:
     def restart_learning(self) -> None:
         """The drafters and controllers as this session restored them at start: nothing
         learned from the answers since carries on."""
-        restored = self.decoder.restored
-        self.decoder.forget_learning()
-        self.decoder.restored = restored
+        self.decoder.forget_learning(keep_restored=True)
 
     # -- prompts (session/prompts.py) -------------------------------------------------------
 
@@ -215,7 +216,7 @@ class Session:
         if params.drafter.needs_draft_model:
             self.decoder.join_draft(wait=True)
         self._refresh_corpora()
-        if params.drafter.uses_cost_model and not params.prediction:
+        if params.drafter.policy is Policy.PRICED and not params.prediction:
             earlier = self._earlier_answer(tokens, params.max_tokens)
             if earlier:
                 params = params.model_copy(update={"prediction": earlier})
@@ -232,7 +233,7 @@ class Session:
         history: the one kept most often (else the longest) is as good a prediction as an
         editor's, drafted from its first token. Empty when there is none."""
         tail = tokens[-HISTORY_PROMPT_TOKENS:]
-        for name, corpus in self.decoder.corpora:
+        for name, corpus in self.corpora:
             if name != HISTORY:
                 continue
             match = corpus.longest_match(tail, n_max=len(tail), n_min=len(tail))

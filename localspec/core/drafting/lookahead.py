@@ -345,5 +345,5 @@ def build(params: GenerationParams, resources: Resources) -> LookaheadDrafter:
         resources.target.n_vocab,
         costs=resources.costs,
         limit=params.draft_max,
-        fixed=not params.drafter.uses_cost_model,
+        fixed=resources.policy.fixed,
     )

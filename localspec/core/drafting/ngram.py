@@ -34,7 +34,7 @@ class NgramDrafter(CopyFollower):
 def build(params: GenerationParams, resources: Resources) -> NgramDrafter:
     # A fixed policy drafts as far as a draft model would (llama.cpp's --draft-max), on long
     # matches only; the cost model weighs every match and length itself.
-    fixed = not params.drafter.uses_cost_model
+    fixed = resources.policy.fixed
     return NgramDrafter(
         params.ngram_min,
         params.ngram_max,

@@ -246,7 +246,7 @@ class _CorpusFailed(Exception):
 
 
 def build(params: GenerationParams, resources: Resources) -> StoreDrafter:
-    fixed = not params.drafter.uses_cost_model
+    fixed = resources.policy.fixed
     return StoreDrafter(
         resources.corpora,
         n_max=params.ngram_max,
