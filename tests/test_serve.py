@@ -452,6 +452,30 @@ def test_full_queue_answers_503_with_retry_after(server, monkeypatch):
     assert r.json()["error"]["code"] == "queue_full"
 
 
+def test_a_warning_among_a_jobs_events_reaches_the_servers_log(server):
+    """A failed history or learning save is an ``EngineWarning`` in the answer's events: an
+    answer has no place for it, so the operator reads it in the log."""
+    import logging
+
+    from localspec.core.events import EngineWarning
+
+    logged: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("localspec.serve").addHandler(handler)
+    worker = GenerationWorker(server["session"], max_queue=1)
+    worker.start()
+    try:
+        warned = [EngineWarning("the history could not be written")]
+        job = worker.submit(Job(lambda s, c: iter(warned), GenerationParams()))
+        assert job.events.get(timeout=10) == warned[0]  # still handed on
+        assert job.events.get(timeout=10) is None
+    finally:
+        worker.stop()
+        logging.getLogger("localspec.serve").removeHandler(handler)
+    assert logged == ["the history could not be written"]
+
+
 def test_same_greedy_text_as_localspec_complete(server, tiny_pair):
     target, draft, _ = tiny_pair
     proc = subprocess.run(

@@ -52,6 +52,7 @@ class Speculator:
         self.n_ctx = session.n_ctx
         self.placement: Placement | None = session.placement  # where each model runs, why
         self._load_warnings = warnings
+        self._said: list[str] = []  # the warnings among its generations' events
         self._stream: Stream | None = None
 
     def __repr__(self) -> str:
@@ -67,9 +68,9 @@ class Speculator:
 
     @property
     def warnings(self) -> list[str]:
-        """What went wrong without stopping anything, from loading on."""
-        session_warnings = self._session.warnings if self._session else []
-        return list(dict.fromkeys([*self._load_warnings, *session_warnings]))
+        """What went wrong without stopping anything, from loading on: the load's warnings,
+        then each ``EngineWarning`` its generations' streams passed on."""
+        return list(dict.fromkeys([*self._load_warnings, *self._said]))
 
     # -- generation -----------------------------------------------------------------------
 
@@ -157,10 +158,9 @@ class Speculator:
         self._check_thread()
         self._end_stream()
         # The session's preflight runs here: a request it cannot run fails at the call.
-        before = len(session.warnings)
         cancel = threading.Event()
         events = session.generate(tokens, params, cancel)
-        self._stream = Stream(events, cancel, lambda: session.warnings[before:])
+        self._stream = Stream(events, cancel, self._said.append)
         return self._stream
 
     def _end_stream(self) -> None:

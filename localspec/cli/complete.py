@@ -220,8 +220,6 @@ def run_complete(
             running,
             json_out=json_out,
         )
-        for problem in session.warnings:
-            typer.echo(f"warning: {problem}", err=True)
     finally:
         # A process that ends with this command leaves the models to the system.
         session.close(free=not PROCESS.ends_with_command)

@@ -14,7 +14,10 @@ about acceptance is saved per pair after every generation with the pair's limits
 (``learn_with``; ``storage.learning``), so the next session starts warm; ``auto`` drafts
 from the attached datastores and the history of answers, and each finished answer is added
 to that history unless that is off (``Session.answers``: the setting is read at each
-answer, and the history drafted from is what it holds then). A calibration that live
+answer, and the history drafted from is what it holds then). What goes wrong there without
+stopping the answer (a history that cannot be read or written, learned state that cannot be
+saved) is an ``EngineWarning`` among the answer's events, each once in a session: warnings
+travel to every front end that one way, as the engine's own do. A calibration that live
 timings show to be far off is dropped at ``close``, so the next session measures again.
 
 A server keeps its clients apart with ``forget_context`` (both models' caches emptied, so
@@ -33,7 +36,7 @@ from localspec.backend.llama import LlamaModel
 from localspec.backend.rpc import RpcLink
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
-from localspec.core.events import Event, Finished, FinishReason
+from localspec.core.events import EngineWarning, Event, Finished, FinishReason
 from localspec.core.params import GenerationParams, Policy
 from localspec.core.planner import planner_key
 from localspec.session.loading import DraftSlot
@@ -87,7 +90,7 @@ class Session:
             draft_name=SELF_DRAFT if self.derived else "model", restored=restored,
         )  # fmt: skip
         self.learning = learning  # where the auto controller's evidence is kept, and its key
-        self.warnings: list[str] = []
+        self._said: set[str] = set()  # the warnings said: each once in a session
         self.n_ctx = target.n_ctx
         self.prompts = Prompts(target)
         self.target_label = self.prompts.label
@@ -150,19 +153,25 @@ class Session:
         self._stores_on = on
         self.corpora = list(self.store_corpora) if on else []
 
-    def _refresh_corpora(self) -> None:
+    def _refresh_corpora(self) -> list[str]:
         """The corpora of the answer about to begin: the stores, and the history as it is
-        now (off, emptied, or grown since the last answer)."""
+        now (off, emptied, or grown since the last answer). Returns what went wrong."""
         corpora = list(self.store_corpora) if self._stores_on else []
+        problems: list[str] = []
         for answers in self.answers if self._stores_on else []:
             found, warnings = answers.corpora()
             corpora += found
-            self._warn(warnings)
+            problems += warnings
         self.corpora = corpora
+        return problems
 
-    def _warn(self, warnings: list[str]) -> None:
-        """Keep each distinct warning once: a server asks for an answer after another."""
-        self.warnings += [w for w in dict.fromkeys(warnings) if w not in self.warnings]
+    def _warnings(self, problems: list[str]) -> Iterator[EngineWarning]:
+        """Each problem not said before in this session, as an event: a server answers
+        one request after another, a chat one turn after another."""
+        for problem in dict.fromkeys(problems):
+            if problem not in self._said:
+                self._said.add(problem)
+                yield EngineWarning(problem)
 
     # -- clients of a server ----------------------------------------------------------------
 
@@ -215,12 +224,14 @@ class Session:
         check_request(self.facts, tokens, params)
         if params.drafter.needs_draft_model:
             self.decoder.join_draft(wait=True)
-        self._refresh_corpora()
+        problems = self._refresh_corpora()
         if params.drafter.policy is Policy.PRICED and not params.prediction:
             earlier = self._earlier_answer(tokens, params.max_tokens)
             if earlier:
                 params = params.model_copy(update={"prediction": earlier})
         events = self.decoder.generate(tokens, params, cancel)
+        if problems:
+            events = self._warned(events, problems)
         if any(answers.keep for answers in self.answers):
             events = self._recording(events, tokens)
         if self.learning is None or not params.drafter.learns:
@@ -242,6 +253,14 @@ class Session:
                 return runs[0][0]
         return ()
 
+    def _warned(self, events: Iterator[Event], problems: list[str]) -> Iterator[Event]:
+        """The events, the problems met as the answer began said after its first
+        (``PrefillDone``)."""
+        for index, event in enumerate(events):
+            yield event
+            if index == 0:
+                yield from self._warnings(problems)
+
     def _recording(self, events: Iterator[Event], tokens: list[int]) -> Iterator[Event]:
         """Pass the events through; add a finished answer to the history store (before
         ``Finished`` is handed on). A cancelled answer is not kept."""
@@ -255,7 +274,7 @@ class Session:
                 # so that asking again matches at the answer's first token.
                 document = [*tokens[-HISTORY_PROMPT_TOKENS:], *event.token_ids]
                 for answers in self.answers:
-                    self._warn(answers.record(document))
+                    yield from self._warnings(answers.record(document))
             yield event
 
     def _saving_learning(
@@ -269,8 +288,8 @@ class Session:
         for event in events:
             if isinstance(event, Finished) and self.decoder.planners.is_home(params):
                 problem = store.save(key, self.decoder.learned(params))
-                if problem:  # said once, however many answers fail to save it
-                    self._warn([problem])
+                # Said once, however many answers fail to save it.
+                yield from self._warnings([problem] if problem else [])
             yield event
 
     def complete(
