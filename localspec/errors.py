@@ -1,4 +1,4 @@
-"""Typed errors. The library raises these; only the CLI and the TUI turn them into text.
+"""Typed errors. The library raises these; only the front ends turn them into text.
 
 Every error carries a one-line ``hint`` that says what to do next, so a front end can show
 ``message`` and ``hint`` without knowing where the error came from. ``describe`` gives any
@@ -6,13 +6,20 @@ exception's message, hint and exit code; ``error_lines`` words them as every fro
 writes them (``error:`` and ``hint:`` lines); ``exit_with`` writes those lines and ends the
 process at once, for an error met on a thread that cannot hand it to the front end (RPC
 workers lost while an evaluation waits on them).
+
+The errors of a request's preflight (``session/preflight.py``) carry their data: the limit
+and the value (``ContextOverflowError``), the drafter asked for (``MissingDraftError``),
+the options that cannot go together (``ConflictingOptionsError``), and the option each
+concerns, by its field name (``n_ctx``, ``drafter``, ``system``). Their own wording names no
+front end's options; each front end words them in its own dialect (``reworded``: the same
+error, type and data with its text), naming the option as it writes it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Self
 
 
 class LocalspecError(Exception):
@@ -28,6 +35,15 @@ class LocalspecError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    worded = False  # a front end gave it its own words (``reworded``)
+
+    def reworded(self, message: str, hint: str) -> Self:
+        """This error as a front end words it: the same type, data and exit code."""
+        error = type(self).__new__(type(self), message)  # its data, not its __init__
+        error.__dict__.update(self.__dict__)
+        error.message, error.hint, error.worded = message, hint, True
+        return error
+
 
 class UsageError(LocalspecError):
     """An option value or argument that cannot work."""
@@ -42,7 +58,7 @@ class InputError(LocalspecError):
 
 
 def empty_input() -> InputError:
-    """A prompt with nothing in it: no tokens (the engine's check), or blank text (where
+    """A prompt with nothing in it: no tokens (the session's preflight), or blank text (where
     text becomes tokens)."""
     return InputError("the input is empty", "give the prompt on stdin or as a file")
 
@@ -69,12 +85,53 @@ class UnsupportedByModelError(LocalspecError):
 
 
 class ContextOverflowError(LocalspecError):
-    """The prompt (or conversation) does not fit in the context window."""
+    """The prompt (or conversation) does not fit in the context window: ``n_tokens`` of it,
+    ``n_ctx`` the tokens the context holds (the ``option`` that sets it)."""
 
-    def __init__(self, message: str, hint: str = "", *, n_tokens: int = 0, n_ctx: int = 0):
-        super().__init__(message, hint)
+    option = "n_ctx"
+
+    def __init__(
+        self, message: str = "", hint: str = "", *, n_tokens: int = 0, n_ctx: int = 0
+    ) -> None:
+        message = message or (
+            f"the prompt has {n_tokens} tokens but the context holds {n_ctx} "
+            f"(at most {n_ctx - 1} prompt tokens, leaving room for one new token)"
+        )
+        super().__init__(message, hint or "shorten the prompt")
         self.n_tokens = n_tokens
         self.n_ctx = n_ctx
+
+
+class MissingDraftError(UsageError):
+    """A drafter that drafts with a draft model the pair does not have: ``drafter`` is the
+    value of the ``option`` given; ``derived``: it needs a draft derived from the target's
+    own layers, and the pair's draft model (if any) is another."""
+
+    option = "drafter"
+
+    def __init__(self, drafter: str, *, derived: bool = False) -> None:
+        if derived:
+            message = (
+                f"the {drafter} drafter drafts with a draft derived from the target's own "
+                "layers, which this pair did not load"
+            )
+        else:
+            message = f"the {drafter} drafter needs a draft model, and this pair has none"
+        super().__init__(message, "load the pair with one, or use another drafter")
+        self.drafter = drafter
+        self.derived = derived
+
+
+class ConflictingOptionsError(UsageError):
+    """Two options given together that cannot go together: ``option`` (given) and ``other``
+    (given as ``value``): a system prompt and raw text, a prediction and a drafter that does
+    not draft from it."""
+
+    def __init__(self, option: str, other: str, value: Any, message: str) -> None:
+        super().__init__(message, f"drop {other} or {option}")
+        self.option = option
+        self.other = other
+        self.value = value
 
 
 class DatastoreError(LocalspecError):

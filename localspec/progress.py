@@ -9,7 +9,10 @@ is the front end's business:
 - ``WAIT``: a step that makes the user wait noticeably and happens once (measuring this
   machine's step costs): even a quiet front end says it, so the wait is explained.
 - ``WARNING``: something the user should know; the operation goes on. The text has no
-  ``warning:`` prefix: a front end that prints it writes one itself.
+  ``warning:`` prefix: a front end that prints it writes one itself. This is how warnings
+  of loading and setting up travel, as they come before any generation; once a generation
+  runs, every warning is an ``EngineWarning`` among its events (``core.events``), whether
+  the engine or the session (a history or learning save that failed) met it.
 - ``DOWNLOAD``: a transfer or a copy of a model; ``fraction`` is the share done (0 to 1)
   when it is known. It is reported again with the same kind and text and a new fraction,
   so a front end can replace its line instead of adding one.

@@ -27,6 +27,7 @@ from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import BackendError, UsageError
+from localspec.session.preflight import PairFacts
 from tests.fakes import FakeModel
 
 # -- prompt sets ---------------------------------------------------------------------------
@@ -127,7 +128,8 @@ class FakeBenchSession:
         self.target = TimedFake(n_vocab=24, n_ctx=512, seed=3)
         self.draft = TimedFake(n_vocab=24, n_ctx=512, seed=3, noise=0.6)
         costs = CostProfile(plain_s=1.0, verify_s={1: 1.2, 4: 1.5, 15: 2.5}, draft_step_s=0.1)
-        self.decoder = SpecDecoder(self.target, self.draft, costs)
+        self.corpora = []
+        self.decoder = SpecDecoder(self.target, self.draft, costs, corpora=lambda: self.corpora)
         self.costs = costs
         self.forgotten = 0  # forget_learning calls
         self.store_corpora = []
@@ -137,11 +139,15 @@ class FakeBenchSession:
         return self.draft is not None
 
     @property
+    def facts(self):
+        return PairFacts(self.target.n_ctx, self.has_draft, derived=False)
+
+    @property
     def draft_path(self):
         return None
 
     def use_stores(self, on):
-        self.decoder.corpora = self.store_corpora if on else []
+        self.corpora = self.store_corpora if on else []
 
     def forget_learning(self):
         self.forgotten += 1

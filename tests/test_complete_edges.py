@@ -21,7 +21,6 @@ class StubSession:
     def __init__(self, then: BaseException) -> None:
         self.then = then
         self.closed = False
-        self.warnings: list[str] = []
         self.placement = None  # where the models run: nothing loaded here
         self.slot = None  # no draft model
         self.verification = "host"

@@ -18,7 +18,6 @@ from localspec.core.events import (
     TokenEmitted,
 )
 from localspec.core.params import GenerationParams
-from localspec.errors import EXIT_USAGE, ContextOverflowError, InputError
 from tests.fakes import FakeModel, plain_greedy
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
@@ -182,24 +181,6 @@ def test_cancel_stops_between_rounds_and_keeps_partial_output():
     assert finished is not None and finished.reason == FinishReason.CANCELLED
     assert list(finished.token_ids) == tokens
     assert len(tokens) == 5
-
-
-def test_prompt_that_does_not_fit_is_refused_with_numbers():
-    target = FakeModel(n_ctx=10)
-    with pytest.raises(ContextOverflowError) as info:
-        list(SpecDecoder(target).generate(list(range(1, 13)), GenerationParams()))
-    assert info.value.n_tokens == 12 and info.value.n_ctx == 10
-
-
-def test_an_empty_prompt_and_a_missing_draft_are_input_errors():
-    """Checked once, here, with the error every front end reports (exit status 2)."""
-    decoder = SpecDecoder(FakeModel())
-    with pytest.raises(InputError, match="the input is empty") as empty:
-        decoder.check([], GenerationParams())
-    assert empty.value.exit_code == EXIT_USAGE and "prompt" in empty.value.hint
-    with pytest.raises(InputError, match="--drafter model needs a draft model") as missing:
-        list(decoder.generate(PROMPT, GenerationParams(drafter="model")))
-    assert "--draft" in missing.value.hint
 
 
 def test_generation_stops_when_the_context_is_full():

@@ -64,7 +64,7 @@ def answer(session) -> None:
 
 
 def drafted_from(session) -> list[str]:
-    return [name for name, _ in session.decoder.corpora]
+    return [name for name, _ in session.corpora]
 
 
 def test_history_off_and_rm_reach_a_running_session(session):

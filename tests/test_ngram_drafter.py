@@ -397,10 +397,10 @@ def test_a_fixed_policy_drafts_from_long_matches_only():
     from tests.fakes import FakeModel
 
     body = list(range(100, 140))
-    resources = Resources(LiveCosts(DEFAULT_COSTS), FakeModel())
     for mode, shortest in (("ngram", FIXED_MIN_MATCH), ("auto", 2)):
         params = GenerationParams(drafter=mode)
-        drafter = build(params, resources)
+        policy = params.drafter.policy
+        drafter = build(params, Resources(LiveCosts(DEFAULT_COSTS), FakeModel(), policy=policy))
         for n in (2, FIXED_MIN_MATCH - 1, FIXED_MIN_MATCH):
             toks = [1, 2, 3, *body, 7, 7, *body[:n]]
             drafter.begin(toks, params)

@@ -11,6 +11,7 @@ from localspec.core.drafting.evidence import CopyOffer, Evidence
 from localspec.core.drafting.grades import Grade
 from localspec.core.drafting.tunables import COPY_ODDS
 from localspec.core.engine import run_to_completion
+from localspec.core.events import EngineWarning, Event, Finished
 from localspec.core.params import GenerationParams
 from localspec.progress import Progress, ProgressKind
 from localspec.session.calibrate import CostCache, fastest_of
@@ -228,9 +229,14 @@ def test_learned_state_that_cannot_be_saved_is_warned_of_once(tiny_options, tmp_
     try:
         assert session.learning is not None
         session.learning = (LearningStore(blocked / "learning"), session.learning[1])
+        said: list[Event] = []
         for _ in range(3):  # a server answers one request after another
-            run_to_completion(session.complete("the cat", GenerationParams(max_tokens=4)))
-        assert len(session.warnings) == 1 and "could not write" in session.warnings[0]
+            events = session.complete("the cat", GenerationParams(max_tokens=4))
+            run_to_completion(events, said.append)
+        warnings = [e.message for e in said if isinstance(e, EngineWarning)]
+        assert len(warnings) == 1 and "could not write" in warnings[0]
+        first = next(i for i, e in enumerate(said) if isinstance(e, EngineWarning))
+        assert isinstance(said[first + 1], Finished)  # in that answer, before its end
     finally:
         session.close()
 

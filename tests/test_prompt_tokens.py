@@ -45,16 +45,19 @@ def test_a_template_that_reshapes_text_refuses_control_tokens(session, monkeypat
 
 
 def test_a_prompt_that_cannot_run_is_refused_before_the_first_event(session):
-    """The engine's one check runs when the session is asked, not when its stream is read:
-    a front end can offer to trim a conversation before anything was generated."""
+    """The session's one preflight runs when it is asked, not when its stream is read: a
+    front end can offer to trim a conversation before anything was generated. Its errors
+    carry their data and name no front end's options."""
     from localspec.core.params import GenerationParams
-    from localspec.errors import ContextOverflowError
+    from localspec.errors import ContextOverflowError, MissingDraftError
 
     too_long = [{"role": "user", "content": "the cat " * 400}]
     with pytest.raises(ContextOverflowError) as overflow:
         session.chat(too_long, GenerationParams(drafter="none"))
     assert overflow.value.n_ctx == 256 and overflow.value.n_tokens > 256
-    with pytest.raises(InputError, match="needs a draft model, and none is loaded"):
+    assert overflow.value.option == "n_ctx" and "--" not in overflow.value.hint
+    with pytest.raises(MissingDraftError, match="needs a draft model") as missing:
         session.complete("the cat", GenerationParams(drafter="model"))
+    assert missing.value.drafter == "model" and missing.value.exit_code == 2
     with pytest.raises(InputError, match="the input is empty"):
         session.complete("  \n", GenerationParams(drafter="none"))

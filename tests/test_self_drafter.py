@@ -40,8 +40,7 @@ def test_auto_weighs_a_self_draft_by_this_machines_costs(costs, pays):
     target = TimedFake(clock, costs, seed=5, window=3, n_vocab=VOCAB)
     # The same weights with some noise: a draft that mostly agrees, as a derived one does.
     draft = TimedDraft(clock, costs.draft_step_s, seed=5, window=3, n_vocab=VOCAB, noise=0.3)
-    decoder = SpecDecoder(target, draft, costs, clock=clock)
-    decoder.draft_name = "self"
+    decoder = SpecDecoder(target, draft, costs, clock=clock, draft_name="self")
     fin = run_to_completion(decoder.generate(PROMPT, GenerationParams(max_tokens=150)))
     plain = plain_greedy(FakeModel(seed=5, window=3, n_vocab=VOCAB), PROMPT, 150)
     assert list(fin.token_ids) == plain
@@ -54,8 +53,7 @@ def test_drafter_self_drafts_with_it_alone():
     clock = VirtualClock()
     target = TimedFake(clock, DEAR, seed=5, window=3, n_vocab=VOCAB)
     draft = TimedDraft(clock, 0.8, seed=5, window=3, n_vocab=VOCAB, noise=0.3)
-    decoder = SpecDecoder(target, draft, DEAR, clock=clock)
-    decoder.draft_name = "self"
+    decoder = SpecDecoder(target, draft, DEAR, clock=clock, draft_name="self")
     params = GenerationParams(max_tokens=80, drafter="self")
     fin = run_to_completion(decoder.generate(PROMPT, params))
     assert list(fin.token_ids) == plain_greedy(FakeModel(seed=5, window=3, n_vocab=VOCAB),

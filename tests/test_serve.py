@@ -98,7 +98,7 @@ def fim_worker(fim_pair):
 def fim_server(server, fim_worker, monkeypatch):
     """The shared server, answering from the pair with FIM tokens for one test."""
     state = server["state"]
-    for name in ("worker", "model_id", "draft_id", "derived_draft", "placement", "n_vocab",
+    for name in ("worker", "model_id", "draft_id", "placement", "n_vocab",
                  "infill"):  # fmt: skip
         monkeypatch.setattr(state, name, getattr(state, name))  # restored after the test
     state.serve_with(fim_worker)
@@ -457,6 +457,30 @@ def test_full_queue_answers_503_with_retry_after(server, monkeypatch):
     assert r.json()["error"]["code"] == "queue_full"
 
 
+def test_a_warning_among_a_jobs_events_reaches_the_servers_log(server):
+    """A failed history or learning save is an ``EngineWarning`` in the answer's events: an
+    answer has no place for it, so the operator reads it in the log."""
+    import logging
+
+    from localspec.core.events import EngineWarning
+
+    logged: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("localspec.serve").addHandler(handler)
+    worker = GenerationWorker(server["session"], max_queue=1)
+    worker.start()
+    try:
+        warned = [EngineWarning("the history could not be written")]
+        job = worker.submit(Job(lambda s, c: iter(warned), GenerationParams()))
+        assert job.events.get(timeout=10) == warned[0]  # still handed on
+        assert job.events.get(timeout=10) is None
+    finally:
+        worker.stop()
+        logging.getLogger("localspec.serve").removeHandler(handler)
+    assert logged == ["the history could not be written"]
+
+
 def test_same_greedy_text_as_localspec_complete(server, tiny_pair):
     target, draft, _ = tiny_pair
     proc = subprocess.run(
@@ -659,22 +683,37 @@ def test_bad_prediction_or_speculation_gets_a_400_naming_the_field(server, extra
     assert r.json()["error"]["param"] == param
 
 
-def test_the_draft_model_asked_of_a_server_without_one_is_a_400():
-    from localspec.serve.app import ServerState, _check_drafter
+def test_a_drafter_or_prediction_the_server_cannot_run_is_a_400_naming_its_field():
+    """The session's preflight refuses them; the server words each for its JSON fields."""
+    from localspec.errors import ConflictingOptionsError, ContextOverflowError, MissingDraftError
+    from localspec.serve.openai_shapes import ApiError
+    from localspec.serve.replies import raise_for
+
+    with pytest.raises(ApiError, match="this server has no draft model") as err:
+        raise_for(MissingDraftError("model"), chat=True)
+    assert err.value.status == 400 and err.value.body["error"]["param"] == "speculative.drafter"
+    with pytest.raises(ApiError, match="serve --draft self") as err:
+        raise_for(MissingDraftError("self", derived=True), chat=True)
+    assert err.value.body["error"]["param"] == "speculative.drafter"
+    with pytest.raises(ApiError, match="speculative.drafter auto, not ngram") as err:
+        raise_for(ConflictingOptionsError("prediction", "drafter", "ngram", "x"), chat=True)
+    assert err.value.body["error"]["param"] == "prediction"
+    with pytest.raises(ApiError) as err:
+        raise_for(ContextOverflowError(n_tokens=600, n_ctx=512), chat=False)
+    error = err.value.body["error"]
+    assert error["param"] == "prompt" and error["code"] == "context_length_exceeded"
+    assert "600 tokens" in error["message"] and "--ctx" not in error["message"]
+
+
+def test_a_prediction_with_another_drafter_is_refused_before_the_job_is_queued():
+    from localspec.serve.app import _check_options
     from localspec.serve.openai_shapes import ApiError
 
-    params = GenerationParams(drafter="model")
-    with pytest.raises(ApiError) as err:
-        _check_drafter(ServerState(defaults=GenerationParams(), draft_id=None), params)
-    assert err.value.body["error"]["param"] == "speculative.drafter"
-    _check_drafter(ServerState(defaults=GenerationParams(), draft_id="draft"), params)
-    # A draft of the target's own layers only where the server was started with one.
-    mine = GenerationParams(drafter="self")
-    with pytest.raises(ApiError, match="--draft self"):
-        _check_drafter(ServerState(defaults=GenerationParams(), draft_id="draft"), mine)
-    derived = ServerState(defaults=GenerationParams(), draft_id="t-self", derived_draft=True)
-    _check_drafter(derived, mine)
-    _check_drafter(derived, GenerationParams(drafter="lookahead"))
+    with pytest.raises(ApiError, match="drop one or the other") as err:
+        _check_options(GenerationParams(drafter="model"), "the text")
+    assert err.value.body["error"]["param"] == "prediction"
+    _check_options(GenerationParams(drafter="auto"), "the text")
+    _check_options(GenerationParams(drafter="model"), None)
 
 
 def test_prediction_counts_match_the_two_token_lists_in_order():

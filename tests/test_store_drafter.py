@@ -130,8 +130,8 @@ def test_greedy_output_with_a_store_is_the_targets_own_and_the_store_drafts_it()
     prompt = [3, 1, 4]
     answer = plain_greedy(target, prompt, 120)
     # The store holds an earlier answer to the same prompt: a copy is available at once.
-    decoder = SpecDecoder(target, None, COSTS)
-    decoder.corpora = [("history", TokenIndex.build([prompt + answer]))]
+    history = [("history", TokenIndex.build([prompt + answer]))]
+    decoder = SpecDecoder(target, None, COSTS, corpora=history)
     fin = run_to_completion(decoder.generate(prompt, GenerationParams(max_tokens=120)))
     assert list(fin.token_ids) == answer
     assert fin.stats.by_origin["store"] > 60
@@ -146,8 +146,7 @@ def test_an_irrelevant_store_changes_nothing_in_the_output(temperature):
     noise = TokenIndex.build([rng.integers(0, 24, 400).tolist() for _ in range(5)])
     params = GenerationParams(max_tokens=80, temperature=temperature, seed=3)
     plain = run_to_completion(SpecDecoder(target, None, COSTS).generate(prompt, params))
-    decoder = SpecDecoder(target, None, COSTS)
-    decoder.corpora = [("noise", noise)]
+    decoder = SpecDecoder(target, None, COSTS, corpora=[("noise", noise)])
     fin = run_to_completion(decoder.generate(prompt, params))
     if temperature == 0.0:
         assert fin.token_ids == plain.token_ids
@@ -158,8 +157,8 @@ def test_the_store_is_left_out_when_auto_is_not_asked_for():
     target = FakeModel(seed=4, window=2)
     prompt = [3, 1, 4]
     answer = plain_greedy(target, prompt, 40)
-    decoder = SpecDecoder(target, None, COSTS)
-    decoder.corpora = [("history", TokenIndex.build([prompt + answer]))]
+    history = [("history", TokenIndex.build([prompt + answer]))]
+    decoder = SpecDecoder(target, None, COSTS, corpora=history)
     fin = run_to_completion(
         decoder.generate(prompt, GenerationParams(max_tokens=40, drafter="ngram"))
     )
@@ -239,8 +238,7 @@ def test_a_failing_store_is_left_out_of_the_answer_with_a_warning(bad):
     answer = plain_greedy(target, prompt, 120)
     history = TokenIndex.build([prompt + answer])
     failing = Broken() if bad == "broken" else Stray(history)
-    decoder = SpecDecoder(target, None, COSTS)
-    decoder.corpora = [("bad", failing), ("history", history)]
+    decoder = SpecDecoder(target, None, COSTS, corpora=[("bad", failing), ("history", history)])
     events = list(decoder.generate(prompt, GenerationParams(max_tokens=120)))
     warnings = [e.message for e in events if isinstance(e, EngineWarning)]
     assert len(warnings) == 1 and "datastore 'bad' was left out of this answer" in warnings[0]

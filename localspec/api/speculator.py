@@ -11,16 +11,25 @@ package's docstring for the whole API.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from localspec.api.stream import Completion, Stream
 from localspec.core.params import DrafterMode, GenerationParams
-from localspec.errors import ContextOverflowError, InputError, UsageError
+from localspec.errors import (
+    ConflictingOptionsError,
+    ContextOverflowError,
+    InputError,
+    LocalspecError,
+    MissingDraftError,
+    UsageError,
+)
 from localspec.session.options import Spelling, build_params, drafter_mode
 from localspec.session.placement import Placement
+from localspec.session.preflight import check_options
 from localspec.session.session import Session
 
 # How a generation's call names an option in an error, and where its options are described.
@@ -43,6 +52,7 @@ class Speculator:
         self.n_ctx = session.n_ctx
         self.placement: Placement | None = session.placement  # where each model runs, why
         self._load_warnings = warnings
+        self._said: list[str] = []  # the warnings among its generations' events
         self._stream: Stream | None = None
 
     def __repr__(self) -> str:
@@ -58,9 +68,9 @@ class Speculator:
 
     @property
     def warnings(self) -> list[str]:
-        """What went wrong without stopping anything, from loading on."""
-        session_warnings = self._session.warnings if self._session else []
-        return list(dict.fromkeys([*self._load_warnings, *session_warnings]))
+        """What went wrong without stopping anything, from loading on: the load's warnings,
+        then each ``EngineWarning`` its generations' streams passed on."""
+        return list(dict.fromkeys([*self._load_warnings, *self._said]))
 
     # -- generation -----------------------------------------------------------------------
 
@@ -78,22 +88,19 @@ class Speculator:
         ``auto``; ``raw``: send the prompt as is, without the chat template; ``system``: a
         system prompt before it; ``parse_special``: let control tokens in the text act as
         such."""
-        session = self._open()
-        prompt_options, params = self._parse(options, COMPLETE_OPTIONS)
-        text = _prompt_text(prompt)
-        raw = bool(prompt_options.get("raw", False))
-        system = prompt_options.get("system")
-        if system is not None and not isinstance(system, str):
-            raise UsageError(f"system must be text, not {type(system).__name__}", CALL.help)
-        if system and system.strip() and raw:
-            raise UsageError("a system prompt needs the chat template", "drop raw or system")
-        tokens = session.text_tokens(
-            text,
-            raw=raw,
-            parse_special=bool(prompt_options.get("parse_special", False)),
-            system=system if system and system.strip() else None,
-        )
-        return self._start(tokens, params)
+        with _api_words():
+            session = self._open()
+            prompt_options, params = self._parse(options, COMPLETE_OPTIONS)
+            text = _prompt_text(prompt)
+            raw = bool(prompt_options.get("raw", False))
+            system = prompt_options.get("system")
+            tokens = session.text_tokens(
+                text,
+                raw=raw,
+                parse_special=bool(prompt_options.get("parse_special", False)),
+                system=system if system and system.strip() else None,
+            )
+            return self._start(tokens, params)
 
     def chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Completion:
         """The assistant's next message; see ``stream_chat``."""
@@ -104,12 +111,13 @@ class Speculator:
         "system" | "user" | "assistant", "content": text}``), through the target's chat
         template, as it comes. Options: as ``stream_complete``'s, but ``parse_special``
         only (no ``raw``, no ``system``: a system message says it)."""
-        session = self._open()
-        prompt_options, params = self._parse(options, CHAT_OPTIONS)
-        tokens = session.chat_tokens(
-            _messages(messages), parse_special=bool(prompt_options.get("parse_special", False))
-        )
-        return self._start(tokens, params)
+        with _api_words():
+            session = self._open()
+            prompt_options, params = self._parse(options, CHAT_OPTIONS)
+            tokens = session.chat_tokens(
+                _messages(messages), parse_special=bool(prompt_options.get("parse_special", False))
+            )
+            return self._start(tokens, params)
 
     def _parse(
         self, options: dict[str, Any], prompt_names: frozenset[str]
@@ -122,36 +130,20 @@ class Speculator:
         prompt = {name: options.pop(name) for name in prompt_names if name in options}
         prediction = options.pop("prediction", None)
         mode = drafter_mode(options.pop("drafter", None) or self.drafter, CALL)
-        self._check_drafter(mode)
         if isinstance(options.get("stop"), str):
             options["stop"] = (options["stop"],)  # one stop string, as OpenAI's API takes it
         params = build_params(spelling=CALL, drafter=mode, **options)
+        system = prompt.get("system")
+        if system is not None and not isinstance(system, str):
+            raise UsageError(f"system must be text, not {type(system).__name__}", CALL.help)
+        raw = bool(prompt.get("raw", False))
+        check_options(params, raw=raw, system=system, prediction=prediction is not None)
         if prediction is not None:
-            params = params.model_copy(update={"prediction": self._prediction(prediction, mode)})
+            params = params.model_copy(update={"prediction": self._prediction(prediction)})
         return prompt, params
 
-    def _check_drafter(self, mode: DrafterMode) -> None:
-        """A drafter this pair can run: the draft model it needs was loaded."""
+    def _prediction(self, text: Any) -> tuple[int, ...]:
         assert self._session is not None
-        if mode.needs_draft_model and not self._session.has_draft:
-            raise UsageError(
-                f"drafter={mode.value!r} needs a draft model, and this pair has none",
-                "load the pair with drafter='auto' or 'model', or use drafter='ngram'",
-            )
-        if mode.derives_draft and not self.drafter.derives_draft:
-            raise UsageError(
-                "drafter='self' drafts with a draft derived from the target's own layers, "
-                "which this pair did not load",
-                "load the pair with localspec.load(drafter='self')",
-            )
-
-    def _prediction(self, text: Any, mode: DrafterMode) -> tuple[int, ...]:
-        assert self._session is not None
-        if not mode.uses_cost_model:
-            raise UsageError(
-                f"prediction is drafted from by drafter='auto', not {mode.value!r}",
-                "drop drafter, or prediction",
-            )
         if not isinstance(text, str):
             raise UsageError(
                 f"prediction must be text, not {type(text).__name__}",
@@ -165,20 +157,10 @@ class Speculator:
         session = self._open()
         self._check_thread()
         self._end_stream()
-        # Checked now, so that a prompt the context cannot hold fails here, not mid-loop.
-        if len(tokens) >= session.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(tokens)} tokens but the context holds {session.n_ctx} "
-                f"(at most {session.n_ctx - 1} prompt tokens, leaving room for one new token)",
-                "shorten the prompt (or drop the oldest messages), or load with a larger ctx",
-                n_tokens=len(tokens),
-                n_ctx=session.n_ctx,
-            )
-        session.check_prompt(tokens, params)
-        before = len(session.warnings)
+        # The session's preflight runs here: a request it cannot run fails at the call.
         cancel = threading.Event()
         events = session.generate(tokens, params, cancel)
-        self._stream = Stream(events, cancel, lambda: session.warnings[before:])
+        self._stream = Stream(events, cancel, self._said.append)
         return self._stream
 
     def _end_stream(self) -> None:
@@ -220,6 +202,39 @@ class Speculator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _api_words() -> Iterator[None]:
+    """A request's refusal (``session.preflight``) in the API's words: its options as
+    ``n_ctx``' keyword ``ctx``, ``drafter=``, ``raw``."""
+    try:
+        yield
+    except LocalspecError as error:
+        raise _worded(error) from None
+
+
+def _worded(error: LocalspecError) -> LocalspecError:
+    if error.worded:
+        return error
+    if isinstance(error, ContextOverflowError):
+        hint = "shorten the prompt (or drop the oldest messages), or load with a larger ctx"
+        return error.reworded(error.message, hint)
+    if isinstance(error, MissingDraftError):
+        setting = CALL.setting(error.option, error.drafter)
+        if error.derived:
+            message = (
+                f"{setting} drafts with a draft derived from the target's own layers, "
+                "which this pair did not load"
+            )
+            return error.reworded(message, "load the pair with localspec.load(drafter='self')")
+        message = f"{setting} needs a draft model, and this pair has none"
+        hint = "load the pair with drafter='auto' or 'model', or use drafter='ngram'"
+        return error.reworded(message, hint)
+    if isinstance(error, ConflictingOptionsError) and error.option == "prediction":
+        message = f"prediction is drafted from by drafter='auto', not {error.value!r}"
+        return error.reworded(message, "drop drafter, or prediction")
+    return error
 
 
 def _prompt_text(prompt: Any) -> str:

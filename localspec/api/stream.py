@@ -46,11 +46,15 @@ class Stream:
     ``result`` is the ``Completion`` once ``Finished`` has passed (None before)."""
 
     def __init__(
-        self, events: Iterator[Event], cancel: threading.Event, warnings: Callable[[], list[str]]
+        self,
+        events: Iterator[Event],
+        cancel: threading.Event,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_warning``: told each ``EngineWarning``'s message as it passes."""
         self._events = events
         self._cancel = cancel
-        self._session_warnings = warnings
+        self._on_warning = on_warning
         self._seen = self._observe()
         self._lock = threading.Lock()  # held while an event is read (the models in use)
         self.reader: threading.Thread | None = None  # the thread that reads the events
@@ -82,13 +86,15 @@ class Stream:
                 self._pieces.append(event.text)
             elif isinstance(event, EngineWarning):
                 self._warnings.append(event.message)
+                if self._on_warning is not None:
+                    self._on_warning(event.message)
             elif isinstance(event, Finished):
                 self._pieces.append(event.tail)
                 self.result = self._completion(event)
             yield event
 
     def _completion(self, finished: Finished) -> Completion:
-        warnings = dict.fromkeys([*self._warnings, *self._session_warnings()])
+        warnings = dict.fromkeys(self._warnings)
         return Completion(
             finished.text, finished.token_ids, finished.reason, finished.stats, tuple(warnings)
         )

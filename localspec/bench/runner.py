@@ -48,7 +48,6 @@ from localspec.bench.modes import (
     ENGINE_MODES,
     NATIVE_BENCH,
     PREDICTION_MODE,
-    SELF_MODE,
     STORE_MODE,
     BenchMode,
 )
@@ -57,7 +56,8 @@ from localspec.bench.records import ENGINE, NATIVE_ENGINE, RunRecord
 from localspec.core.engine import run_to_completion
 from localspec.core.events import PrefillDone, RoundCompleted, TokenEmitted
 from localspec.core.params import GenerationParams
-from localspec.errors import UsageError
+from localspec.errors import MissingDraftError, UsageError
+from localspec.session.preflight import PairFacts, check_drafter
 from localspec.session.session import Session
 
 WARMUP_TOKENS = 16
@@ -112,6 +112,20 @@ def run_order(
     return order
 
 
+def _check_mode(pair: PairFacts, mode: BenchMode) -> None:
+    """The session's preflight of a mode's drafter (``check_drafter``), in the bench's
+    words: each mode is checked once, before any prompt runs."""
+    try:
+        check_drafter(pair, mode.drafter)
+    except MissingDraftError as error:
+        if error.derived:
+            message = f"mode {mode} drafts with a draft derived from the target"
+            hint = "pass --draft self (auto and model then draft with it too)"
+            raise error.reworded(message, hint) from None
+        message = f"mode {mode} needs a draft model"
+        raise error.reworded(message, "drop it from --modes") from None
+
+
 class BenchRunner:
     """Runs prompts through a session (and optionally the native binary); yields records."""
 
@@ -133,13 +147,8 @@ class BenchRunner:
         if any(m.is_native for m in config.modes) and native is None:
             raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
         for mode in config.modes:
-            if mode.needs_draft_model and not session.has_draft:
-                raise UsageError(f"mode {mode} needs a draft model", "drop it from --modes")
-        if SELF_MODE in config.modes and session.decoder.draft_name != SELF_MODE:
-            raise UsageError(
-                f"mode {SELF_MODE} drafts with a draft derived from the target",
-                "pass --draft self (auto and model then draft with it too)",
-            )
+            if not mode.is_native:
+                _check_mode(session.facts, mode)
         check_modes(config.modes, fresh=fresh is not None)
         if STORE_MODE in config.modes and not session.store_corpora:
             raise UsageError(

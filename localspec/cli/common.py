@@ -18,18 +18,46 @@ import typer
 
 from localspec.errors import (
     EXIT_CANCELLED,
+    ConflictingOptionsError,
+    ContextOverflowError,
     InputError,
     LocalspecError,
+    MissingDraftError,
     UsageError,
     error_lines,
 )
 from localspec.progress import Progress, ProgressKind
-from localspec.session.options import command_line, invalid_value
+from localspec.session.options import COMMAND_LINE, command_line, invalid_value
+
+
+def worded(error: BaseException) -> BaseException:
+    """A request's refusal (``session.preflight``) in the command line's words: its options
+    as ``--ctx``, ``--drafter``, ``--raw``; any other error as it is."""
+    if not isinstance(error, LocalspecError) or error.worded:
+        return error
+    if isinstance(error, ContextOverflowError):
+        hint = f"shorten the input or raise {COMMAND_LINE.option(error.option)}"
+        return error.reworded(error.message, hint)
+    if isinstance(error, MissingDraftError):
+        drafter = COMMAND_LINE.setting(error.option, error.drafter)
+        if error.derived:
+            message = f"{drafter} drafts with a draft derived from the target's own layers"
+            return error.reworded(message, "pass --draft self, or leave out --draft")
+        message = f"{drafter} needs a draft model, and none is loaded"
+        return error.reworded(message, "pass --draft REF, or use --drafter ngram")
+    if isinstance(error, ConflictingOptionsError):
+        given, other = COMMAND_LINE.option(error.option), COMMAND_LINE.option(error.other)
+        if error.option == "prediction":
+            message = f"{given} is drafted from by {other} auto, not {error.value}"
+            return error.reworded(message, f"drop {other}, or {given}")
+        return error.reworded(error.message, f"drop {other} or {given}")
+    return error
 
 
 def echo_error(error: BaseException) -> int:
-    """Print ``error:`` and ``hint:`` lines on stderr; return the exit code to use."""
-    lines, code = error_lines(error)
+    """Print ``error:`` and ``hint:`` lines on stderr, worded for the command line
+    (``worded``); return the exit code to use."""
+    lines, code = error_lines(worded(error))
     for line in lines:
         typer.echo(line, err=True)
     return code

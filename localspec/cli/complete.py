@@ -26,9 +26,10 @@ from localspec.cli.groups import option_groups
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
-from localspec.errors import EXIT_CANCELLED, InputError, UsageError, WorkersLostError, exit_with
+from localspec.errors import EXIT_CANCELLED, InputError, WorkersLostError, exit_with
 from localspec.progress import Progress, ProgressKind
 from localspec.session.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
+from localspec.session.preflight import check_options
 from localspec.storage.textfile import decode_utf8, read_bounded
 
 # The session module loads llama.cpp, so it is imported only when a completion runs:
@@ -161,13 +162,7 @@ def complete(
         params = sampling.params(drafting, max_tokens=max_tokens, trace=trace)
         options = model.options(params.drafter, **stores.fields())
         system_prompt = read_system(system)
-        if system_prompt and raw:
-            raise UsageError("a system prompt needs the chat template", "drop --raw or --system")
-        if prediction and not params.drafter.uses_cost_model:
-            raise UsageError(
-                f"--prediction is drafted from by --drafter auto, not {params.drafter}",
-                "drop --drafter, or --prediction",
-            )
+        check_options(params, raw=raw, system=system_prompt, prediction=bool(prediction))
         prompt = read_prompt(file, input_limit(model.ctx))
         predicted = read_prediction(prediction, input_limit(model.ctx)) if prediction else None
         code = run_complete(
@@ -225,8 +220,6 @@ def run_complete(
             running,
             json_out=json_out,
         )
-        for problem in session.warnings:
-            typer.echo(f"warning: {problem}", err=True)
     finally:
         # A process that ends with this command leaves the models to the system.
         session.close(free=not PROCESS.ends_with_command)

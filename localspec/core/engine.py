@@ -28,8 +28,8 @@ branch the target took (``take``): the same tokens emitted, the same bookkeeping
 count every node of the tree as drafted.
 
 The engine prints nothing and imports no UI: front ends render the events it yields.
-``check`` is the one place a prompt that cannot run is refused (no tokens, more than the
-context holds, a drafter without its draft model), with a typed ``localspec.errors`` error.
+It runs prompts the session's preflight (``session.preflight``) let through: 1 to
+``n_ctx - 1`` tokens, and the draft model the drafter needs.
 Cancellation is cooperative (a ``threading.Event`` checked between rounds). After a round,
 drafters with the ``Warns`` capability (``drafting.base``) have their warnings yielded as
 ``EngineWarning`` events. Drafters that draft from the target's own choices (``Watching``, the
@@ -80,7 +80,8 @@ from localspec.core.rounds import Run, chain_round, emit_tokens, offers, tree_ro
 from localspec.core.stats import GenerationStats
 from localspec.core.text import TextAssembler
 from localspec.core.tree_round import tree_shape
-from localspec.errors import ContextOverflowError, InputError, empty_input
+
+Corpora = Sequence[tuple[str, Corpus]]  # named corpora the datastore drafter looks up
 
 # Used when no calibration is given: batch costs typical of a small CPU (see the design note).
 DEFAULT_COSTS = CostProfile(
@@ -99,34 +100,40 @@ class SpecDecoder:
         *,
         clock: Callable[[], float] | None = None,
         pending_draft: PendingModel | None = None,
+        draft_name: str = "model",
+        corpora: Corpora | Callable[[], Corpora] = (),
+        restored: dict | None = None,
     ) -> None:
         """``clock``: what rounds are timed with (default ``time.perf_counter``); a replay
         gives a virtual one that its models advance by what their evaluations cost.
         ``pending_draft``: a draft model still loading, taken up once it is there (see
-        ``join_draft``)."""
+        ``join_draft``). ``draft_name``: the draft model's drafter, ``self`` for a draft
+        derived from the target's own layers. ``corpora``: the named corpora the datastore
+        drafter looks up, or what gives them as each answer begins (a session's stores and
+        history). ``restored``: learned state (``learned``) every new planner starts from."""
         self.target = target
         self.draft = draft
         self.pending_draft = pending_draft
         self.clock = clock or time.perf_counter
         self.costs = costs or DEFAULT_COSTS
         self.planners = Planners(self._planner)
-        self.restored: dict | None = None  # learned state to start every new planner from
-        self.corpora: list[tuple[str, Corpus]] = []  # what the datastore drafter looks up
-        self.draft_name = "model"  # its drafter's name: "self" for a draft of the target's layers
+        self.restored = restored
+        self.corpora = corpora if callable(corpora) else lambda: corpora
+        self.draft_name = draft_name
 
     def controllers(self) -> list[Controller]:
         return [planner.controller for planner in self.planners]
 
-    def forget_learning(self) -> None:
+    def forget_learning(self, *, keep_restored: bool = False) -> None:
         """Start the next generation as a fresh process would with no saved state: new
-        controllers and drafters, nothing restored (the machine's measured costs are kept)."""
+        controllers and drafters, nothing restored (the machine's measured costs are kept);
+        ``keep_restored``: as this decoder was built, from its ``restored`` state."""
         self.planners.clear()
-        self.restored = None
+        if not keep_restored:
+            self.restored = None
 
     def _resources(self, costs: LiveCosts) -> Resources:
-        return Resources(
-            costs, self.target, self.draft, lambda: self.corpora, self.clock, self.draft_name
-        )
+        return Resources(costs, self.target, self.draft, self.corpora, self.clock, self.draft_name)
 
     def _drafters(self, params: GenerationParams, costs: LiveCosts) -> dict[str, Drafter]:
         return build_drafters(params, self._resources(costs))
@@ -140,7 +147,7 @@ class SpecDecoder:
         """A new planner for ``params``. Draft trees are on when asked for and the target
         can verify them; they are planned for greedy rounds only."""
         controller = Controller(
-            self.costs, draft_min=params.draft_min, fixed=not params.drafter.uses_cost_model,
+            self.costs, draft_min=params.draft_min, fixed=params.drafter.policy.fixed,
             trees=params.trees and self.target.supports_trees,
             max_branches=tree_shape(self.target)[0],
         )  # fmt: skip
@@ -179,45 +186,19 @@ class SpecDecoder:
         """What the drafters of ``params``' mode learned (for ``restored``, another time)."""
         return self.planner_for(params).learned()
 
-    def check_learned(self, data: Any) -> None:
-        """Raise ``ValueError``, ``KeyError`` or ``TypeError`` unless ``data`` could be
-        restored into ``auto``'s drafters; changes nothing."""
-        auto = GenerationParams.model_validate({"drafter": DrafterMode.AUTO})
-        scratch = self._drafters(auto, LiveCosts(self.costs))
-        restore_drafters(scratch, data, RESTORE_KEEP)
-
-    def check(self, prompt: list[int], params: GenerationParams) -> None:
-        """Raise what ``generate`` would raise for this prompt before its first event
-        (``ContextOverflowError`` for a prompt the context cannot hold, ``InputError`` for
-        an empty one or a drafter without its draft model), without running it. A drafter
-        that cannot run without the draft model waits here for a load under way."""
-        if params.drafter.needs_draft_model:
-            self.join_draft(wait=True)
-        n_ctx = self.target.n_ctx
-        if not prompt:
-            raise empty_input()
-        if len(prompt) >= n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(prompt)} tokens but the context holds {n_ctx} "
-                f"(at most {n_ctx - 1} prompt tokens, leaving room for one new token)",
-                "shorten the input or raise --ctx",
-                n_tokens=len(prompt),
-                n_ctx=n_ctx,
-            )
-        if params.drafter.needs_draft_model and self.draft is None:
-            raise InputError(
-                f"--drafter {params.drafter} needs a draft model, and none is loaded",
-                "pass --draft REF, or use --drafter ngram",
-            )
-
     def generate(
         self,
         prompt: Sequence[int],
         params: GenerationParams,
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
+        """The events of ``prompt``'s answer. The prompt is one the pair can run: 1 to
+        ``n_ctx - 1`` tokens, with the draft model its drafter needs (the session's
+        preflight refuses any other before it asks). A drafter that cannot run without the
+        draft model waits here for a load under way (a failed load raises its error)."""
         prompt = list(prompt)
-        self.check(prompt, params)
+        if params.drafter.needs_draft_model:
+            self.join_draft(wait=True)
         stats = GenerationStats()
 
         def emit(event: Event) -> Event:
@@ -340,6 +321,17 @@ class SpecDecoder:
             pending = getattr(drafter, "warnings", None)
             while pending:
                 yield run.emit(EngineWarning(pending.pop(0)))
+
+
+def check_learned(
+    data: Any, target: TargetModel, draft: CachedModel | None, costs: CostProfile | None
+) -> None:
+    """Raise ``ValueError``, ``KeyError`` or ``TypeError`` unless ``data`` could be restored
+    into the drafters ``auto`` builds from these models (a decoder's ``restored``); changes
+    nothing."""
+    auto = GenerationParams.model_validate({"drafter": DrafterMode.AUTO})
+    resources = Resources(LiveCosts(costs or DEFAULT_COSTS), target, draft)
+    restore_drafters(build_drafters(auto, resources), data, RESTORE_KEEP)
 
 
 def run_to_completion(

@@ -1,10 +1,10 @@
 """Generation parameters shared by the engine, the CLI, the TUI and the benchmark.
 
-``DrafterMode`` is the user's choice of policy (``auto`` chooses per round from measured
+``DrafterMode`` is the user's choice of drafter (``auto`` chooses per round from measured
 costs among every drafter; ``model``, ``ngram``, ``self`` (a draft derived from the
 target's own layers, loaded as the draft model) and ``lookahead`` (the target's own rows)
 use one drafter each with a fixed policy, as llama.cpp does; ``none`` is plain decoding),
-and answers what it needs; which drafters each mode drafts with
+and answers what it needs, its ``Policy`` among them; which drafters each mode drafts with
 is the registry's (``core.drafting.registry``).
 
 ``GenerationParams`` is validated once (pydantic) so the core can trust its values:
@@ -22,6 +22,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # Below this a temperature samples the most likely token anyway: it is decoded greedily.
 MIN_TEMPERATURE = 1e-6
+
+
+class Policy(StrEnum):
+    """How a mode plans its rounds, which its controller and drafters are built for.
+    ``PRICED``: each round's drafter, draft length and draft tree are chosen among every
+    drafter's offers at this machine's measured costs. ``FIXED``: the mode's drafter drafts
+    whenever it has a draft, as far as a fixed length and cut-off allow, as llama.cpp's
+    examples do."""
+
+    PRICED = "priced"
+    FIXED = "fixed"
+
+    @property
+    def fixed(self) -> bool:
+        return self is Policy.FIXED
 
 
 class DrafterMode(StrEnum):
@@ -55,10 +70,9 @@ class DrafterMode(StrEnum):
         return self in (DrafterMode.AUTO, DrafterMode.LOOKAHEAD)
 
     @property
-    def uses_cost_model(self) -> bool:
-        """Whether each round's drafter and length are chosen from this machine's measured
-        costs (so the pair is calibrated); otherwise a fixed policy, as llama.cpp's."""
-        return self is DrafterMode.AUTO
+    def policy(self) -> Policy:
+        """``PRICED`` for ``auto`` (so the pair is calibrated), ``FIXED`` for the others."""
+        return Policy.PRICED if self is DrafterMode.AUTO else Policy.FIXED
 
     @property
     def learns(self) -> bool:

@@ -9,8 +9,10 @@ request first passes ``access.Guard`` (its ``Host`` and ``Origin``); every endpo
 how many requests wait only to a caller with a key), and the key names the client a job
 runs for (the worker keeps clients apart, see serve/worker.py). A POST
 body must be ``application/json`` of at most ``max_body`` bytes, read once into a typed
-request (serve/requests.py) whose every field is checked before a job is queued, and every
-refusal has OpenAI's error shape. An internal failure is
+request (serve/requests.py) whose every field is checked before a job is queued, and what
+needs the loaded pair (a drafter without its draft model, a prompt the context cannot
+hold: the session's preflight) as the job starts, before its first event; every refusal
+has OpenAI's error shape. An internal failure is
 logged with an id and answered with that id, never with its text. A streamed answer is sent
 as server-sent events; the first event (or error) is awaited before the response starts, so
 a request that cannot run gets a proper status. A client that disconnects, streamed or not,
@@ -98,17 +100,6 @@ def _counted(events: Iterator[Event], asked: Asked) -> Iterator[Event]:
         yield event
 
 
-def _check_drafter(state: ServerState, params: GenerationParams) -> None:
-    if params.drafter.needs_draft_model and state.draft_id is None:
-        raise ApiError(400, f"speculative.drafter is {params.drafter}, but this server has no "
-                       "draft model: use auto, ngram or lookahead",
-                       param="speculative.drafter")  # fmt: skip
-    if params.drafter.derives_draft and not state.derived_draft:
-        raise ApiError(400, "speculative.drafter is self, but this server's draft was not "
-                       "derived from the target (serve --draft self): use auto or model",
-                       param="speculative.drafter")  # fmt: skip
-
-
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.localspec = state  # what the endpoints serve (see _state)
@@ -194,8 +185,8 @@ async def completions(request: Request) -> Any:
     def start(session: Session, cancel: threading.Event) -> Iterator[Event]:
         params = _with_prediction(session, completion.params, completion.prediction, asked)
         token_lists = [_prompt_tokens(session, completion, p) for p in completion.prompts]
-        for tokens in token_lists:  # all fit (the engine's check) before the first runs
-            session.check_prompt(tokens, params)
+        for tokens in token_lists:  # all can run (the session's preflight) before the first
+            session.preflight(tokens, params)
         return _counted(_in_turn(session, token_lists, params, cancel), asked)
 
     return await _answer(state, request, Job(start, completion.params, client=client), asked)
@@ -209,7 +200,6 @@ async def _parsed(
     state = _state(request)
     client = client_of(state.access, request.headers.get("authorization"))
     parsed = parse(await _read_json(state, request), state)
-    _check_drafter(state, parsed.params)
     return state, client, parsed
 
 

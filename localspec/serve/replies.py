@@ -3,7 +3,8 @@
 Contract: ``next_event`` waits for a job's next event without blocking the event loop (None
 once the job is over or cancelled); ``cancel_on_disconnect`` cancels the job when its client
 goes away; ``raise_for`` turns an event that is an error into the ``ApiError`` to answer
-with (a typed error: a 400; anything else: ``internal``, a 500 that names only a logged id).
+with (a typed error: a 400, a request's refusal worded by ``refusal``; anything else:
+``internal``, a 500 that names only a logged id).
 ``whole_answer`` gathers every event into one answer; ``streamed_answer`` sends each as it
 comes and cancels the job when the client stops reading. Both give one choice per prompt,
 in order, ``usage`` summed over them, and ``timings`` only ``with_timings``. An answer the
@@ -27,7 +28,13 @@ from fastapi import Request
 
 from localspec.core.events import Finished, TokenEmitted
 from localspec.core.stats import GenerationStats
-from localspec.errors import ContextOverflowError, LocalspecError, UnsupportedByModelError
+from localspec.errors import (
+    ConflictingOptionsError,
+    ContextOverflowError,
+    LocalspecError,
+    MissingDraftError,
+    UnsupportedByModelError,
+)
 from localspec.serve.errors import ApiError
 from localspec.serve.openai_shapes import finish_reason, timings, usage
 from localspec.serve.worker import Job
@@ -87,12 +94,37 @@ async def cancel_on_disconnect(request: Request, job: Job) -> None:
             return
 
 
+def refusal(error: LocalspecError, chat: bool) -> ApiError | None:
+    """A request's refusal (``session.preflight``) in the server's words, naming the JSON
+    field it concerns (``param``); None for any other error."""
+    if isinstance(error, ContextOverflowError):
+        field = "messages" if chat else "prompt"
+        hint = "drop the oldest messages" if chat else "shorten the prompt"
+        return ApiError(400, f"{error} ({hint})", code="context_length_exceeded", param=field)
+    if isinstance(error, MissingDraftError):
+        if error.derived:
+            message = (
+                f"speculative.drafter is {error.drafter}, but this server's draft was not "
+                "derived from the target (serve --draft self): use auto or model"
+            )
+        else:
+            message = (
+                f"speculative.drafter is {error.drafter}, but this server has no draft "
+                "model: use auto, ngram or lookahead"
+            )
+        return ApiError(400, message, param="speculative.drafter")
+    if isinstance(error, ConflictingOptionsError) and error.option == "prediction":
+        return ApiError(400, f"a prediction is drafted from by speculative.drafter auto, not "
+                        f"{error.value}: drop one or the other", param="prediction")  # fmt: skip
+    return None
+
+
 def raise_for(item: Any, chat: bool) -> None:
     if isinstance(item, ApiError):  # a refusal the worker found (a prediction too long)
         raise item
-    if isinstance(item, ContextOverflowError):
-        raise ApiError(400, f"{item} ({item.hint})", code="context_length_exceeded",
-                       param="messages" if chat else "prompt")  # fmt: skip
+    refused = refusal(item, chat) if isinstance(item, LocalspecError) else None
+    if refused is not None:
+        raise refused
     if isinstance(item, UnsupportedByModelError):
         raise ApiError(400, f"{item} ({item.hint})", code="unsupported_parameter",
                        param="suffix")  # fmt: skip

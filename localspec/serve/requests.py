@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localspec.core.params import GenerationParams
+from localspec.errors import ConflictingOptionsError
 from localspec.serve.errors import ApiError
 from localspec.serve.openai_shapes import (
     chat_messages,
@@ -25,8 +26,9 @@ from localspec.serve.openai_shapes import (
     prediction_text,
     stream_flags,
 )
-from localspec.serve.replies import Asked
+from localspec.serve.replies import Asked, refusal
 from localspec.serve.state import ServerState
+from localspec.session.preflight import check_options
 
 
 @dataclass(frozen=True)
@@ -82,17 +84,19 @@ def _generation(
         body, state.defaults, state.max_tokens_limit, state.speculative_overrides
     )
     prediction = prediction_text(body)
-    _check_prediction(params, prediction)
+    _check_options(params, prediction)
     stream, include_usage = stream_flags(body)
     return params, prediction, stream, include_usage
 
 
-def _check_prediction(params: GenerationParams, predicted: str | None) -> None:
-    """A prediction is drafted from by ``auto`` only: with another drafter it would be
-    ignored, and its counts would say nothing of the answer."""
-    if predicted is not None and not params.drafter.uses_cost_model:
-        raise ApiError(400, f"a prediction is drafted from by speculative.drafter auto, not "
-                       f"{params.drafter}: drop one or the other", param="prediction")  # fmt: skip
+def _check_options(params: GenerationParams, predicted: str | None) -> None:
+    """Options that cannot go together (``session.preflight``), refused before a job is
+    queued: a prediction is drafted from by ``auto`` only (with another drafter it would be
+    ignored, and its counts would say nothing of the answer)."""
+    try:
+        check_options(params, prediction=predicted is not None)
+    except ConflictingOptionsError as error:
+        raise refusal(error, chat=False) or error from None
 
 
 def _suffix(body: dict[str, Any], state: ServerState) -> str | None:

@@ -19,7 +19,6 @@ from typing import Any
 from localspec.core.params import GenerationParams
 from localspec.serve.access import Access
 from localspec.serve.worker import GenerationWorker
-from localspec.session.pair import SELF_DRAFT
 
 
 @dataclass
@@ -36,7 +35,6 @@ class ServerState:
     # The loaded pair, as the endpoints know it (copied by ``serve_with``).
     model_id: str = "localspec"
     draft_id: str | None = None
-    derived_draft: bool = False  # the draft was derived from the target (--draft self)
     placement: dict[str, Any] | None = None  # where each model runs (session/placement.py)
     n_vocab: int = 0  # the target's vocabulary size: a prompt's token ids are below it
     infill: bool = False  # the target has FIM tokens: /v1/completions takes a suffix
@@ -51,7 +49,6 @@ class ServerState:
         session = worker.session
         self.model_id = session.target.path.stem
         self.draft_id = session.draft_path.stem if session.draft_path is not None else None
-        self.derived_draft = session.decoder.draft_name == SELF_DRAFT
         self.placement = session.placement.to_dict() if session.placement else None
         self.n_vocab = session.target.n_vocab
         self.infill = session.fim.infill

@@ -2,7 +2,9 @@
 
 ``GenerationWorker`` owns the session on a single thread. ``submit`` puts a ``Job`` in a
 bounded FIFO (``QueueFull`` when it is full); the thread runs jobs one by one and pushes
-each engine event onto the job's own queue, then ``None`` when the job is over. Setting
+each engine event onto the job's own queue, then ``None`` when the job is over; an
+``EngineWarning`` (a failed history or learning save among them) is written to the server's
+log as it passes, as an answer has no place for it. Setting
 ``job.cancel`` stops the generation after its current round (the engine's cancel flag), so
 a client that went away frees the engine for the next job. Keeping one session means a
 follow-up turn of a conversation reuses both models' KV caches (longest common prefix).
@@ -22,14 +24,17 @@ generation still running would use freed memory).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from localspec.core.events import Event
+from localspec.core.events import EngineWarning, Event
 from localspec.core.params import GenerationParams
 from localspec.session.session import Session
+
+log = logging.getLogger("localspec.serve")
 
 
 class QueueFull(Exception):
@@ -131,6 +136,8 @@ class GenerationWorker:
                     self.on_client(self.session, job.client)
                 self._client = job.client
                 for event in job.start(self.session, job.cancel):
+                    if isinstance(event, EngineWarning):  # the server's operator reads its log
+                        log.warning("%s", event.message)
                     job.events.put(event)
             except BaseException as err:  # handed to the request, which renders it
                 job.events.put(err)

@@ -29,6 +29,7 @@ from localspec.backend.devices import gpu_devices, gpu_hardware
 from localspec.backend.llama import LlamaModel, LoadOptions, exact_kernels
 from localspec.backend.rpc import RpcLink, attach, parse_endpoints
 from localspec.core.costs import CostProfile
+from localspec.core.engine import check_learned
 from localspec.core.params import GenerationParams
 from localspec.errors import IncompatibleModelsError, UsageError, WorkersLostError, exit_with
 from localspec.models.resources import footprint, model_name
@@ -89,11 +90,16 @@ def open_session(
     )
     from localspec.session.session import Session
 
-    session = Session(target, None, costs, costs_file, rpc=rpc, placement=placement, slot=slot)
-    if slot is not None and options.draft == SELF_DRAFT:
-        session.decoder.draft_name = SELF_DRAFT  # its drafts are labelled as the target's own
+    learning: tuple[LearningStore, str] | None = None
+    restored: dict | None = None
     if options.calibrate and options.learn:
-        _restore_learning(session, target_path, draft_path, on_progress)
+        draft = slot.model if slot is not None else None
+        paths = (target_path, draft_path)
+        learning, restored = _learned(target, draft, costs, placement, paths, on_progress)
+    session = Session(
+        target, None, costs, costs_file, learning, rpc=rpc, placement=placement, slot=slot,
+        derived=options.draft == SELF_DRAFT, restored=restored,
+    )  # fmt: skip
     try:
         _open_stores(session, options, on_progress)
     except BaseException:  # a --store that names nothing: the models are not kept loaded
@@ -369,28 +375,33 @@ def plan_placement(options: ModelOptions, target_path: Path, draft_path: Path | 
     )  # fmt: skip
 
 
-def _restore_learning(
-    session: Session, target_path: Path, draft_path: Path | None, on_progress: OnProgress | None
-) -> None:
-    """Start the auto controller from what earlier sessions learned for this pair, where
-    it runs now: the same laptop with and without its GPU keeps two."""
+def _learned(
+    target: LlamaModel,
+    draft: LlamaModel | None,
+    costs: CostProfile | None,
+    placement: Placement | None,
+    paths: tuple[Path, Path | None],
+    on_progress: OnProgress | None,
+) -> tuple[tuple[LearningStore, str], dict | None]:
+    """Where what the auto controller learns for this pair is kept, where it runs now (the
+    same laptop with and without its GPU keeps two), and what earlier sessions learned
+    there, to start from (None when nothing, or nothing usable, was kept)."""
     from localspec.storage.store import STATE_ERRORS
 
     store = learning_store()
-    where = session.placement.key() if session.placement else ()
-    key = machine_key(file_identity(target_path), file_identity(draft_path), *where)
-    session.learning = (store, key)
+    where = placement.key() if placement else ()
+    key = machine_key(*(file_identity(path) for path in paths), *where)
     learned, problem = store.load(key)
     if problem:
         tell(on_progress, problem, ProgressKind.WARNING)
     if learned is None:
-        return
+        return (store, key), None
     try:
-        session.decoder.check_learned(learned)
+        check_learned(learned, target, draft, costs)
     except STATE_ERRORS as err:  # crafted values: a number too large for a float ...
         tell(on_progress, f"ignoring malformed learned state ({err})", ProgressKind.WARNING)
-        return
-    session.decoder.restored = learned
+        return (store, key), None
+    return (store, key), learned
 
 
 def _memory_warning(target: Path, draft: Path | None, n_ctx: int) -> str | None:

@@ -6,7 +6,7 @@ parsed only in the template's own text unless ``parse_special``); ``text_tokens`
 user message (after an optional system prompt) through the template, or the text as is with
 ``raw``; ``plain_tokens`` is text as the target reads it inside an answer; ``infill_tokens``
 lays out a fill-in-the-middle prompt as llama.cpp's server does. Blank text is an
-``InputError``, a system prompt with ``raw`` a ``UsageError``, a message that spells the
+``InputError``, a message that spells the
 model's control tokens (unless ``parse_special``) an ``InputError``, and an infill for a
 target without FIM tokens an ``UnsupportedByModelError``.
 """
@@ -14,7 +14,7 @@ target without FIM tokens an ``UnsupportedByModelError``.
 from __future__ import annotations
 
 from localspec.backend.llama import LlamaModel
-from localspec.errors import InputError, UnsupportedByModelError, UsageError, empty_input
+from localspec.errors import InputError, UnsupportedByModelError, empty_input
 from localspec.session.chat_template import render_chat
 
 
@@ -84,14 +84,11 @@ class Prompts:
         self, text: str, *, raw: bool, parse_special: bool = False, system: str | None = None
     ) -> list[int]:
         """The prompt's tokens: ``text`` as one user message (after ``system``, if any)
-        through the chat template, or as is with ``raw``."""
+        through the chat template, or as is with ``raw`` (which takes no ``system``: the
+        front ends refuse the two together, ``preflight.check_options``)."""
         if not text.strip():
             raise empty_input()
         if raw:
-            if system:
-                raise UsageError(
-                    "a system prompt needs the chat template", "drop --raw or --system"
-                )
             return self.target.tokenize(text, add_special=True, parse_special=parse_special)
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": text})

@@ -4,6 +4,8 @@
 ``Session.complete`` and ``Session.chat`` turn text or messages into tokens (the target's
 chat template, or raw: ``prompts.Prompts``) and return the engine's event stream;
 ``Session.infill_tokens`` builds a fill-in-the-middle prompt from the target's FIM tokens.
+``Session.generate`` runs a request's preflight (``session.preflight``) as it is asked:
+a request the pair cannot run raises its typed error before the first event.
 The models' KV caches persist across calls, so a chat turn evaluates only the tokens that
 are new.
 
@@ -12,7 +14,10 @@ about acceptance is saved per pair after every generation with the pair's limits
 (``learn_with``; ``storage.learning``), so the next session starts warm; ``auto`` drafts
 from the attached datastores and the history of answers, and each finished answer is added
 to that history unless that is off (``Session.answers``: the setting is read at each
-answer, and the history drafted from is what it holds then). A calibration that live
+answer, and the history drafted from is what it holds then). What goes wrong there without
+stopping the answer (a history that cannot be read or written, learned state that cannot be
+saved) is an ``EngineWarning`` among the answer's events, each once in a session: warnings
+travel to every front end that one way, as the engine's own do. A calibration that live
 timings show to be far off is dropped at ``close``, so the next session measures again.
 
 A server keeps its clients apart with ``forget_context`` (both models' caches emptied, so
@@ -31,11 +36,13 @@ from localspec.backend.llama import LlamaModel
 from localspec.backend.rpc import RpcLink
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
-from localspec.core.events import Event, Finished, FinishReason
-from localspec.core.params import GenerationParams
+from localspec.core.events import EngineWarning, Event, Finished, FinishReason
+from localspec.core.params import GenerationParams, Policy
 from localspec.core.planner import planner_key
 from localspec.session.loading import DraftSlot
+from localspec.session.pair import SELF_DRAFT
 from localspec.session.placement import Placement
+from localspec.session.preflight import PairFacts, check_request
 from localspec.session.prompts import Prompts
 from localspec.storage.answers import KeptAnswers
 from localspec.storage.learning import LearningStore
@@ -56,9 +63,15 @@ class Session:
         rpc: RpcLink | None = None,
         placement: Placement | None = None,
         slot: DraftSlot | None = None,
+        *,
+        derived: bool = False,
+        restored: dict | None = None,
     ) -> None:
         """``draft``: a loaded draft model; or ``slot``: the pair's draft model, loaded at
-        once, in the background or when needed (session/loading.py)."""
+        once, in the background or when needed (session/loading.py). ``derived``: that draft
+        model was derived from the target's own layers (``--draft self``): its drafts are
+        labelled as the target's own, and the ``self`` drafter drafts with it. ``restored``:
+        what ``auto`` learned in earlier sessions (``learning``), to start from."""
         self.target = target
         self.rpc = rpc  # the workers the target runs on, if any
         self.placement = placement  # where each model runs, and why
@@ -70,9 +83,14 @@ class Session:
         if slot is not None and slot.model is not None:
             draft = slot.model
         pending = slot if slot is not None and draft is None else None
-        self.decoder = SpecDecoder(target, draft, costs, pending_draft=pending)
+        self.derived = derived and (draft is not None or slot is not None)
+        self.corpora: list[tuple[str, Any]] = []  # what the next answer drafts from
+        self.decoder = SpecDecoder(
+            target, draft, costs, pending_draft=pending, corpora=lambda: self.corpora,
+            draft_name=SELF_DRAFT if self.derived else "model", restored=restored,
+        )  # fmt: skip
         self.learning = learning  # where the auto controller's evidence is kept, and its key
-        self.warnings: list[str] = []
+        self._said: set[str] = set()  # the warnings said: each once in a session
         self.n_ctx = target.n_ctx
         self.prompts = Prompts(target)
         self.target_label = self.prompts.label
@@ -109,6 +127,11 @@ class Session:
         return self.slot is not None or self._draft is not None
 
     @property
+    def facts(self) -> PairFacts:
+        """What the preflight of a request needs to know of this pair."""
+        return PairFacts(self.n_ctx, self.has_draft, self.derived)
+
+    @property
     def draft_summary(self) -> str | None:
         """One line on the draft model: loaded, loading or left unloaded, and why."""
         return self.slot.summary() if self.slot is not None else None
@@ -128,21 +151,27 @@ class Session:
         """Draft from the attached datastores and the history, or from none (``bench``'s
         auto without them)."""
         self._stores_on = on
-        self.decoder.corpora = self.store_corpora if on else []
+        self.corpora = list(self.store_corpora) if on else []
 
-    def _refresh_corpora(self) -> None:
+    def _refresh_corpora(self) -> list[str]:
         """The corpora of the answer about to begin: the stores, and the history as it is
-        now (off, emptied, or grown since the last answer)."""
+        now (off, emptied, or grown since the last answer). Returns what went wrong."""
         corpora = list(self.store_corpora) if self._stores_on else []
+        problems: list[str] = []
         for answers in self.answers if self._stores_on else []:
             found, warnings = answers.corpora()
             corpora += found
-            self._warn(warnings)
-        self.decoder.corpora = corpora
+            problems += warnings
+        self.corpora = corpora
+        return problems
 
-    def _warn(self, warnings: list[str]) -> None:
-        """Keep each distinct warning once: a server asks for an answer after another."""
-        self.warnings += [w for w in dict.fromkeys(warnings) if w not in self.warnings]
+    def _warnings(self, problems: list[str]) -> Iterator[EngineWarning]:
+        """Each problem not said before in this session, as an event: a server answers
+        one request after another, a chat one turn after another."""
+        for problem in dict.fromkeys(problems):
+            if problem not in self._said:
+                self._said.add(problem)
+                yield EngineWarning(problem)
 
     # -- clients of a server ----------------------------------------------------------------
 
@@ -156,9 +185,7 @@ class Session:
     def restart_learning(self) -> None:
         """The drafters and controllers as this session restored them at start: nothing
         learned from the answers since carries on."""
-        restored = self.decoder.restored
-        self.decoder.forget_learning()
-        self.decoder.restored = restored
+        self.decoder.forget_learning(keep_restored=True)
 
     # -- prompts (session/prompts.py) -------------------------------------------------------
 
@@ -178,10 +205,10 @@ class Session:
     def infill_tokens(self, prefix: str, suffix: str) -> list[int]:
         return self.prompts.infill_tokens(prefix, suffix)
 
-    def check_prompt(self, tokens: list[int], params: GenerationParams) -> None:
-        """Raise what ``generate`` would for these tokens (a prompt the context cannot hold:
-        ``ContextOverflowError``) without running anything."""
-        self.decoder.check(tokens, params)
+    def preflight(self, tokens: list[int], params: GenerationParams) -> None:
+        """Refuse what ``generate`` would refuse for these tokens (``session.preflight``),
+        running nothing: a server checks every prompt of a request before the first runs."""
+        check_request(self.facts, tokens, params)
 
     def count_chat_tokens(self, messages: list[dict[str, str]]) -> int:
         return len(self.chat_tokens(messages))
@@ -192,14 +219,19 @@ class Session:
         self, tokens: list[int], params: GenerationParams, cancel: threading.Event | None = None
     ) -> Iterator[Event]:
         # Checked now, before the first event: a front end can offer to trim a conversation
-        # that does not fit.
-        self.decoder.check(tokens, params)
-        self._refresh_corpora()
-        if params.drafter.uses_cost_model and not params.prediction:
+        # that does not fit. A draft model still loading is waited for here when the drafter
+        # needs it, so that a failed load is raised here too.
+        check_request(self.facts, tokens, params)
+        if params.drafter.needs_draft_model:
+            self.decoder.join_draft(wait=True)
+        problems = self._refresh_corpora()
+        if params.drafter.policy is Policy.PRICED and not params.prediction:
             earlier = self._earlier_answer(tokens, params.max_tokens)
             if earlier:
                 params = params.model_copy(update={"prediction": earlier})
         events = self.decoder.generate(tokens, params, cancel)
+        if problems:
+            events = self._warned(events, problems)
         if any(answers.keep for answers in self.answers):
             events = self._recording(events, tokens)
         if self.learning is None or not params.drafter.learns:
@@ -212,7 +244,7 @@ class Session:
         history: the one kept most often (else the longest) is as good a prediction as an
         editor's, drafted from its first token. Empty when there is none."""
         tail = tokens[-HISTORY_PROMPT_TOKENS:]
-        for name, corpus in self.decoder.corpora:
+        for name, corpus in self.corpora:
             if name != HISTORY:
                 continue
             match = corpus.longest_match(tail, n_max=len(tail), n_min=len(tail))
@@ -220,6 +252,14 @@ class Session:
             if runs:
                 return runs[0][0]
         return ()
+
+    def _warned(self, events: Iterator[Event], problems: list[str]) -> Iterator[Event]:
+        """The events, the problems met as the answer began said after its first
+        (``PrefillDone``)."""
+        for index, event in enumerate(events):
+            yield event
+            if index == 0:
+                yield from self._warnings(problems)
 
     def _recording(self, events: Iterator[Event], tokens: list[int]) -> Iterator[Event]:
         """Pass the events through; add a finished answer to the history store (before
@@ -234,7 +274,7 @@ class Session:
                 # so that asking again matches at the answer's first token.
                 document = [*tokens[-HISTORY_PROMPT_TOKENS:], *event.token_ids]
                 for answers in self.answers:
-                    self._warn(answers.record(document))
+                    yield from self._warnings(answers.record(document))
             yield event
 
     def _saving_learning(
@@ -248,8 +288,8 @@ class Session:
         for event in events:
             if isinstance(event, Finished) and self.decoder.planners.is_home(params):
                 problem = store.save(key, self.decoder.learned(params))
-                if problem:  # said once, however many answers fail to save it
-                    self._warn([problem])
+                # Said once, however many answers fail to save it.
+                yield from self._warnings([problem] if problem else [])
             yield event
 
     def complete(

@@ -51,7 +51,7 @@ import numpy as np
 
 from localspec.core.cached_model import CachedModel, TargetModel
 from localspec.core.costs import LiveCosts
-from localspec.core.params import GenerationParams
+from localspec.core.params import GenerationParams, Policy
 
 
 def no_seconds(k: int) -> float:
@@ -176,7 +176,8 @@ class Resources:
     """What drafters are built from: the live costs they price with (shared with the
     controller), the target (its vocabulary and end of generation), the draft model if one
     is loaded (and its drafter's name), the named corpora to draft from as they are when an
-    answer begins, and the clock a drafter that times its own work reads (the engine's)."""
+    answer begins, the clock a drafter that times its own work reads (the engine's), and
+    the mode's ``Policy``, fixed or priced (``build_drafters`` sets it from the mode)."""
 
     costs: LiveCosts
     target: TargetModel
@@ -184,3 +185,4 @@ class Resources:
     corpora: Callable[[], Sequence[tuple[str, Corpus]]] = lambda: ()
     clock: Callable[[], float] = time.perf_counter
     draft_name: str = "model"  # the draft model's drafter: "self" for a derived draft
+    policy: Policy = Policy.PRICED

@@ -338,5 +338,5 @@ def build(params: GenerationParams, resources: Resources) -> LookaheadDrafter:
         resources.target.n_vocab,
         costs=resources.costs,
         limit=params.draft_max,
-        fixed=not params.drafter.uses_cost_model,
+        fixed=resources.policy.fixed,
     )

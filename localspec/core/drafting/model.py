@@ -236,7 +236,7 @@ def build(params: GenerationParams, resources: Resources) -> ModelDrafter | None
         resources.target.n_vocab,
         costs=costs,
         limit=params.draft_max,
-        fixed=not params.drafter.uses_cost_model,
+        fixed=resources.policy.fixed,
         clock=resources.clock,
         name=resources.draft_name,
     )

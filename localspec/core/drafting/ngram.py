@@ -42,7 +42,9 @@ def ngram_drafter(
 
 
 def build(params: GenerationParams, resources: Resources) -> CopyDrafter:
-    fixed = not params.drafter.uses_cost_model
+    # A fixed policy drafts as far as a draft model would (llama.cpp's --draft-max), on long
+    # matches only; the cost model weighs every match and length itself.
+    fixed = resources.policy.fixed
     return ngram_drafter(
         params.ngram_min,
         params.ngram_max,

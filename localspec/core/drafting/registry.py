@@ -12,7 +12,7 @@ not change. Drafters are keyed by their own ``name``: the draft model's drafter 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from localspec.core.drafting import lookahead, model, ngram, prediction, store
 from localspec.core.drafting.base import Drafter, Resources
@@ -45,6 +45,7 @@ def build_drafters(
     """``draft_model_only``: just the drafters that draft with the draft model (for a draft
     model that was loaded after the others were built)."""
     drafters: dict[str, Drafter] = {}
+    resources = replace(resources, policy=params.drafter.policy)  # one policy for them all
     for entry in REGISTRY:
         if draft_model_only and not entry.uses_draft_model:
             continue

@@ -241,7 +241,7 @@ def store_drafter(corpora: Corpora, *, limit: int = 64, **source: Any) -> CopyDr
 
 
 def build(params: GenerationParams, resources: Resources) -> CopyDrafter:
-    fixed = not params.drafter.uses_cost_model
+    fixed = resources.policy.fixed
     return store_drafter(
         resources.corpora,
         limit=params.draft_max if fixed else params.ngram_draft_max,
