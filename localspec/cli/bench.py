@@ -165,7 +165,7 @@ def replay_command(
     from localspec.bench.replay import render, replay_dir
 
     with cli_errors():
-        options = model.options(command="bench")
+        options = model.options(spelling=command_line("bench"))
         result, missing = replay_dir(
             directory, options, costs=costs, prompts=prompts, on_progress=echo_progress
         )
