@@ -706,8 +706,8 @@ def test_a_drafter_or_prediction_the_server_cannot_run_is_a_400_naming_its_field
 
 
 def test_a_prediction_with_another_drafter_is_refused_before_the_job_is_queued():
-    from localspec.serve.requests import _check_options
     from localspec.serve.openai_shapes import ApiError
+    from localspec.serve.requests import _check_options
 
     with pytest.raises(ApiError, match="drop one or the other") as err:
         _check_options(GenerationParams(drafter="model"), "the text")
