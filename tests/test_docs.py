@@ -146,6 +146,15 @@ def test_the_quick_start_keeps_the_commands_ci_and_users_run():
     )
 
 
+def test_the_glossary_defines_the_words_the_pages_lean_on():
+    terms = anchors(DOCS / "glossary.md")
+    for term in (
+        "draft-target-and-draft-model", "round", "offer", "copy-and-a-copy-under-way", "resync",
+        "passed-over-draft", "ceiling", "tokens-per-pass", "cold-and-warm", "exact-mode",
+    ):  # fmt: skip
+        assert term in terms
+
+
 # The link check must be able to fail: a missing file, a missing anchor.
 
 
