@@ -229,11 +229,13 @@ class BenchRunner:
     def _native_result(
         self, tokens: list[int], mode: str, max_tokens: int, index: int
     ) -> NativeResult:
+        native = self.native
+        assert native is not None  # the runner refuses native modes without the binary
         if mode == NATIVE_BENCH:  # no text: generation after as many tokens as the prompt's
-            return self.native.run_bench(len(tokens), max_tokens)
+            return native.run_bench(len(tokens), max_tokens)
         seed = None if self.config.seed is None else self.config.seed + index
-        return self.native.run(
-            mode, self.native.prompt_text(tokens), max_tokens, self.config.temperature, seed
+        return native.run(
+            mode, native.prompt_text(tokens), max_tokens, self.config.temperature, seed
         )
 
     def run_native(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Measured:

@@ -17,7 +17,6 @@ import typer
 from localspec.cli.common import SystemOpt, cli_errors, read_system
 from localspec.cli.groups import option_groups
 from localspec.cli.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
-from localspec.core.params import GenerationParams
 from localspec.models.paths import conversations_dir
 from localspec.storage import conversations
 
@@ -91,7 +90,7 @@ def chat(
 
 def _resumed(
     context: typer.Context,
-    settings: GenerationParams,
+    settings: conversations.ChatSettings,
     max_tokens: int,
     sampling: SamplingChoice,
     drafting: DraftingChoice,
