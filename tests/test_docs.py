@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,28 @@ def test_the_quick_start_keeps_the_commands_ci_and_users_run():
     assert any(command.startswith(".venv/bin/localspec complete") for command in commands), (
         "the Quick start does not answer a prompt with the default pair"
     )
+
+
+def test_ci_checks_the_style_and_the_types_before_the_tests():
+    """``.ci/run`` runs ruff and mypy as ``pyproject.toml`` configures them (mypy's
+    ``files``: the package), before the test command."""
+    ran = ci_commands()
+    checks = [".venv/bin/ruff check .", ".venv/bin/ruff format --check localspec tests"]
+    checks.append(".venv/bin/mypy")
+    assert all(check in ran for check in checks), ran
+    first_test = next(i for i, line in enumerate(ran) if "-m pytest" in line)
+    assert all(ran.index(check) < first_test for check in checks)
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert config["tool"]["mypy"]["files"] == ["localspec"]
+
+
+def test_the_glossary_defines_the_words_the_pages_lean_on():
+    terms = anchors(DOCS / "glossary.md")
+    for term in (
+        "draft-target-and-draft-model", "round", "offer", "copy-and-a-copy-under-way", "resync",
+        "passed-over-draft", "ceiling", "tokens-per-pass", "cold-and-warm", "exact-mode",
+    ):  # fmt: skip
+        assert term in terms
 
 
 # The link check must be able to fail: a missing file, a missing anchor.

@@ -9,6 +9,10 @@ history of answers, learned state, conversations; nothing in it needs a loaded m
 Every import in every module counts, including the ones inside functions. The core also
 stays free of I/O-heavy and UI libraries, checked both in its source and in a fresh
 interpreter.
+
+No two modules import each other, directly or through others, even inside a function: an
+import cycle hides which of them is the lower one. Imports under ``if TYPE_CHECKING:`` only
+name types for the type checker, never run, and take no part in a cycle.
 """
 
 from __future__ import annotations
@@ -71,6 +75,79 @@ def imports_of(path: Path) -> list[str]:
     return found
 
 
+def _type_checking_only(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def run_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` (full names) that ``path`` imports when it runs: at its top
+    or in a function, not under ``if TYPE_CHECKING:``. ``from a import b`` imports ``a.b``
+    when that is a module, else ``a``."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking_only(node):
+            assert isinstance(node, ast.If)
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                found.add(name if name in modules else node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found & modules
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Each module of ``package`` (``localspec.core``, ``localspec.core.events``...) and the
+    modules of the package it imports when it runs."""
+    paths = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {module: run_imports(path, set(paths)) - {module} for module, path in paths.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import one another (Tarjan's strongly connected
+    components of more than one module), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
 def violations(module: str) -> list[str]:
     path = PACKAGE / (module.replace(".", "/") + ".py")
     mine = layer_of(module)
@@ -96,6 +173,30 @@ def test_module_imports_only_from_lower_layers(module):
 def test_every_module_belongs_to_a_layer():
     loose = [m for m in MODULES if layer_of(m) is None and m not in ("__init__", "__main__")]
     assert loose == []
+
+
+def test_no_modules_import_each_other():
+    assert cycles(import_graph(PACKAGE)) == []
+
+
+def test_the_cycle_check_catches_a_cycle_even_inside_a_function(tmp_path):
+    """Three modules in a ring (one import inside a function) are a cycle; an import under
+    ``if TYPE_CHECKING:`` is not."""
+    fake = tmp_path / "localspec"
+    (fake / "core").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "core" / "__init__.py").write_text("")
+    (fake / "core" / "a.py").write_text("from localspec.core import b\n")
+    (fake / "core" / "b.py").write_text("import localspec.core.c\n")
+    (fake / "core" / "c.py").write_text("def f():\n    from localspec.core.a import x\n")
+    (fake / "core" / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from localspec.core import e\n"
+    )
+    (fake / "core" / "e.py").write_text("from localspec.core.d import y\n")
+    graph = import_graph(fake)
+    assert graph["localspec.core.a"] == {"localspec.core.b"}
+    assert graph["localspec.core.d"] == set()
+    assert cycles(graph) == [["localspec.core.a", "localspec.core.b", "localspec.core.c"]]
 
 
 def test_the_checker_catches_a_leak(tmp_path, monkeypatch):

@@ -15,15 +15,18 @@ import pytest
 from rich.console import Console
 from textual.pilot import Pilot
 
-from localspec.core.events import FinishReason
+from localspec.core.drafting.registry import drafter_names
+from localspec.core.events import TARGET, FinishReason
 from localspec.core.params import GenerationParams
+from localspec.core.stats import PLAIN
 from localspec.errors import BackendError, ModelNotFoundError
 from localspec.progress import Progress, ProgressKind
+from localspec.session.pair import SELF_DRAFT
 from localspec.tui.app import ChatApp
 from localspec.tui.conversation import Conversation, Turn, turns_to_drop
 from localspec.tui.screens import HelpScreen, OverflowScreen
 from localspec.tui.stats_panel import (
-    ORIGIN_STYLES,
+    ORIGINS,
     StatsPanel,
     origin_label,
     origin_style,
@@ -188,8 +191,8 @@ async def test_answer_streams_with_origin_styles_and_stats() -> None:
         assert app.query_one(ChatInput).text == ""
         answer = app.query_one(AssistantMessage)
         assert answer.text == SPEC_TEXT
-        assert style_at(answer, 0) == ORIGIN_STYLES["model"]
-        assert style_at(answer, SPEC_TEXT.index(" return")) == ORIGIN_STYLES["ngram"]
+        assert style_at(answer, 0) == origin_style("model")
+        assert style_at(answer, SPEC_TEXT.index(" return")) == origin_style("ngram")
         assert style_at(answer, SPEC_TEXT.index(",")) == ""  # the target's own token
         turn = app.chat.conversation.turns[0]
         assert (turn.answer, turn.finish) == (SPEC_TEXT, "eos")
@@ -198,8 +201,8 @@ async def test_answer_streams_with_origin_styles_and_stats() -> None:
         assert "decode tok/s 24.0 24.0" in text
         assert "plain tok/s 10.0 speedup 2.40x 2.40x" in text
         assert "acceptance 80% 80% tokens/pass 3.00 3.00 tokens 12 12 target passes 4 4" in text
-        assert "model 5/7 71% 5/7 71% ngram 3/3 100% 3/3 100% plain 1 steps 1 steps" in text
-        assert "draft length 3 (ngram, 3 accepted)" in text
+        assert "draft model 5/7 71% 5/7 71% n-gram 3/3 100% 3/3 100% plain 1 steps 1 steps" in text
+        assert "draft length 3 (n-gram, 3 accepted)" in text
         assert sparkline([3 / 4, 2 / 3, 1.0]) in text
         prompt = count_tokens(session.calls[0])
         assert f"context {prompt + 12} / 4096 tokens" in text
@@ -737,19 +740,54 @@ async def test_system_prompt_heads_the_conversation_and_survives_a_new_chat(tmp_
 
 @pytest.mark.asyncio
 async def test_a_drafter_the_app_does_not_know_gets_a_colour_and_its_name() -> None:
-    tokens = [("one", "lookahead", 0), (" two", "lookahead", 0), (" three", "target", 0)]
+    tokens = [("one", "echo", 0), (" two", "echo", 0), (" three", "target", 0)]
     session = FakeSession([ScriptedAnswer.from_tokens(tokens)])
     app = make_app(session)
     async with app.run_test() as pilot:
         await ready(pilot)
         await send(pilot, "count")
         style = style_at(app.query_one(AssistantMessage), 0)
-        assert style and style not in ORIGIN_STYLES.values()
+        assert style and style not in {origin.style for origin in ORIGINS.values()}
         assert style_at(app.query_one(AssistantMessage), len("one two")) == ""
         text = squash(panel_text(app))
-        assert "■ lookahead" in text and "lookahead 2/2 100%" in text
-    assert origin_style("lookahead") == style  # the same colour every time
-    assert origin_label("lookahead") == "lookahead"
+        assert "■ echo" in text and "echo 2/2 100%" in text
+    assert origin_style("echo") == style  # the same colour every time
+    assert origin_label("echo") == "echo"
+
+
+def test_every_drafter_there_is_has_a_label_and_a_colour_of_its_own() -> None:
+    """The table names every drafter of the registry, the draft model derived from the
+    target, the target and plain steps; no two drafters share a colour."""
+    names = {*drafter_names(), SELF_DRAFT, TARGET, PLAIN}
+    assert names <= set(ORIGINS)
+    drafters = [ORIGINS[name].style for name in names - {TARGET, PLAIN}]
+    assert all(drafters) and len(set(drafters)) == len(drafters)
+    assert origin_label("ngram") == "n-gram" and origin_label(SELF_DRAFT) == "self-draft"
+
+
+@pytest.mark.asyncio
+async def test_self_lookahead_and_prediction_show_their_labels() -> None:
+    """Drafters the legend does not list from the start join it, labelled, once they
+    drafted; the per-drafter counts use the same labels."""
+    tokens = [
+        ("a", "self", 0), (" b", "target", 0), (" c", "lookahead", 1), (" d", "target", 1),
+        (" e", "prediction", 2), (" f", "target", 2),
+    ]  # fmt: skip
+    session = FakeSession([ScriptedAnswer.from_tokens(tokens)])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        text = squash(panel_text(app))
+        assert "■ draft model" in text and "self-draft" not in text
+        await send(pilot, "letters")
+        answer = app.query_one(AssistantMessage)
+        assert style_at(answer, 0) == ORIGINS["self"].style
+        assert style_at(answer, len("a b")) == ORIGINS["lookahead"].style
+        assert style_at(answer, len("a b c d")) == ORIGINS["prediction"].style
+        text = squash(panel_text(app))
+        for label in ("self-draft", "lookahead", "prediction"):
+            assert f"■ {label}" in text and f"{label} 1/1 100%" in text
+        assert "■ self " not in text and "self 1/1" not in text
 
 
 # -- Markdown answers ---------------------------------------------------------------------
@@ -809,7 +847,7 @@ async def test_finished_answer_is_parsed_as_markdown_once_and_ctrl_t_shows_the_t
         assert len(answer.spans) > 20  # the tokens and their origins are kept
         await pilot.press("ctrl+t")
         assert not answer.shows_markdown and app.rendered is False
-        assert style_at(answer, 0) == ORIGIN_STYLES["model"]
+        assert style_at(answer, 0) == origin_style("model")
         await send(pilot, "again")  # a new answer follows the chosen view
         second = app.query(AssistantMessage).last()
         assert not second.shows_markdown and second.markdown is not None

@@ -185,10 +185,11 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
         mparams.vocab_only = vocab_only
+        progress = None  # the callback, alive while llama.cpp loads
         if abort is not None:
             # llama.cpp stops loading when its progress callback returns false.
-            self._progress = llama_cpp.llama_progress_callback(lambda done, data: not abort())
-            mparams.progress_callback = self._progress
+            progress = llama_cpp.llama_progress_callback(lambda done, data: not abort())
+            mparams.progress_callback = progress
         if options.tensor_split:
             split = list(options.tensor_split)[: llama_cpp.LLAMA_MAX_DEVICES]
             split += [0.0] * (llama_cpp.LLAMA_MAX_DEVICES - len(split))
@@ -200,7 +201,7 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
             mparams.use_extra_bufts = False
         clear_llama_log()
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
-        self._progress = None
+        del progress  # llama.cpp calls it no more
         if not model and abort is not None and abort():
             raise ModelFileError(f"the load of {self.path.name} was stopped")
         if not model:

@@ -106,7 +106,7 @@ class DeviceGreedy:
         self.sampler = _Sampler(vocab, confidence)
         self.ctx = None
         self._chains: list = []
-        self._configs = None
+        self._configs: ctypes.Array | None = None  # alive while the context uses them
 
     @property
     def vocab(self) -> int:
@@ -123,7 +123,7 @@ class DeviceGreedy:
         configs = (llama_cpp.llama_sampler_seq_config * self.seqs)()
         for seq, chain in enumerate(self._chains):
             configs[seq].seq_id = seq
-            configs[seq].sampler = ctypes.cast(chain, ctypes.c_void_p).value
+            configs[seq].sampler = ctypes.cast(chain, ctypes.c_void_p)
         self._configs = configs
         return configs, self.seqs
 

@@ -45,6 +45,13 @@ class FimTokens:
         """Whether a prefix-suffix-middle prompt can be built: all three are needed."""
         return None not in (self.pre, self.suf, self.mid)
 
+    @property
+    def infill_ids(self) -> tuple[int, int, int] | None:
+        """The prefix, suffix and middle tokens; None unless all three exist."""
+        if self.pre is None or self.suf is None or self.mid is None:
+            return None
+        return self.pre, self.suf, self.mid
+
 
 class LlamaVocabulary:
     _model: Any

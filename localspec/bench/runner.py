@@ -91,8 +91,8 @@ class BenchConfig(BaseModel):
     cold: bool = True  # forget what the controllers learned before every engine run
     fresh: bool = False  # every engine run a fresh ``localspec complete`` process
     trace: bool = False  # keep the engine's per-round trace in each record
-    # Runs of every prompt and mode; the summary takes each one's median run. One run's tok/s
-    # moves by 10% and more with what else the machine does.
+    # Runs of every prompt and mode; the summary takes each one's median run, since one run's
+    # tok/s moves with what else the machine does (docs/bench.md#localspec-bench).
     repeat: int = Field(1, ge=1, le=20)
 
     @property
@@ -242,11 +242,13 @@ class BenchRunner:
     def _native_result(
         self, tokens: list[int], mode: str, max_tokens: int, index: int
     ) -> NativeResult:
+        native = self.native
+        assert native is not None  # the runner refuses native modes without the binary
         if mode == NATIVE_BENCH:  # no text: generation after as many tokens as the prompt's
-            return self.native.run_bench(len(tokens), max_tokens)
+            return native.run_bench(len(tokens), max_tokens)
         seed = None if self.config.seed is None else self.config.seed + index
-        return self.native.run(
-            mode, self.native.prompt_text(tokens), max_tokens, self.config.temperature, seed
+        return native.run(
+            mode, native.prompt_text(tokens), max_tokens, self.config.temperature, seed
         )
 
     def run_native(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Measured:
@@ -314,9 +316,8 @@ class BenchRunner:
         """Per category, the target's ceiling (``measure_ceiling``) at the depth where its
         answers run: the median, over its prompts, of the prompt's tokens and half the
         answer it may write. A verify batch costs more the deeper it reads, and more so than
-        a plain step (on a 2-core CPU a batch of 64 took 0.44 s after 256 tokens and 0.64 s
-        after 2,028, a plain step 27 ms and 33 ms), so a ceiling measured after a short
-        context overstates what a whole-file edit could reach."""
+        a plain step, so a ceiling measured after a short context overstates what a
+        whole-file edit could reach (measured: docs/bench.md#the-ceiling)."""
         tokenized, _, lengths = self._prepared(prompts)
         by_category: dict[str, list[int]] = {}
         for i, prompt in enumerate(prompts):

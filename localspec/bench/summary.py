@@ -130,6 +130,8 @@ def _steady(r: RunRecord, ref: RunRecord) -> float | None:
     of its own)."""
     if min(r.plain_steps or 0, ref.plain_steps or 0) < MIN_PLAIN_STEPS:
         return None
+    if r.plain_step_s is None or ref.plain_step_s is None:  # set wherever plain_steps is
+        return None
     return _ratio(r, ref) * r.plain_step_s / ref.plain_step_s
 
 
@@ -241,13 +243,15 @@ def _group(
     decode = sum(r.decode_s for r in records)
     drafted = sum(r.drafted or 0 for r in records)
     accepted = sum(r.accepted or 0 for r in records)
-    with_rounds = [r for r in records if r.rounds]
-    with_compute = [r for r in records if r.compute_s is not None]
+    # Runs that counted their rounds (native runs do not): (rounds, accepted).
+    counted = [(r.rounds, r.accepted or 0) for r in records if r.rounds]
+    # Runs that timed the models' compute: (compute, decode).
+    timed = [(r.compute_s, r.decode_s) for r in records if r.compute_s is not None]
     runs, short = paired_runs(records, refs.baseline)
     ratios = [_ratio(r, ref) for r, ref in runs]
-    rounds = sum(r.rounds for r in with_rounds)
-    compute_decode = sum(r.decode_s for r in with_compute)
-    compute = sum(r.compute_s for r in with_compute)
+    rounds = sum(n for n, _ in counted)
+    compute_decode = sum(d for _, d in timed)
+    compute = sum(c for c, _ in timed)
     out: dict[str, Any] = {
         "prompts": len(records),
         "generated_tokens": tokens,
@@ -260,7 +264,7 @@ def _group(
         **_waiting(mode, records, refs),
         "acceptance_rate": _round(accepted / drafted if drafted else None, 4),
         "mean_accepted_length": _round(
-            1 + sum(r.accepted for r in with_rounds) / rounds if rounds else None, 4
+            1 + sum(a for _, a in counted) / rounds if rounds else None, 4
         ),
         "outside_share": _round(1 - compute / compute_decode if compute_decode else None, 4),
         "agreement": None,
@@ -268,9 +272,11 @@ def _group(
     if mode != BASELINE and mode not in NATIVE_MODES and refs.baseline:
         out.update(_per_prompt(records, refs.baseline))
     pairs = [
-        (r.token_ids, refs.baseline[_key(r)].token_ids)
+        (mine, theirs)
         for r in records
-        if _key(r) in refs.baseline and r.token_ids is not None
+        if _key(r) in refs.baseline
+        and (mine := r.token_ids) is not None
+        and (theirs := refs.baseline[_key(r)].token_ids) is not None
     ]
     if greedy and pairs:
         out["agreement"] = _agreement(pairs)

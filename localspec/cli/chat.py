@@ -91,7 +91,7 @@ def chat(
 
 def _resumed(
     context: typer.Context,
-    settings: GenerationParams,
+    settings: conversations.ChatSettings,
     max_tokens: int,
     sampling: SamplingChoice,
     drafting: DraftingChoice,

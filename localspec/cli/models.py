@@ -11,7 +11,6 @@ stdout, so ``localspec models path NAME`` composes with other commands.
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -350,4 +349,4 @@ def main() -> None:  # pragma: no cover - for `python -m localspec.cli.models`
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

@@ -41,8 +41,8 @@ from localspec.core.drafting.base import Offer
 from localspec.core.tree import MAX_BRANCHES, TREE_MAX_NODES
 
 # A draft is taken only when it is expected to beat a plain step by this factor: estimates
-# and measured costs are noisy, and the best of many noisy candidates is biased upward, so a
-# draft expected to win by less loses about as often as it wins (measured on prose).
+# and measured costs are noisy, and the best of many noisy candidates is biased upward, so
+# a smaller expected gain is within the noise (docs/how-it-works.md#what-makes-a-draft-pay).
 SPECULATE_MARGIN = 1.1
 # The answer's running balance against plain decoding (what its drafting rounds saved or
 # lost, at the cost model's prices) sets how sure a draft must be: in deficit, the margin grows

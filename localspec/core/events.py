@@ -8,12 +8,14 @@ can be rendered, recorded as JSON (``dataclasses.asdict``) or compared in tests.
 A token's ``origin`` is the name of the drafter that proposed it (``"ngram"``, ``"model"``,
 ``"store"``, or any drafter registered later) or ``TARGET`` for the target's own token, so a
 front end colours tokens without knowing every drafter. ``Finished.stats`` is the
-generation's ``GenerationStats``; front ends turn it into text or JSON themselves.
+generation's ``GenerationStats``, always given; front ends turn it into text or JSON
+themselves. ``core.stats`` reads these events, so this module names ``GenerationStats`` for
+type checkers only and never imports it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -75,14 +77,8 @@ class Finished:
     reason: FinishReason
     text: str
     token_ids: tuple[int, ...]
-    stats: GenerationStats = field(default_factory=lambda: _no_stats())
+    stats: GenerationStats
     tail: str = ""  # text no TokenEmitted carried (held back for a stop string): print it
-
-
-def _no_stats() -> GenerationStats:
-    from localspec.core.stats import GenerationStats  # stats reads these events
-
-    return GenerationStats()
 
 
 Event = PrefillDone | TokenEmitted | RoundCompleted | EngineWarning | Finished

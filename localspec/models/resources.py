@@ -66,8 +66,8 @@ def _shape(path: Path, n_ctx: int) -> tuple[int, int]:
         n_layer, n_embd, n_head, n_head_kv, key_len, value_len = (
             meta.get(f"{arch}.{k}") for k in keys
         )
-        n_layer = _bounded(int(n_layer), MAX_LAYERS)
-        n_embd = _bounded(int(n_embd), MAX_WIDTH)
+        n_layer = _bounded(n_layer, MAX_LAYERS)
+        n_embd = _bounded(n_embd, MAX_WIDTH)
         # Some architectures give per-layer head counts as arrays.
         heads = n_head if isinstance(n_head, list) else [n_head] * n_layer
         kv_heads = n_head_kv if isinstance(n_head_kv, list) else [n_head_kv or heads[0]] * n_layer
@@ -75,19 +75,23 @@ def _shape(path: Path, n_ctx: int) -> tuple[int, int]:
         for h, kv in zip(heads, kv_heads, strict=False):
             if not h or not kv:
                 continue
-            k_dim = _bounded(int(key_len or n_embd // _bounded(int(h), MAX_HEADS)), MAX_WIDTH)
-            v_dim = _bounded(int(value_len or k_dim), MAX_WIDTH)
-            total += _bounded(int(kv), MAX_HEADS) * (k_dim + v_dim)
+            k_dim = _bounded(key_len or n_embd // _bounded(h, MAX_HEADS), MAX_WIDTH)
+            v_dim = _bounded(value_len or k_dim, MAX_WIDTH)
+            total += _bounded(kv, MAX_HEADS) * (k_dim + v_dim)
     except (OSError, ValueError, KeyError, TypeError, IndexError, OverflowError):
         return 0, 0
     return n_layer, total * n_ctx * 2
 
 
-def _bounded(value: int, most: int) -> int:
-    """``value`` if a real model could have it; else ``ValueError`` (a crafted header)."""
-    if not 0 <= value <= most:
-        raise ValueError(f"an impossible model shape ({value})")
-    return value
+def _bounded(value: object, most: int) -> int:
+    """``value``, a number of the header, as an ``int`` if a real model could have it; else
+    ``ValueError`` (a crafted header), or ``TypeError`` for a value that is no number."""
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"a model shape that is no number ({type(value).__name__})")
+    number = int(value)
+    if not 0 <= number <= most:
+        raise ValueError(f"an impossible model shape ({number})")
+    return number
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ server's options are the defaults.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import ValidationError
 
@@ -241,7 +241,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def _is_token_ids(value: Any) -> bool:
+def _is_token_ids(value: object) -> TypeGuard[list[int]]:
     # bool is an int subclass, and true/false are no token ids.
     return (
         isinstance(value, list)
@@ -258,6 +258,7 @@ def completion_prompts(
     Text may be empty only for an ``infill`` (the cursor at the start of the file); an
     infill takes text only, as it is placed between the model's FIM tokens."""
     prompt = body.get("prompt")
+    prompts: list[str | list[int]]
     if isinstance(prompt, str) or _is_token_ids(prompt):
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt:

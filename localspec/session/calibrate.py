@@ -160,7 +160,8 @@ class CostCache:
         same pair waits (saying so), then reads what the first saved, rather than
         measuring on a machine the first keeps busy. Without a folder to lock in, it does
         not wait (saving will say why it failed)."""
-        lock: FileLock | None = FileLock(str(self.directory / f"{key}.lock"), mode=0o600)
+        lock = FileLock(str(self.directory / f"{key}.lock"), mode=0o600)
+        held: FileLock | None = lock
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             lock.acquire(timeout=0)
@@ -169,12 +170,12 @@ class CostCache:
                  ProgressKind.WAIT)  # fmt: skip
             lock.acquire()
         except OSError:
-            lock = None
+            held = None
         try:
             yield
         finally:
-            if lock is not None:
-                lock.release()
+            if held is not None:
+                held.release()
 
     def save(self, key: str, costs: CostProfile) -> str:
         """Best effort: returns "" or why the measurement could not be saved."""

@@ -111,22 +111,28 @@ def _build(report: Diagnosis) -> bool:
 
 def _pair(report: Diagnosis, options: Any) -> None:
     """Where each model of the pair would run, for the files already on disk."""
-    from localspec.models.catalog import default_name, locate_model, looks_like_path
+    from localspec.models.catalog import Role, default_name, locate_model, looks_like_path
     from localspec.session.costcache import cached_costs
     from localspec.session.open import plan_placement
 
     paths: dict[str, Path | None] = {}
-    for role, ref in (("target", options.target), ("draft", options.draft)):
+    refs: tuple[tuple[Role, str | None], ...] = (
+        ("target", options.target),
+        ("draft", options.draft),
+    )
+    for role, ref in refs:
+        path: Path | None = None
         try:
-            paths[role] = locate_model(ref, role)  # type: ignore[arg-type]
-            if paths[role] is None and ref and looks_like_path(ref):  # nothing fetches it
+            path = locate_model(ref, role)
+            if path is None and ref and looks_like_path(ref):  # nothing fetches it
                 raise ModelFileError(f"model file not found: {ref}", "check the path")
-            if paths[role] is not None:
-                model_problem(paths[role])
+            if path is not None:
+                model_problem(path)
         except LocalspecError as err:
             report.problems.append(f"{role}: {_said(err)}")
-            paths[role] = None
-        report.pair[role] = {"ref": ref or default_name(role), "path": _str(paths[role])}
+            path = None
+        paths[role] = path
+        report.pair[role] = {"ref": ref or default_name(role), "path": _str(path)}
     if paths["target"] is None:
         report.pair["placement"] = None
         report.notes.append(

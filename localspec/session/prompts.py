@@ -100,17 +100,18 @@ class Prompts:
         one); the model then writes the middle. Both texts stay plain text: a control
         token's text in them is not parsed. ``UnsupportedByModelError`` when the target's
         vocabulary has no FIM tokens."""
-        fim = self.fim
-        if not fim.infill:
+        ids = self.fim.infill_ids
+        if ids is None:
             raise UnsupportedByModelError(
                 f"{self.label} has no fill-in-the-middle tokens",
                 "use a code model trained for infill (such as Qwen2.5-Coder), or drop the suffix",
             )
         vocab = self.target.vocab_info()
         tokens = [vocab.bos] if vocab.add_bos and vocab.bos >= 0 else []
-        tokens.append(fim.pre)
+        pre, suf, mid = ids
+        tokens.append(pre)
         tokens += self.plain_tokens(prefix)
-        tokens.append(fim.suf)
+        tokens.append(suf)
         tokens += self.plain_tokens(suffix)
-        tokens.append(fim.mid)
+        tokens.append(mid)
         return tokens

@@ -89,9 +89,9 @@ class TokenIndex:
         self._documents = documents
 
     @classmethod
-    def build(cls, documents: Iterable[Sequence[int]]) -> TokenIndex:
-        """Index ``documents`` in memory. Raises ``ValueError`` for an id outside
-        ``[0, 2**31 - 1]``."""
+    def build(cls, documents: Iterable[Sequence[int] | np.ndarray]) -> TokenIndex:
+        """Index ``documents`` (token ids, as a list or an array each) in memory. Raises
+        ``ValueError`` for an id outside ``[0, 2**31 - 1]``."""
         parts = [np.full(1, SEPARATOR, dtype=np.int32)]
         for doc in documents:
             ids = np.asarray(doc, dtype=np.int64).reshape(-1)

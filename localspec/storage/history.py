@@ -102,7 +102,7 @@ class History:
             info = self.log.stat()
             state = self._state()
             index = self._saved_index(state, info)
-            if index is not None:
+            if index is not None and state is not None:  # an index is saved with its state
                 start = state["log_bytes"]
                 if (info.st_size - start) // 4 <= self.tail_tokens:
                     tail, end = read_records(self.log, start)
@@ -127,7 +127,7 @@ class History:
             return None
         return state
 
-    def _saved_index(self, state: dict[str, Any] | None, info: os.stat_result) -> Any:
+    def _saved_index(self, state: dict[str, Any] | None, info: os.stat_result) -> TokenIndex | None:
         """The saved index if it still describes the start of this very log file."""
         if state is None or state["log_inode"] != info.st_ino:
             return None  # never built, or the log was replaced since

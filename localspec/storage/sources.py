@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import stat
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,7 +115,7 @@ class Scan:
             yield Source(str(path), text)
 
 
-def scan(paths: list[str | Path], max_bytes: int) -> Scan:
+def scan(paths: Sequence[str | Path], max_bytes: int) -> Scan:
     """The files under ``paths``; ``InputError`` names the first path that does not exist."""
     if not paths:
         raise InputError("no path given", "name files or directories to index")

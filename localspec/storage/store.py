@@ -23,7 +23,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 MAX_STATE_BYTES = 64 << 20  # no state file of localspec comes near this
 # What interpreting crafted JSON values can raise (float(10**400) is an OverflowError).
@@ -90,7 +90,7 @@ def _parts_below(path: Path, top: Path) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def open_private(path: Path, mode: str = "ab") -> BinaryIO:
+def open_private(path: Path, mode: Literal["ab", "wb"] = "ab") -> BinaryIO:
     """A binary file opened for writing (``ab`` or ``wb``), created with mode 0600; an
     older file readable by others is tightened first."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "ab" else os.O_TRUNC)

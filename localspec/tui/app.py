@@ -34,6 +34,7 @@ from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import events, on
@@ -62,6 +63,9 @@ from localspec.tui.widgets import (
     turn_class,
 )
 from localspec.tui.worker import SessionFactory, WorkerNews
+
+if TYPE_CHECKING:
+    from localspec.session.placement import Placement
 
 # During an answer the screen is redrawn at most this often, the streamed tokens and (when
 # due) the stats panel in one pass of Textual's compositor. Each pass lays out and renders
@@ -199,14 +203,17 @@ class ChatApp(App[int]):
         chat, session = self.chat, self.chat.session
         n_ctx = session.n_ctx if session else 0
         # A redraw scheduled during an answer may fire while the app is closing.
-        where = session.placement.summary() if self._placed() else ""
+        placement = self._placement()
+        where = placement.summary() if placement is not None else ""
         for panel in self.query(StatsPanel):
             panel.show(chat.live, chat.plain_tokens_per_s, n_ctx, self.colour, where)
-        for line in self.query("#mini-stats"):
+        for line in self.query("#mini-stats").results(Static):
             line.update(summary_line(chat.live, chat.plain_tokens_per_s))
 
-    def _placed(self) -> bool:
-        return getattr(self.chat.session, "placement", None) is not None
+    def _placement(self) -> Placement | None:
+        """Where the session's models run, when it says so (a session without models to
+        place, as the tests' fakes, does not)."""
+        return getattr(self.chat.session, "placement", None)
 
     def notify(
         self,
@@ -242,7 +249,8 @@ class ChatApp(App[int]):
         self.query(LoadingPanel).remove()
         draft = session.draft_label or "none"
         self.sub_title = f"{session.target_label} · draft {draft}"
-        where = f" ({session.placement.summary()})" if self._placed() else ""
+        placement = self._placement()
+        where = f" ({placement.summary()})" if placement is not None else ""
         self._notice(
             f"Ready. Target {session.target_label}, draft {draft}{where}; "
             f"context {session.n_ctx} tokens; {describe_params(self.chat.params)}."

@@ -10,10 +10,13 @@ lines and of the refusals live here so that every UI words them alike.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Protocol
+from typing import Literal, Protocol
 
 from localspec.progress import Progress
 from localspec.tui.conversation import Turn
+
+# How loud a notice is (the levels of Textual's notifications).
+Severity = Literal["information", "warning", "error"]
 
 LOST_HINT = "Ctrl+S saves the conversation; start the chat again once the workers run."
 READY_STATUS = "Enter sends · Shift+Enter or Ctrl+J new line · F1 help"
@@ -37,7 +40,7 @@ class Refusal(Enum):
 class ChatView(Protocol):
     """What the controller asks of the UI that shows it; it decides nothing."""
 
-    def notify(self, message: str, *, title: str = "", severity: str = "information") -> None:
+    def notify(self, message: str, *, title: str = "", severity: Severity = "information") -> None:
         """Text from files and errors: shown as it is, never as markup."""
 
     def show_status(self, text: str) -> None: ...

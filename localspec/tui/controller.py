@@ -296,7 +296,7 @@ class ChatController:
         self.send(turn.user, params=params)
 
     def _new_seed(self) -> int:
-        seed = self._last_seed
+        seed = random.randrange(2**31)
         while seed == self._last_seed:
             seed = random.randrange(2**31)
         self._last_seed = seed

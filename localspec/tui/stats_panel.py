@@ -3,14 +3,17 @@
 ``StatsPanel`` renders a ``LiveStats`` snapshot, its rates as ``GenerationStats`` computes
 them; ``speedup`` is decode tokens/s over the session's measured plain decoding speed.
 
-Tokens are coloured by their origin, a drafter's name or ``TARGET``: ``origin_style`` and
-``origin_label`` know the drafters shipped today, and give any other drafter a style of its
-own and its name as label, so a new drafter shows without an edit here.
+Tokens are coloured by their origin, a drafter's name or ``TARGET``. ``ORIGINS`` is the one
+table of the names the stats use (every shipped drafter, ``self`` for a draft model derived
+from the target, the target, and ``PLAIN`` for plain steps) with their label and style;
+``origin_style`` and ``origin_label`` give any other drafter a style of its own and its name
+as label, so a new drafter shows without an edit here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -23,33 +26,45 @@ from localspec.tui.live import LiveStats
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
-ORIGIN_STYLES: dict[str, str] = {
-    "model": "bold #6fcf73",
-    "ngram": "bold #5fb3f0",
-    "store": "bold #e0a84f",
-    TARGET: "",
+
+@dataclass(frozen=True)
+class Origin:
+    """How the panel and the answers show one name of the stats."""
+
+    label: str
+    style: str  # of its tokens and its legend entry ("": the terminal's own text)
+    listed: bool = False  # in the legend before any of its tokens came
+
+
+# Every name the stats use, in the legend's order. The legend lists the drafters ``auto``
+# drafts with on any machine and the target from the start, the others once they drafted.
+ORIGINS: dict[str, Origin] = {
+    "model": Origin("draft model", "bold #6fcf73", listed=True),
+    "ngram": Origin("n-gram", "bold #5fb3f0", listed=True),
+    "store": Origin("datastore", "bold #e0a84f", listed=True),
+    TARGET: Origin("target", "", listed=True),
+    "prediction": Origin("prediction", "bold #f07178"),
+    "self": Origin("self-draft", "bold #89ddff"),  # the draft model, derived from the target
+    "lookahead": Origin("lookahead", "bold #c792ea"),
+    PLAIN: Origin("plain", ""),  # plain steps, in the per-drafter counts
 }
-ORIGIN_LABELS: dict[str, str] = {
-    "model": "draft model",
-    "ngram": "n-gram",
-    "store": "datastore",
-    TARGET: "target",
-}
-# Drafters not in the table: bold, in colours none of the shipped drafters use, chosen from
-# the name so that a drafter keeps its colour from one answer (and one run) to the next.
-OTHER_STYLES = ("bold #c792ea", "bold #f07178", "bold #89ddff", "bold #ffcb6b")
+# Drafters not in the table: bold, in colours none of the table's use, chosen from the name
+# so that a drafter keeps its colour from one answer (and one run) to the next.
+OTHER_STYLES = ("bold #ffcb6b", "bold #f78c6c", "bold #c3e88d", "bold #82aaff")
 
 
 def origin_style(origin: str) -> str:
     """The style of a token of this origin (a drafter's name, or ``TARGET``)."""
-    known = ORIGIN_STYLES.get(origin)
+    known = ORIGINS.get(origin)
     if known is not None:
-        return known
+        return known.style
     return OTHER_STYLES[sum(origin.encode()) % len(OTHER_STYLES)]
 
 
 def origin_label(origin: str) -> str:
-    return ORIGIN_LABELS.get(origin, origin)
+    """The words for a name of the stats: the table's, or the name itself."""
+    known = ORIGINS.get(origin)
+    return known.label if known is not None else origin
 
 
 def sparkline(values: Iterable[float]) -> str:
@@ -86,9 +101,12 @@ def _drafter_cell(stats: GenerationStats, key: str) -> str:
 
 
 def legend(colour: bool, seen: Iterable[str] = ()) -> Text:
-    """The origins' colours: the shipped drafters', then any other drafter in ``seen``."""
+    """The origins' colours: those the table lists from the start, then those of ``seen``
+    (the origins whose tokens came), the table's in its order first."""
+    came = list(seen)
+    listed = [name for name, origin in ORIGINS.items() if origin.listed or name in came]
     text = Text()
-    for origin in [*ORIGIN_LABELS, *(o for o in seen if o not in ORIGIN_LABELS)]:
+    for origin in [*listed, *(o for o in came if o not in ORIGINS)]:
         style = origin_style(origin) if colour else ""
         text.append("■ " if colour else "□ ", style=style or "dim")
         text.append(origin_label(origin), style=style)
@@ -134,8 +152,7 @@ def render_stats(
     drafters.add_column(justify="right")
     drafters.add_row(Text("accepted/drafted", "bold"), "", "")
     for key in sorted(chat.by_drafter, key=lambda k: (k == PLAIN, k)):
-        label = "plain" if key == PLAIN else key
-        drafters.add_row(label, _drafter_cell(answer, key), _drafter_cell(chat, key))
+        drafters.add_row(origin_label(key), _drafter_cell(answer, key), _drafter_cell(chat, key))
 
     parts: list[RenderableType] = [figures, Text(""), drafters, Text("")]
     parts.append(_last_round(live.last_round))
@@ -155,7 +172,7 @@ def _last_round(last: RoundCompleted | None) -> Text:
     elif not last.drafter:
         text.append("0 (plain step)")
     else:
-        text.append(f"{last.drafted} ({last.drafter}, {last.accepted} accepted)")
+        text.append(f"{last.drafted} ({origin_label(last.drafter)}, {last.accepted} accepted)")
     if last is not None and last.reason:
         text.append(f"\n{last.reason}", style="dim")
     return text

@@ -39,7 +39,6 @@ class ChatSession(Protocol):
 
     target_label: str
     draft_label: str | None
-    draft_summary: str | None  # whether the draft model was loaded, and why
     target_path: Path | None  # the model files, as resolved
     draft_path: Path | None
     n_ctx: int
@@ -53,7 +52,13 @@ class ChatSession(Protocol):
 
     def count_chat_tokens(self, messages: list[dict[str, str]]) -> int: ...
 
+    def plain_tokens(self, text: str) -> list[int]: ...
+
     def plain_tokens_per_s(self) -> float | None: ...
+
+    @property
+    def draft_summary(self) -> str | None:
+        """Whether the draft model was loaded, and why."""
 
     def close(self) -> None: ...
 

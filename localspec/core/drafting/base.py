@@ -138,7 +138,10 @@ class Previewing(Protocol):
 class Drafter(Protocol):
     name: str
     limit: int  # the longest draft it may propose in a round
-    branching: Branching | None
+
+    @property
+    def branching(self) -> Branching | None:
+        """Itself, where it offers draft trees; an attribute or a property."""
 
     def begin(self, prompt: Sequence[int], params: GenerationParams) -> None: ...
 

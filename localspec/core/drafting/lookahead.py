@@ -211,9 +211,10 @@ class LookaheadDrafter:
         # The accepted nodes are the committed tokens but the last (the target's own).
         node = ROOT
         for token in committed[before : len(committed) - 1]:
-            node = seen.child(node, int(token))
-            if node is None:
+            child = seen.child(node, int(token))
+            if child is None:
                 return  # a pass that is not this round's: no window to carry on
+            node = child
         # Past the accepted path, the first branch of the tree: each of its nodes sits where
         # the next committed positions are, so the target's token after it is a guess for
         # the position after.
