@@ -65,12 +65,14 @@ def context(command: Command, name: str, parent: Context | None = None) -> Conte
 
 
 def commands(root: Command | None = None) -> dict[str, str]:
-    """Every command the app runs (``localspec models pull``: the leaves of its groups),
-    with its ``--help``, in the order ``--help`` lists them."""
+    """Every command the app runs (``localspec models pull``: the leaves of its groups, and a
+    group that runs without a subcommand, as ``localspec bench``), with its ``--help``, in the
+    order ``--help`` lists them."""
     root = root if root is not None else root_command()
     found: dict[str, str] = {}
     for path, command, ctx in _walk(root, context(root, PROGRAM)):
-        if not is_group(command):
+        runs_alone = getattr(command, "invoke_without_command", False) and command is not root
+        if not is_group(command) or runs_alone:
             found[path] = plain_help(command, ctx)
     return found
 
