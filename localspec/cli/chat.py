@@ -16,7 +16,6 @@ import typer
 
 from localspec.cli.common import SystemOpt, cli_errors, read_system
 from localspec.cli.groups import option_groups
-from localspec.core.params import GenerationParams
 from localspec.models.paths import conversations_dir
 from localspec.session.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
 from localspec.storage import conversations
