@@ -453,8 +453,10 @@ def test_an_absurd_block_count_in_a_header_is_a_model_file_error(tmp_path, count
 
 # ``localspec`` with every candidate's measurement half a second longer, so that a signal
 # reliably arrives while candidates are measured (a real process, real signals).
+# Ctrl-C as in a terminal: a runner started in the background may pass SIGINT on ignored.
 SLOW_LOCALSPEC = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from localspec.models import layerchoice
 measure = layerchoice._measure_draft
 def slow(*args, **kwargs):
