@@ -79,7 +79,7 @@ ls "$BIN"/llama-server "$BIN"/llama-bench "$BIN"/llama-speculative-simple \
 
 # What this Python lacks of localspec's and gguf's imports comes from the carried wheels.
 SITE=$DEVICE/site-$MODE
-if ! "$PY" -c "import pydantic, gguf, diskcache" 2> /dev/null; then
+if ! "$PY" -c "import pydantic, gguf, diskcache, filelock" 2> /dev/null; then
     say "unpacking the carried wheels"
     "$PY" - "$DEVICE/wheels" "$SITE" << 'EOF'
 import sys, zipfile, pathlib
