@@ -127,7 +127,7 @@ def test_a_predictions_use_is_counted_in_the_worker(session, monkeypatch):
             body = predicted("the cat sat on the mat", stream=stream, **AUTO)
             body["stream_options"] = {"include_usage": True} if stream else None
             assert post(served.url, body).status_code == 200
-    assert where == ["localspec-worker", "localspec-worker"]
+    assert where == ["localspec-lane-0", "localspec-lane-0"]  # a lane's thread
 
 
 def test_prediction_counts_take_linear_time():

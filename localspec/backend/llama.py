@@ -25,6 +25,7 @@ ones explain a failed load.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import os
 import time
@@ -36,11 +37,13 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from localspec.backend.lanes import Slice, Turns
 from localspec.backend.runtime import clear_llama_log, ensure_backend, recent_llama_log
 from localspec.backend.sampling import DeviceGreedy
 from localspec.backend.trees import TreeBatches
 from localspec.backend.vocab import LlamaVocabulary
-from localspec.core.cached_model import DEVICE, HOST, CachedModel, Greedy
+from localspec.core.cached_model import DEVICE, HOST, CachedModel, Greedy, greedy_ids
+from localspec.core.sampling import top_probabilities
 from localspec.errors import BackendError, ModelFileError
 
 # Exact mode keeps keys and values in bf16. llama.cpp's CPU flash attention has two kernels
@@ -135,6 +138,9 @@ class LoadOptions:
     device_greedy: bool | None = None
     greedy_confidence: bool = False
     greedy_vocab: int = 0
+    # Generations the context holds at once (backend/lanes.py): a sequence range and a
+    # context of ``n_ctx`` tokens each, in one unified cache.
+    lanes: int = 1
 
 
 class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
@@ -150,6 +156,10 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
         ``abort`` is polled while the weights load: once it returns true, llama.cpp stops
         the load and this raises ``ModelFileError`` (a background load nobody waits for)."""
         super().__init__()
+        self._home = self  # the model that owns the context (a lane's: lane 0's)
+        self._turns: Turns | None = None  # how the lanes share the context (see use_turns)
+        self.lanes = 1
+        self._seq0 = 0  # this lane's sequence of committed tokens
         self.compute_seconds = 0.0  # time inside llama_decode (the bench, the stats' overhead)
         self.refills = 0  # rollbacks done by re-evaluating the prefix (see _remove_from)
         self.busy_since: float | None = None  # monotonic start of a running llama_decode
@@ -225,7 +235,7 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
             )
         self._ctx = ctx
         self._memory = llama_cpp.llama_get_memory(ctx)
-        self.n_ctx = llama_cpp.llama_n_ctx(ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(ctx) // self.lanes
         self.n_batch = cparams.n_batch
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, cparams.n_seq_max)
         if self._device is not None:
@@ -235,6 +245,44 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
     def greedy_where(self) -> str:  # type: ignore[override]
         return DEVICE if self._device is not None else HOST
 
+    # The device's samplers are the context's, whichever lane sets them up.
+    @property
+    def _device(self) -> DeviceGreedy | None:
+        return self._home.__dict__.get("_device_greedy")
+
+    @_device.setter
+    def _device(self, device: DeviceGreedy | None) -> None:
+        self._home.__dict__["_device_greedy"] = device
+
+    # -- lanes (backend/lanes.py) -----------------------------------------------------------
+
+    def lane(self, i: int) -> LlamaModel:
+        """Lane ``i`` of this context (0: this model itself): a model of its own, with its
+        own cached tokens, over the same context and weights. Freed with lane 0."""
+        if not 0 <= i < self.lanes:
+            raise ValueError(f"lane {i} of a context with {self.lanes} lane(s)")
+        if i == 0:
+            return self
+        lanes = self.__dict__.setdefault("_lane_models", {})
+        if i not in lanes:
+            view = copy.copy(self)
+            CachedModel.__init__(view)
+            view._seq0 = i * (1 + self.tree_seqs)
+            view._logits = None
+            view.compute_seconds = 0.0
+            view.refills = 0
+            view.busy_since = None
+            view.__dict__.pop("_lane_models", None)
+            lanes[i] = view
+        return lanes[i]
+
+    def use_turns(self, turns: Turns | None) -> None:
+        """The lanes of this context run under ``turns`` (gathering the target's batches
+        with ``gather`` set); None: each lane evaluates on its own."""
+        self._home._turns = turns
+        for view in self._home.__dict__.get("_lane_models", {}).values():
+            view._turns = turns
+
     def _context_params(self, options: LoadOptions):
         """llama.cpp's context parameters for ``options``; sets ``tree_seqs``."""
         threads = options.n_threads or os.cpu_count() or 1
@@ -242,11 +290,15 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
         cparams.n_ctx = options.n_ctx
         cparams.n_batch = min(options.n_batch, options.n_ctx)
         cparams.n_ubatch = min(options.n_ubatch, cparams.n_batch)
+        if options.lanes < 1:
+            raise ValueError(f"lanes must be 1 or more, not {options.lanes}")
+        self.lanes = options.lanes
+        cparams.n_ctx = options.n_ctx * self.lanes
         self.tree_seqs = self._tree_capacity(options, cparams.n_batch, _stateful(self._model))
-        cparams.n_seq_max = 1 + self.tree_seqs
+        cparams.n_seq_max = self.lanes * (1 + self.tree_seqs)
         # One cache for all sequences, a sequence id being a tag on a cell: without it
         # llama.cpp splits the context into n_seq_max streams of n_ctx / n_seq_max cells.
-        cparams.kv_unified = self.tree_seqs > 0
+        cparams.kv_unified = cparams.n_seq_max > 1
         cparams.n_threads = threads
         cparams.n_threads_batch = options.n_threads_batch or threads
         cparams.flash_attn_type = (
@@ -280,7 +332,8 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
             raise ValueError(f"tree_seqs must be 0 or more, not {options.tree_seqs}")
         if self.exact or stateful:
             return 0
-        return max(0, min(options.tree_seqs, LLAMA_MAX_SEQ - 1, n_batch - 1))
+        per_lane = LLAMA_MAX_SEQ // self.lanes - 1
+        return max(0, min(options.tree_seqs, per_lane, n_batch - 1))
 
     def _warm_up(self, options: LoadOptions) -> None:
         """Evaluate one token with logits and forget it, as llama.cpp's tools do before
@@ -357,10 +410,9 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
         probs: list[float] = []
         for off in range(0, total, self.n_batch):
             chunk = tokens[off : off + self.n_batch]
-            wanted = self._decode(chunk, start + off, total - n - off, greedy=True)
-            if wanted:
-                ids += device.tokens(wanted)
-                probs += device.probabilities(wanted) if confidence else []
+            found = self._decode(chunk, start + off, total - n - off, greedy=True)
+            ids += found[0]
+            probs += found[1]
         return Greedy(ids, probs if confidence else None)
 
     def _device_for(self, confidence: bool, vocab: int) -> DeviceGreedy | None:
@@ -381,21 +433,30 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
     def _decode(self, chunk: list[int], pos: int, first_logit: int, *, greedy: bool = False) -> Any:
         """One ``llama_decode`` of ``chunk`` at positions ``pos``...; logits rows for its
         tokens from index ``first_logit`` on (none when it is past the chunk's end), or
-        with ``greedy`` how many outputs the device chose tokens for."""
-        b = self._batch
-        assert b is not None
-        b.n_tokens = len(chunk)
-        token, position, n_seq_id, seq_id, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
-        for j, tok in enumerate(chunk):
-            token[j] = tok
-            position[j] = pos + j
-            n_seq_id[j] = 1
-            seq_id[j][0] = 0
-            logits[j] = j >= first_logit
+        with ``greedy`` the device's choices for them (ids, and probabilities where its
+        samplers give them). A lane that gathers parks it with the other lanes' instead."""
         want = max(0, len(chunk) - max(0, first_logit))
         try:
+            if self._gathers:
+                outputs = [j >= first_logit for j in range(len(chunk))]
+                positions = list(range(pos, pos + len(chunk)))
+                return self._gathered(Slice(list(chunk), positions, [(self._seq0,)] * len(chunk),
+                                            outputs, device=greedy))  # fmt: skip
+            b = self._batch
+            assert b is not None
+            b.n_tokens = len(chunk)
+            token, position, n_seq_id, seq_id, logits = (
+                b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+            )  # fmt: skip
+            seq = self._seq0
+            for j, tok in enumerate(chunk):
+                token[j] = tok
+                position[j] = pos + j
+                n_seq_id[j] = 1
+                seq_id[j][0] = seq
+                logits[j] = j >= first_logit
             rows = self._run_batch(pos, want, greedy=greedy)
-            return want if greedy else rows
+            return self._device_choices(want) if greedy else rows
         except BackendError:
             # Drop whatever part of the batch made it in, so the cache matches ``cached``.
             rm_from = min(pos, len(self.cached))
@@ -404,14 +465,106 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
             self.changes += 1
             raise
 
+    def _device_choices(self, n: int) -> tuple[list[int], list[float]]:
+        """The device's choices for the last decode's last ``n`` outputs."""
+        device = self._device
+        if device is None or not n:
+            return [], []
+        probs = device.probabilities(n) if device.confidence else []
+        return device.tokens(n), probs
+
+    def _gathered(self, work: Slice) -> Any:
+        """``work`` evaluated with the other lanes' parked batches (backend/lanes.py): its
+        rows, or its device choices; its share of the time counted as this lane's."""
+        if work.device and self._device is not None:
+            work.confidence = self._device.confidence
+        assert self._turns is not None
+        result, share_s = self._turns.park(work, self._home._evaluate_slices)
+        self.compute_seconds += share_s
+        return result
+
+    def _evaluate_slices(self, slices: list[Slice]) -> tuple[list[Any], float]:
+        """Several lanes' slices evaluated in as few ``llama_decode`` calls as the batch
+        allows (device choices first, then rows); each slice's rows (its own copy) or
+        device choices, and the seconds the decodes took. Called on the context's owner."""
+        results: list[Any] = [None] * len(slices)
+        seconds = 0.0
+        order = sorted(range(len(slices)), key=lambda i: not slices[i].device)
+        for pack in _packs(order, slices, self.n_batch):
+            part = [slices[i] for i in pack]
+            device = part[0].device and self._device_for(part[0].confidence, self._vocab_asked())
+            if not device and self._device is not None:
+                self._device.detach()  # rows are wanted: llama.cpp copies them again
+            starts = self._write(part)
+            want = sum(s.n_outputs for s in part)
+            t0 = time.perf_counter()
+            ptr = self._llama_decode(part[0].positions[0], want, greedy=bool(device))
+            seconds += time.perf_counter() - t0
+            view = self._rows(ptr, want) if ptr is not None else None
+            offset = 0
+            for i, work, start in zip(pack, part, starts, strict=True):
+                n = work.n_outputs
+                if device:
+                    results[i] = self._choices_at(start, work)
+                elif work.device:  # the device could not choose: from the rows
+                    assert view is not None
+                    rows = view[offset : offset + n]
+                    results[i] = (greedy_ids(rows), top_probabilities(rows) if work.confidence
+                                  else [])  # fmt: skip
+                else:
+                    results[i] = view[offset : offset + n].copy() if view is not None else None
+                offset += n
+        return results, seconds
+
+    def _vocab_asked(self) -> int:
+        return self._device.vocab if self._device is not None else self.n_vocab
+
+    def _write(self, part: list[Slice]) -> list[int]:
+        """The batch filled with ``part``'s slices in order; each slice's first index."""
+        b = self._batch
+        assert b is not None
+        starts: list[int] = []
+        j = 0
+        for work in part:
+            starts.append(j)
+            for tok, pos, seqs, out in zip(
+                work.tokens, work.positions, work.seqs, work.outputs, strict=True
+            ):
+                b.token[j] = tok
+                b.pos[j] = pos
+                b.n_seq_id[j] = len(seqs)
+                for k, seq in enumerate(seqs):
+                    b.seq_id[j][k] = seq
+                b.logits[j] = out
+                j += 1
+        b.n_tokens = j
+        return starts
+
+    def _choices_at(self, start: int, work: Slice) -> tuple[list[int], list[float]]:
+        """The device's choices for ``work``'s outputs, ``work`` filled from ``start``."""
+        at = [start + j for j, out in enumerate(work.outputs) if out]
+        ids = [llama_cpp.llama_get_sampled_token_ith(self._ctx, j) for j in at]
+        if not work.confidence:
+            return ids, []
+        found = [llama_cpp.llama_get_sampled_probs_ith(self._ctx, j) for j in at]
+        return ids, [p[0] if p else 0.0 for p in found]
+
     def _run_batch(self, pos: int, want: int, *, greedy: bool = False) -> np.ndarray | None:
         """``llama_decode`` of the batch as filled, timed; its ``want`` logits rows (none
         with ``greedy``: the device's choices are read from ``_device``)."""
         t0 = time.perf_counter()
-        self.busy_since = time.monotonic()  # an RPC link times evaluations (backend/rpc.py)
+        ptr = self._llama_decode(pos, want, greedy=greedy)
+        self.compute_seconds += time.perf_counter() - t0
+        return self._rows(ptr, want) if ptr is not None else None
+
+    def _llama_decode(self, pos: int, want: int, *, greedy: bool = False) -> Any:
+        """``llama_decode`` of the batch as filled, waited for; the logits buffer when
+        ``want`` rows are wanted (not with ``greedy``), else None."""
+        home = self._home
+        home.busy_since = time.monotonic()  # an RPC link times evaluations (backend/rpc.py)
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
         if rc != 0:
-            self.busy_since = None
+            home.busy_since = None
             raise BackendError(
                 f"llama.cpp decode failed (code {rc}) at position {pos}: {recent_llama_log(2)}",
                 "the context may be full; try a larger --ctx or a shorter prompt",
@@ -424,9 +577,8 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
             llama_cpp.llama_synchronize(self._ctx)
         else:
             ptr = llama_cpp.llama_get_logits(self._ctx)
-        self.busy_since = None
-        self.compute_seconds += time.perf_counter() - t0
-        return self._rows(ptr, want) if ptr is not None else None
+        home.busy_since = None
+        return ptr
 
     def _rows(self, ptr, want: int) -> np.ndarray:
         """The first ``want`` rows of the logits buffer at ``ptr`` as a read-only view,
@@ -445,13 +597,16 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
         return view
 
     def _remove_from(self, n: int) -> None:
-        if llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1):
+        if llama_cpp.llama_memory_seq_rm(self._memory, self._seq0, n, -1):
             return
         # Recurrent and hybrid caches cannot drop a suffix (llama.cpp says so by returning
         # false): clear the sequence and evaluate the kept prefix again, which is slow but
         # never lets the cache and ``cached`` part ways.
         keep = self.cached[:n]
-        llama_cpp.llama_memory_clear(self._memory, True)
+        if self.lanes == 1:
+            llama_cpp.llama_memory_clear(self._memory, True)
+        else:  # the other lanes' sequences stay
+            llama_cpp.llama_memory_seq_rm(self._memory, self._seq0, -1, -1)
         self.refills += 1
         for off in range(0, len(keep), self.n_batch):
             chunk = keep[off : off + self.n_batch]
@@ -461,6 +616,8 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
 
     def close(self) -> None:
         self._logits = None  # a view of a buffer llama_free releases
+        if self._home is not self:
+            return  # a lane: lane 0 frees the context
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
@@ -477,3 +634,19 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter shutdown llama_cpp may be gone
             self.close()
+
+
+def _packs(order: list[int], slices: list[Slice], n_batch: int) -> list[list[int]]:
+    """``order``'s slices in runs that one batch holds: each at most ``n_batch`` tokens,
+    device choices and rows apart."""
+    packs: list[list[int]] = []
+    size = 0
+    for i in order:
+        work = slices[i]
+        if packs and size + len(work) <= n_batch and slices[packs[-1][0]].device == work.device:
+            packs[-1].append(i)
+            size += len(work)
+        else:
+            packs.append([i])
+            size = len(work)
+    return packs

@@ -1,12 +1,13 @@
 """Draft trees on llama.cpp: every node of a tree verified in one batch, one sequence a leaf.
 
-Sequence 0 holds the committed tokens. A tree with m leaves gives leaf j sequence j
-(1..m): the committed prefix is tagged with every one of them (``seq_cp``, which in a
-unified cache only adds tags), the last committed token carries 0..m, and each node
-carries the sequences of the leaves below it. llama.cpp masks attention by sequence
-and position, so a node sees the prefix, the last token and its own ancestors, never
-another branch. Keeping a path tags its cells with 0; ``seq_keep(0)`` then frees the
-cells of every other node and drops the branch tags from the rest.
+Sequence s (0, or a lane's own: backend/lanes.py) holds the committed tokens. A tree with
+m leaves gives leaf j sequence s + j (1..m): the committed prefix is tagged with every one
+of them (``seq_cp``, which in a unified cache only adds tags), the last committed token
+carries s..s + m, and each node carries the sequences of the leaves below it. llama.cpp
+masks attention by sequence and position, so a node sees the prefix, the last token and its
+own ancestors, never another branch. Keeping a path tags its cells with s; removing the
+leaves' sequences then frees the cells of every other node and drops the branch tags from
+the rest (``seq_keep(0)`` where the context has no other lane).
 
 ``TreeBatches`` is the part of ``LlamaModel`` that does it (``_evaluate_tree`` for rows,
 ``_evaluate_tree_greedy`` for the device's greedy choices, ``_keep_path``).
@@ -20,6 +21,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from localspec.backend.lanes import Slice
 from localspec.core.cached_model import greedy_ids
 from localspec.core.tree import DraftTree
 from localspec.errors import BackendError
@@ -31,6 +33,10 @@ class TreeBatches:
     n_batch: int
     n_vocab: int
     tree_seqs: int
+    lanes: int
+    _seq0: int
+    _turns: Any
+    _gathered: Any
     _batch: Any
     _memory: Any
     _device: Any
@@ -38,6 +44,11 @@ class TreeBatches:
     _run_batch: Any
     _remove_from: Any
     _device_for: Any
+
+    @property
+    def _gathers(self) -> bool:
+        """Whether this lane's batches are gathered with the other lanes' (backend/lanes.py)."""
+        return self._turns is not None and self._turns.gather
 
     @property
     def supports_trees(self) -> bool:
@@ -54,8 +65,8 @@ class TreeBatches:
         device = self._device_for(False, self._device.vocab if self._device else self.n_vocab)
         if device is None:
             return greedy_ids(self._evaluate_tree(start, last, tree))
-        self._run_tree(start, last, tree, greedy=True)
-        return device.tokens(1 + len(tree))
+        found = self._run_tree(start, last, tree, greedy=True)
+        return found[0] if self._gathers else device.tokens(1 + len(tree))
 
     def _run_tree(self, start: int, last: int, tree: DraftTree, *, greedy: bool):
         seqs = self._leaf_seqs(tree)
@@ -64,17 +75,23 @@ class TreeBatches:
                 f"a tree of {len(tree)} nodes does not fit a batch of {self.n_batch} tokens"
             )
         m = len(tree.leaves())
+        base = self._seq0
         for j in range(1, m + 1):
-            llama_cpp.llama_memory_seq_cp(self._memory, 0, j, -1, -1)
-        self._fill(0, last, start, range(m + 1))
-        for i, tok in enumerate(tree.tokens):
-            self._fill(1 + i, tok, start + tree.depth(i), seqs[i])
-        assert self._batch is not None
-        self._batch.n_tokens = 1 + len(tree)
+            llama_cpp.llama_memory_seq_cp(self._memory, base, base + j, -1, -1)
+        tokens = [last, *tree.tokens]
+        positions = [start] + [start + tree.depth(i) for i in range(len(tree))]
+        tags = [[base + j for j in range(m + 1)]] + [[base + j for j in s] for s in seqs]
         try:
-            return self._run_batch(start, 1 + len(tree), greedy=greedy)
+            if self._gathers:
+                work = Slice(tokens, positions, tags, [True] * len(tokens), device=greedy)
+                return self._gathered(work)
+            for i, (tok, pos, seq) in enumerate(zip(tokens, positions, tags, strict=True)):
+                self._fill(i, tok, pos, seq)
+            assert self._batch is not None
+            self._batch.n_tokens = len(tokens)
+            return self._run_batch(start, len(tokens), greedy=greedy)
         except BackendError:
-            self._drop_tree(start)
+            self._drop_tree(start, m)
             raise
 
     def _leaf_seqs(self, tree: DraftTree) -> list[list[int]]:
@@ -103,12 +120,21 @@ class TreeBatches:
         b.logits[j] = True
 
     def _keep_path(self, start: int, tree: DraftTree, path: list[int]) -> None:
+        base = self._seq0
         if path:
-            leaf = self._leaf_seqs(tree)[path[-1]][0]  # a leaf's sequence runs along path
-            llama_cpp.llama_memory_seq_cp(self._memory, leaf, 0, start, start + len(path))
-        llama_cpp.llama_memory_seq_keep(self._memory, 0)
+            leaf = base + self._leaf_seqs(tree)[path[-1]][0]  # its sequence runs along path
+            llama_cpp.llama_memory_seq_cp(self._memory, leaf, base, start, start + len(path))
+        self._drop_leaves(len(tree.leaves()))
 
-    def _drop_tree(self, start: int) -> None:
+    def _drop_leaves(self, m: int) -> None:
+        """Free the cells only the tree's ``m`` leaves' sequences hold."""
+        if self.lanes == 1:
+            llama_cpp.llama_memory_seq_keep(self._memory, 0)
+            return
+        for j in range(1, m + 1):  # the other lanes' sequences stay
+            llama_cpp.llama_memory_seq_rm(self._memory, self._seq0 + j, -1, -1)
+
+    def _drop_tree(self, start: int, m: int) -> None:
         """After a failed tree pass: back to the committed prefix, ``start`` tokens."""
-        llama_cpp.llama_memory_seq_keep(self._memory, 0)
+        self._drop_leaves(m)
         self._remove_from(start)

@@ -45,6 +45,7 @@ from localspec.session.options import (
     SamplingChoice,
     SharedStoreChoice,
 )
+from localspec.session.pair import MAX_LANES as MAX_PARALLEL
 
 # The session module loads llama.cpp, and the server's app and clients the web framework and
 # numpy, so they are imported only when the server starts (the session by its loading
@@ -73,6 +74,13 @@ def serve(
     cors_origin: Annotated[
         list[str] | None, typer.Option(help="allow browser requests from this origin (repeat)")
     ] = None,
+    parallel: Annotated[
+        str,
+        typer.Option(
+            help="generations at once, each with a context of --ctx tokens; auto: 4 with the "
+            "target on a GPU, 2 on the CPU"
+        ),
+    ] = "auto",
     queue_size: Annotated[
         int, typer.Option(min=1, help="requests that may wait; more get 503")
     ] = 16,
@@ -118,6 +126,7 @@ def serve(
     with cli_errors():
         params = sampling.params(drafting, max_tokens=max_tokens)
         options = model.options(params.drafter, **stores.fields())
+        options = options.model_copy(update={"lanes": parse_parallel(parallel)})
         keys = read_keys(api_key or [], api_key_file)
     _warn_of_exposure(host, keys)
     state = ServerState(
@@ -165,6 +174,22 @@ def _warn_of_exposure(host: str, keys: tuple[str, ...]) -> None:
         )
 
 
+GATHER = "LOCALSPEC_GATHER"
+
+
+def parse_parallel(value: str) -> int:
+    """``--parallel``: a number of generations, or auto (0: the session decides)."""
+    text = value.strip().lower()
+    if text == "auto":
+        return 0
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PARALLEL:
+        raise UsageError(
+            f"--parallel {value!r} is neither auto nor a number from 1 to {MAX_PARALLEL}",
+            "e.g. --parallel 4, or --parallel 1 to serve one request at a time",
+        )
+    return int(text)
+
+
 def read_keys(given: list[str], key_file: Path | None) -> tuple[str, ...]:
     """The API keys: those given, and a file's lines (blank lines and ``#`` comments
     skipped). ``UsageError`` for an unreadable file, one without keys, or a key with
@@ -205,6 +230,24 @@ def _log_to_stderr() -> None:
         logger.propagate = False
 
 
+def gather_setting() -> bool | None:
+    """Whether the lanes' rounds are gathered into one evaluation (``LOCALSPEC_GATHER``):
+    ``auto``, the default (None: where this machine's measured costs say it pays), ``1``
+    (always) or ``0`` (never: the lanes evaluate in turn)."""
+    value = os.environ.get(GATHER, "auto").strip().lower()
+    if value not in ("auto", "0", "1"):
+        raise UsageError(f"{GATHER}={value!r} is neither auto, 0 nor 1", f"unset {GATHER}")
+    return None if value == "auto" else value == "1"
+
+
+def lanes_summary(worker) -> str:  # noqa: ANN001
+    """One line on how many generations run at once, and whether their rounds are gathered."""
+    if worker.lanes == 1:
+        return "one generation at a time"
+    how = "gathered into one evaluation" if worker.turns.gather else "evaluated in turn"
+    return f"{worker.lanes} generations at once, their rounds {how}"
+
+
 class StoppedLoading(BaseException):
     """The server was told to stop while loading: raised from a progress report, so that
     the loading unwinds from that step (a self-draft's candidates removed) as from Ctrl-C.
@@ -241,10 +284,13 @@ def load_into(state, options, queue_size: int, history: bool = False) -> None:  
         # What auto learns from one client's answers would shape another's next start.
         session.learning = None
     session.learn_with(state.defaults)  # a request's own limits learn apart, unsaved
-    worker = GenerationWorker(session, max_queue=queue_size, on_client=keep_apart(history))
+    worker = GenerationWorker(
+        session, max_queue=queue_size, on_client=keep_apart(history), gather=gather_setting()
+    )
     worker.start()
     state.serve_with(worker)
     state.loading = False
     if session.slot is not None:  # whether the draft model was loaded, and why
         typer.echo(session.slot.summary(), err=True)
+    typer.echo(lanes_summary(worker), err=True)
     typer.echo("ready", err=True)

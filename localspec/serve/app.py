@@ -189,7 +189,9 @@ async def completions(request: Request) -> Any:
             session.preflight(tokens, params)
         return _counted(_in_turn(session, token_lists, params, cancel), asked)
 
-    return await _answer(state, request, Job(start, completion.params, client=client), asked)
+    # A fill-in-the-middle is an editor's: someone typing waits for it (serve/worker.py).
+    job = Job(start, completion.params, client=client, interactive=bool(completion.suffix))
+    return await _answer(state, request, job, asked)
 
 
 async def _parsed(

@@ -1,40 +1,57 @@
-"""One generation at a time over one ``Session``, in arrival order.
+"""Generations over one loaded pair: as many at once as the pair has lanes, the others
+queued, short ones first.
 
-``GenerationWorker`` owns the session on a single thread. ``submit`` puts a ``Job`` in a
-bounded FIFO (``QueueFull`` when it is full); the thread runs jobs one by one and pushes
-each engine event onto the job's own queue, then ``None`` when the job is over; an
-``EngineWarning`` (a failed history or learning save among them) is written to the server's
-log as it passes, as an answer has no place for it. Setting
-``job.cancel`` stops the generation after its current round (the engine's cancel flag), so
-a client that went away frees the engine for the next job. Keeping one session means a
-follow-up turn of a conversation reuses both models' KV caches (longest common prefix).
+``GenerationWorker`` runs a thread per lane of the session's pair (``Session.lanes``; one
+lane is the server of one generation at a time). ``submit`` queues a ``Job`` (``QueueFull``
+when ``max_queue`` jobs wait already); a free lane takes the waiting job that goes first
+(an interactive one, ``Job.interactive`` or at most ``INTERACTIVE_TOKENS`` new tokens, before
+the others, then in arrival order), and pushes each engine event onto the job's own queue,
+then ``None`` when the job is over; an ``EngineWarning`` (a failed history or learning save
+among them) is written to the server's log as it passes, as an answer has no place for it.
+With several lanes their threads take turns round by round (backend/lanes.py), so a new
+request starts within a round of the ones running and none waits for another to end; where
+this machine's measured costs say that one evaluation of several lanes' rounds costs less
+than one after another, the rounds' batches are gathered into one. Setting ``job.cancel``
+stops the generation after its current round (the engine's cancel flag), and its lane
+takes the next job at once. A follow-up turn of a conversation reuses its lane's KV caches
+(longest common prefix): a lane goes to the client it served last where it can.
 
 Clients are kept apart: each ``Job`` names its ``client`` (a digest of its API key, see
-serve/access.py), and before the first job of another client than the last one's the
-worker calls ``on_client(session, client)`` (``begin_client``: the models' caches emptied,
-the drafters as they were restored at start, that client's own history), so that nothing
-one client asked or was answered shapes another's drafts or cache figures.
+serve/access.py), and before a lane runs a job of another client than its last one the
+worker calls ``on_client(session, client)`` on that lane's session (``begin_client``: its
+caches emptied, its drafters as they were restored at start, that client's own history),
+so that nothing one client asked or was answered shapes another's drafts or cache figures.
+Lanes share nothing else a client could see: each has its own sequences of the models'
+caches, its own drafters and its own timings.
 
-``cancel_all`` cancels every waiting job and the running one, marking them ``stopped`` (a
+``cancel_all`` cancels every waiting job and the running ones, marking them ``stopped`` (a
 server told to stop does it first, so that no client's generation holds the shutdown, and
-each answer says why it was cut short); ``stop`` then ends the
-thread and returns whether it ended: only then may the session's models be freed (a
-generation still running would use freed memory).
+each answer says why it was cut short); ``stop`` then ends the threads and returns whether
+they ended: only then may the session's models be freed (a generation still running would
+use freed memory).
 """
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from localspec.backend.lanes import LaneClock, Turns, gather_pays
 from localspec.core.events import EngineWarning, Event
 from localspec.core.params import GenerationParams
 from localspec.session.session import Session
 
 log = logging.getLogger("localspec.serve")
+# A request for at most this many new tokens is interactive (an editor's completion): it
+# goes before longer ones waiting for a lane.
+INTERACTIVE_TOKENS = 128
 
 
 class QueueFull(Exception):
@@ -48,101 +65,194 @@ class Job:
     start: Callable[[Session, threading.Event], Iterator[Event]]
     params: GenerationParams
     client: str = ""  # whose job this is ("" when the server has no key)
+    interactive: bool = False  # a fill-in-the-middle: someone is typing and waits for it
     cancel: threading.Event = field(default_factory=threading.Event)
     stopped: bool = False  # cancelled because the server is stopping (not by its client)
     events: queue.Queue = field(default_factory=queue.Queue)  # Event | BaseException | None
+
+    @property
+    def first(self) -> bool:
+        """Whether it goes before the jobs that are not (see the module docstring)."""
+        return self.interactive or self.params.max_tokens <= INTERACTIVE_TOKENS
 
 
 OnClient = Callable[[Session, str], None]
 
 
+@dataclass(eq=False)
+class _Lane:
+    session: Session
+    clock: LaneClock = field(default_factory=LaneClock)
+    client: str | None = None  # whose job it ran last (None: nobody's yet, or unknown)
+    job: Job | None = None  # the job it runs
+    used: int = 0  # when it last ended a job, in jobs served
+
+
 class GenerationWorker:
     def __init__(
-        self, session: Session, max_queue: int = 16, on_client: OnClient | None = None
+        self,
+        session: Session,
+        max_queue: int = 16,
+        on_client: OnClient | None = None,
+        *,
+        gather: bool | None = None,
     ) -> None:
-        if max_queue < 1:  # queue.Queue(0) would never be full
+        """``gather``: gather the lanes' rounds into one evaluation (None: where this
+        machine's measured costs say it pays)."""
+        if max_queue < 1:  # a queue of 0 would refuse every job
             raise ValueError("max_queue must be at least 1")
         self.session = session
         self.on_client = on_client
-        self._client: str | None = None  # whose job ran last
-        self._running: Job | None = None
+        self.max_queue = max_queue
+        # Lane 0 is the session itself (the others share its pair).
+        others = session.lanes()[1:] if hasattr(session, "lanes") else []
+        self._lanes = [_Lane(session)] + [_Lane(lane) for lane in others]
+        self.turns: Turns | None = None
+        if len(self._lanes) > 1:
+            self.turns = Turns(gather=_gathers(session) if gather is None else gather)
+            for lane in self._lanes:
+                lane.session.run_lanes(self.turns, lane.clock.now)
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[bool, int, Job]] = []  # a heap: first ones, then in order
+        self._order = itertools.count()
+        self._started = False  # lanes take jobs once their threads run
         self._stopping = False
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self._thread = threading.Thread(target=self._run, name="localspec-worker", daemon=True)
-        self.busy = False
+        self._ended = False
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=(lane,), name=f"localspec-lane-{i}", daemon=True
+            )  # fmt: skip
+            for i, lane in enumerate(self._lanes)
+        ]
         self.served = 0
         self.submitted = 0  # jobs accepted into the queue so far
 
+    @property
+    def lanes(self) -> int:
+        return len(self._lanes)
+
+    @property
+    def busy(self) -> bool:
+        return any(lane.job is not None for lane in self._lanes)
+
+    @property
+    def running(self) -> int:
+        return sum(lane.job is not None for lane in self._lanes)
+
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
+        with self._cond:
+            self._started = True
+            self._dispatch()
 
     def submit(self, job: Job) -> Job:
-        if self._stopping:
-            raise QueueFull
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull from None
-        self.submitted += 1
+        with self._cond:
+            if self._stopping or len(self._waiting) >= self.max_queue:
+                raise QueueFull
+            heapq.heappush(self._waiting, (not job.first, next(self._order), job))
+            self.submitted += 1
+            self._dispatch()
         return job
 
     @property
     def waiting(self) -> int:
-        return self._jobs.qsize()
+        return len(self._waiting)
 
-    def cancel_all(self) -> None:
-        """Take no more jobs; cancel the waiting ones and the running one (it ends after its
-        current round). What a server does as soon as it is told to stop."""
-        self._stopping = True
-        while True:  # cancel everything still waiting
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.stopped = True
-                job.cancel.set()
-                job.events.put(None)
-        running = self._running
-        if running is not None:
-            running.stopped = True
-            running.cancel.set()
-
-    def stop(self, timeout: float = 30.0) -> bool:
-        """``cancel_all``, then wait for the thread to end; False if it is still running
-        after ``timeout`` (then the session's models must not be freed)."""
-        self.cancel_all()
-        self._jobs.put(None)
-        if self._thread.ident is None:  # never started: nothing can be running
-            return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
+    def _dispatch(self) -> None:
+        """Give waiting jobs to free lanes (the condition held)."""
+        free = [lane for lane in self._lanes if lane.job is None] if self._started else []
+        while free and self._waiting:
+            job = heapq.heappop(self._waiting)[2]
             if job.cancel.is_set():  # its client left while it waited
                 job.events.put(None)
                 continue
-            self.busy = True
-            self._running = job
-            if self._stopping:  # stop() may have looked before this job was running
+            lane = _lane_for(job, free)
+            free.remove(lane)
+            lane.job = job
+        self._cond.notify_all()
+
+    def cancel_all(self) -> None:
+        """Take no more jobs; cancel the waiting ones and the running ones (each ends after
+        its current round). What a server does as soon as it is told to stop."""
+        with self._cond:
+            self._stopping = True
+            for _, _, job in self._waiting:
+                job.stopped = True
                 job.cancel.set()
+                job.events.put(None)
+            self._waiting.clear()
+            for lane in self._lanes:
+                if lane.job is not None:
+                    lane.job.stopped = True
+                    lane.job.cancel.set()
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """``cancel_all``, then wait for the threads to end; False if one still runs after
+        ``timeout`` (then the session's models must not be freed)."""
+        self.cancel_all()
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.ident is None:  # never started: nothing can be running
+                continue
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def _run(self, lane: _Lane) -> None:
+        while True:
+            with self._cond:
+                while lane.job is None and not self._ended:
+                    self._cond.wait()
+                job = lane.job
+            if job is None:
+                return
             try:
-                if job.client != self._client and self.on_client is not None:
-                    self._client = None  # in case the switch fails half-way
-                    self.on_client(self.session, job.client)
-                self._client = job.client
-                for event in job.start(self.session, job.cancel):
+                self._serve(lane, job)
+            finally:
+                with self._cond:
+                    lane.job = None
+                    self.served += 1
+                    lane.used = self.served
+                    self._dispatch()
+
+    def _serve(self, lane: _Lane, job: Job) -> None:
+        turns = self.turns
+        try:
+            with turns.turn(lane.clock) if turns is not None else contextlib.nullcontext():
+                if self._stopping:  # cancel_all may have looked before this job was running
+                    job.stopped = True
+                    job.cancel.set()
+                if job.cancel.is_set():  # its client left, or the server stops
+                    return
+                if job.client != lane.client and self.on_client is not None:
+                    lane.client = None  # in case the switch fails half-way
+                    self.on_client(lane.session, job.client)
+                lane.client = job.client
+                for event in job.start(lane.session, job.cancel):
                     if isinstance(event, EngineWarning):  # the server's operator reads its log
                         log.warning("%s", event.message)
                     job.events.put(event)
-            except BaseException as err:  # handed to the request, which renders it
-                job.events.put(err)
-            finally:
-                self._running = None
-                self.busy = False
-                self.served += 1
-                job.events.put(None)
+                    if turns is not None:
+                        turns.pass_on()
+        except BaseException as err:  # handed to the request, which renders it
+            job.events.put(err)
+        finally:
+            job.events.put(None)
+
+
+def _lane_for(job: Job, free: list[_Lane]) -> _Lane:
+    """The free lane for ``job``: the one its client used last (its conversation's prefix is
+    there), else one nobody used yet, else the one idle longest."""
+    for lane in free:
+        if lane.client == job.client:
+            return lane
+    fresh = [lane for lane in free if lane.client is None]
+    return fresh[0] if fresh else min(free, key=lambda lane: lane.used)
+
+
+def _gathers(session: Session) -> bool:
+    """Whether gathering the lanes' rounds pays on this machine (its measured costs)."""
+    return session.costs is not None and gather_pays(session.costs.verify_s)

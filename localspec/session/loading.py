@@ -268,3 +268,46 @@ class DraftSlot:
         model, self._model = self._model, None
         if model is not None and free:
             model.close()
+
+
+class LaneSlot:
+    """Lane ``lane``'s view of a pair's draft slot (backend/lanes.py): the same load, and once
+    loaded that model's lane. The slot itself (lane 0's) frees the model."""
+
+    def __init__(self, slot: DraftSlot, lane: int) -> None:
+        self.slot = slot
+        self.lane = lane
+        self.path = slot.path
+        self.decision = slot.decision
+
+    @property
+    def settled(self) -> bool:
+        return self.slot.settled
+
+    @property
+    def problem(self) -> str:
+        return self.slot.problem
+
+    def ready(self) -> Any:
+        model = self.slot.ready()
+        return model.lane(self.lane) if model is not None else None
+
+    def wait(self) -> Any:
+        return self.slot.wait().lane(self.lane)
+
+    @property
+    def model(self) -> Any:
+        return self.ready()
+
+    @property
+    def label(self) -> str:
+        return self.slot.label
+
+    def summary(self) -> str:
+        return self.slot.summary()
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.slot.to_dict()
+
+    def close(self, *, free: bool = True) -> None:
+        """Nothing: lane 0's slot frees the model."""

@@ -37,7 +37,13 @@ from localspec.progress import OnProgress, ProgressKind, tell
 from localspec.session.calibrate import file_identity, machine_key
 from localspec.session.costcache import cached_costs, step_costs
 from localspec.session.loading import DraftDecision, DraftPlan, DraftSlot, Loading, plan_draft
-from localspec.session.pair import SELF_DRAFT, ModelOptions, resolve_pair
+from localspec.session.pair import (
+    AUTO_LANES_CPU,
+    AUTO_LANES_GPU,
+    SELF_DRAFT,
+    ModelOptions,
+    resolve_pair,
+)
 from localspec.session.placement import ALL, ModelPlace, Placement, place
 
 if TYPE_CHECKING:  # imported while the target loads (see _load_pair)
@@ -79,6 +85,9 @@ def open_session(
         exact_kernels()  # process-wide, so before anything evaluates (deriving a self-draft)
     target_path, draft_path = resolve_pair(options, on_progress)
     rpc = _connect(options, on_lost, on_progress)
+    if options.lanes == 0:  # auto: what suits where the target runs
+        lanes = _auto_lanes(options, target_path, draft_path)
+        options = options.model_copy(update={"lanes": lanes})
     placement = plan_placement(options, target_path, draft_path)
     cached = cached_costs(options, placement, target_path, draft_path)
     measuring = options.calibrate and (options.recalibrate or cached is None)
@@ -108,6 +117,14 @@ def open_session(
     return session
 
 
+def _auto_lanes(options: ModelOptions, target_path: Path, draft_path: Path | None) -> int:
+    """Generations at once where none were asked for: several where the target runs on a GPU
+    (one batch verifies their rounds for little more than one), else two (an editor's
+    completions beside a chat: the cores run one generation at full speed already)."""
+    single = plan_placement(options.model_copy(update={"lanes": 1}), target_path, draft_path)
+    return AUTO_LANES_GPU if single.target.on_gpu else AUTO_LANES_CPU
+
+
 def _connect(
     options: ModelOptions, on_lost: LostHandler, on_progress: OnProgress | None
 ) -> RpcLink | None:
@@ -130,7 +147,7 @@ def _warn_before_loading(
     for notice in placement.notices:
         tell(on_progress, notice, ProgressKind.WARNING)
     if not rpc and not placement.target.on_gpu:
-        memory_warning = _memory_warning(target_path, draft_path, options.n_ctx)
+        memory_warning = _memory_warning(target_path, draft_path, options.n_ctx * options.lanes)
         if memory_warning:  # said before loading, which may be what runs out of memory
             tell(on_progress, memory_warning, ProgressKind.WARNING)
 
@@ -164,6 +181,7 @@ def _load_pair(
     loaded is freed again if a later step fails."""
     load = LoadOptions(
         n_ctx=options.n_ctx,
+        lanes=options.lanes,
         n_threads=options.threads,
         n_gpu_layers=placement.target.n_gpu_layers,
         flash_attn=options.flash_attn,
@@ -359,8 +377,9 @@ def plan_placement(options: ModelOptions, target_path: Path, draft_path: Path | 
     session/placement.py). With RPC workers the target goes to them (all its layers unless
     told otherwise) and the draft stays on this machine's CPU: its steps are many and
     small, and a network round trip for each would cost more than the step."""
-    target = footprint(target_path, options.n_ctx)
-    draft = footprint(draft_path, options.n_ctx) if draft_path is not None else None
+    n_ctx = options.n_ctx * options.lanes  # every lane's context is in the cache
+    target = footprint(target_path, n_ctx)
+    draft = footprint(draft_path, n_ctx) if draft_path is not None else None
     if options.rpc:
         request = ALL if options.n_gpu_layers is None else options.n_gpu_layers
         layers = target.layers if request == ALL else min(request, target.layers)

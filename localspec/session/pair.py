@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from localspec.backend.rpc import DEFAULT_TIMEOUT
 from localspec.progress import OnProgress, tell
 
+MAX_LANES = 64  # generations at once, at most
+AUTO_LANES_GPU = 4  # with the target on a GPU, where one batch verifies several rounds
+AUTO_LANES_CPU = 2  # on the CPU, whose cores one generation fills: an editor and a chat
+
 
 class ModelOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -31,6 +35,9 @@ class ModelOptions(BaseModel):
     draft_on_demand: bool = False
     threads: int | None = Field(None, ge=1)
     n_ctx: int = Field(4096, ge=64)
+    # Generations the pair runs at once (a server's --parallel): a context of n_ctx tokens
+    # each, in one cache per model (backend/lanes.py); 0: as suits where the target runs.
+    lanes: int = Field(1, ge=0, le=MAX_LANES)
     # The target's layers on the GPU: None is auto (all where they fit, see
     # session/placement.py; with rpc, all on the workers), -1 all, n that many.
     n_gpu_layers: int | None = Field(None, ge=-1)

@@ -28,7 +28,8 @@ they were restored at start), and gives each client its own ``answers``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from localspec.core.engine import SpecDecoder
 from localspec.core.events import EngineWarning, Event, Finished, FinishReason
 from localspec.core.params import GenerationParams, Policy
 from localspec.core.planner import planner_key
-from localspec.session.loading import DraftSlot
+from localspec.session.loading import DraftSlot, LaneSlot
 from localspec.session.pair import SELF_DRAFT
 from localspec.session.placement import Placement
 from localspec.session.preflight import PairFacts, check_request
@@ -62,7 +63,7 @@ class Session:
         learning: tuple[LearningStore, str] | None = None,
         rpc: RpcLink | None = None,
         placement: Placement | None = None,
-        slot: DraftSlot | None = None,
+        slot: DraftSlot | LaneSlot | None = None,
         *,
         derived: bool = False,
         restored: dict | None = None,
@@ -89,6 +90,8 @@ class Session:
             target, draft, costs, pending_draft=pending, corpora=lambda: self.corpora,
             draft_name=SELF_DRAFT if self.derived else "model", restored=restored,
         )  # fmt: skip
+        self._restored = restored
+        self.lane_of: Session | None = None  # the session whose pair a lane's session shares
         self.learning = learning  # where the auto controller's evidence is kept, and its key
         self._said: set[str] = set()  # the warnings said: each once in a session
         self.n_ctx = target.n_ctx
@@ -172,6 +175,35 @@ class Session:
             if problem not in self._said:
                 self._said.add(problem)
                 yield EngineWarning(problem)
+
+    # -- lanes (backend/lanes.py) -----------------------------------------------------------
+
+    def lanes(self) -> list[Session]:
+        """A session for each lane of the pair (this one is lane 0), each with its own cached
+        tokens, drafters and learning over the same loaded models; the datastores, the
+        learning store and the limits learned with are this one's. Closing a lane's session
+        frees nothing: this one frees the pair."""
+        n = getattr(self.target, "lanes", 1)
+        return [self] + [self._lane(i) for i in range(1, n)]
+
+    def _lane(self, i: int) -> Session:
+        slot = LaneSlot(self.slot, i) if isinstance(self.slot, DraftSlot) else None
+        draft = self._draft.lane(i) if self._draft is not None else None
+        lane = Session(
+            self.target.lane(i), draft, self.costs, None, self.learning,
+            placement=self.placement, slot=slot, derived=self.derived, restored=self._restored,
+        )  # fmt: skip
+        lane.lane_of = self
+        lane.decoder.planners.home = self.decoder.planners.home
+        lane.store_corpora = list(self.store_corpora)
+        lane.use_stores(self._stores_on)
+        return lane
+
+    def run_lanes(self, turns: Any, clock: Callable[[], float] | None) -> None:
+        """This session's generations run under ``turns`` (backend/lanes.py), timed by
+        ``clock`` (a ``LaneClock``'s ``now``: the lane's own work); None leaves them alone."""
+        self.target.use_turns(turns)
+        self.decoder.clock = clock or time.perf_counter
 
     # -- clients of a server ----------------------------------------------------------------
 
@@ -345,6 +377,8 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        if self.lane_of is not None:
+            return  # lane 0's session frees the pair
         self.forget_stale_costs()
         if self.rpc is not None and self.rpc.lost:
             return  # freeing a target whose workers are gone would wait on them forever

@@ -1,0 +1,223 @@
+"""Lanes: several generations over one loaded model, taking turns, their target batches
+gathered into one evaluation where that pays.
+
+A model loaded with ``LoadOptions.lanes = N`` has N lanes (``LlamaModel.lane(i)``), each a
+``CachedModel`` of its own over one llama.cpp context: lane i's committed tokens are one
+sequence of the context, its draft trees' leaves the sequences after it, and every lane
+may fill the lane's context (the context holds N of them, in one unified cache). llama.cpp
+masks attention by sequence, so no lane's tokens reach another's logits.
+
+``Turns`` is how the lanes' threads share the models: one runs at a time (llama.cpp's
+context is not for two threads at once, and where one evaluation fills the machine two side
+by side take as long as one after the other), first come first served. A thread holds its
+turn through a round (``turn``) and passes it on between rounds (``pass_on``), so the
+running generations advance round by round, none waiting for another to end.
+
+With ``gather``, a lane whose round needs the target parks that batch (``park``) and lets
+the next lane run; once no lane wants the turn, the batches parked are evaluated together
+(the target's ``_evaluate_slices``: one ``llama_decode`` of every lane's tokens, as many as
+fit a batch), and each lane goes on with its own rows. Whether gathering pays is the
+machine's: one batch of b tokens against two of b/2 (``gather_pays``, from the measured
+verification costs).
+
+``LaneClock`` is a lane's clock for the engine: it runs while the lane holds its turn, and a
+gathered evaluation counts for each lane by its share of the batch's tokens, so the costs
+the engine learns from its rounds are what the lane's own work cost, not its wait for the
+others (the engine already leaves out the time its consumer holds it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Gathering pays where one batch of 2b tokens costs at most this share of two batches of b.
+GATHER_SAVES = 0.95
+
+
+def gather_pays(verify_s: dict[int, float]) -> bool:
+    """Whether one evaluation of two lanes' rounds costs less than two: ``verify_s`` maps
+    drafted tokens k to the measured seconds of a (k + 1)-token batch. Compared where both
+    a batch and twice its size were measured (at small, typical round sizes)."""
+    pairs = [(k, 2 * k + 1) for k in (1, 2, 3, 4) if k in verify_s and 2 * k + 1 in verify_s]
+    if not pairs:
+        return False
+    ratios = [verify_s[big] / (2 * verify_s[small]) for small, big in pairs]
+    return sum(ratios) / len(ratios) <= GATHER_SAVES
+
+
+@dataclass
+class Slice:
+    """One lane's part of a batch: each token's position, sequence ids and whether it gives
+    an output; ``device``: the outputs are greedy choices made on the device (token ids and,
+    with ``confidence``, probabilities), not logits rows."""
+
+    tokens: list[int]
+    positions: list[int]
+    seqs: Sequence[Sequence[int]]
+    outputs: list[bool]
+    device: bool = False
+    confidence: bool = False
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_outputs(self) -> int:
+        return sum(self.outputs)
+
+
+class LaneClock:
+    """``now()``: seconds of this lane's own work (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.waited = 0.0  # seconds not counted: waits for the turn, others' shares
+
+    def now(self) -> float:
+        return time.perf_counter() - self.waited
+
+
+_clocks = threading.local()
+
+
+def _clock() -> LaneClock | None:
+    return getattr(_clocks, "clock", None)
+
+
+@dataclass
+class _Parked:
+    ticket: object
+    work: Slice
+    evaluate: Callable[[list[Slice]], tuple[list[Any], float]]
+    done: bool = False
+    result: Any = None
+    share_s: float = 0.0  # this slice's share of the evaluations' seconds
+
+
+@dataclass
+class Turns:
+    """One lane's thread at a time (see the module docstring)."""
+
+    gather: bool = False
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _queue: deque = field(default_factory=deque)  # tickets waiting for the turn, in order
+    _holder: object | None = None
+    _parked: list[_Parked] = field(default_factory=list)
+    _local: threading.local = field(default_factory=threading.local)
+    evaluations: int = 0  # gathered evaluations run
+    gathered: int = 0  # slices they evaluated
+
+    @contextlib.contextmanager
+    def turn(self, clock: LaneClock | None = None) -> Iterator[None]:
+        """Hold the turn (waiting for it first), timed by ``clock``; ``pass_on`` and
+        ``park`` inside it let the others run meanwhile."""
+        ticket = object()
+        self._local.ticket = ticket
+        _clocks.clock = clock
+        with self._cond:
+            self._wait_for_turn(ticket)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._release(ticket)
+            self._local.ticket = None
+            _clocks.clock = None
+
+    def _wait_for_turn(self, ticket: object) -> None:
+        """Queue ``ticket`` and wait until the turn is its (the condition held)."""
+        t0 = time.perf_counter()
+        self._queue.append(ticket)
+        self._cond.notify_all()
+        while not (self._holder is None and self._queue[0] is ticket):
+            self._cond.wait()
+        self._queue.popleft()
+        self._holder = ticket
+        clock = _clock()
+        if clock is not None:
+            clock.waited += time.perf_counter() - t0
+
+    def _release(self, ticket: object) -> None:
+        """Give the turn up; with no one waiting for it, evaluate what is parked first."""
+        assert self._holder is ticket
+        if not self._queue and self._parked:
+            self._evaluate_parked(own=None)
+        self._holder = None
+        self._cond.notify_all()
+
+    def pass_on(self) -> None:
+        """Between rounds: let every lane waiting for the turn have it first."""
+        ticket = getattr(self._local, "ticket", None)
+        if ticket is None:
+            return
+        with self._cond:
+            if not self._queue:
+                return
+            self._holder = None
+            self._wait_for_turn(ticket)
+
+    def park(
+        self, work: Slice, evaluate: Callable[[list[Slice]], tuple[list[Any], float]]
+    ) -> tuple[Any, float]:
+        """Evaluate ``work`` with the other lanes' parked slices (``evaluate``: their
+        results, in order, and the seconds the evaluations took); this lane's result and its
+        share of those seconds. Called holding the turn, and returns holding it."""
+        ticket = getattr(self._local, "ticket", None)
+        if ticket is None or not self.gather:
+            results, seconds = evaluate([work])
+            return _raised(results[0]), seconds
+        entry = _Parked(ticket, work, evaluate)
+        clock = _clock()
+        with self._cond:
+            self._parked.append(entry)
+            if not self._queue:  # nobody else wants to run: evaluate everything now
+                t0 = time.perf_counter()
+                self._evaluate_parked(own=entry)
+                if clock is not None:  # the others' shares are not this lane's work
+                    clock.waited += (time.perf_counter() - t0) - entry.share_s
+                return _raised(entry.result), entry.share_s
+            t0 = time.perf_counter()
+            self._holder = None
+            self._cond.notify_all()
+            while not (entry.done and self._holder is None and self._queue[0] is ticket):
+                self._cond.wait()
+            self._queue.popleft()
+            self._holder = ticket
+            if clock is not None:
+                clock.waited += (time.perf_counter() - t0) - entry.share_s
+        return _raised(entry.result), entry.share_s
+
+    def _evaluate_parked(self, own: _Parked | None) -> None:
+        """Evaluate every parked slice (the condition and the turn held: nobody else runs
+        meanwhile); their lanes queue for the turn again, ``own`` excepted."""
+        parked, self._parked = self._parked, []
+        by_model: dict[Any, list[_Parked]] = {}
+        for entry in parked:
+            by_model.setdefault(entry.evaluate, []).append(entry)
+        for evaluate, entries in by_model.items():
+            try:
+                results, seconds = evaluate([e.work for e in entries])
+            except BaseException as err:  # each lane raises it as its own
+                results, seconds = [err] * len(entries), 0.0
+            total = sum(len(e.work) for e in entries) or 1
+            for entry, result in zip(entries, results, strict=True):
+                entry.result = result
+                entry.share_s = seconds * len(entry.work) / total
+            self.evaluations += 1
+            self.gathered += len(entries)
+        for entry in parked:
+            entry.done = True
+            if entry is not own:
+                self._queue.append(entry.ticket)
+        self._cond.notify_all()
+
+
+def _raised(result: Any) -> Any:
+    if isinstance(result, BaseException):
+        raise result
+    return result

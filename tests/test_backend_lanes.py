@@ -1,0 +1,230 @@
+"""Lanes on llama.cpp (tiny GGUF models): several generations in one context, each lane its
+own sequences, evaluated in turn or gathered into one batch, give each lane the logits it
+would get alone, and no lane's tokens reach another's cache or rows."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from localspec.backend.lanes import LaneClock, Slice, Turns, gather_pays
+from localspec.backend.llama import LlamaModel, LoadOptions
+from localspec.core.tree import DraftTree
+from localspec.errors import BackendError
+
+OPTIONS = LoadOptions(n_ctx=128, n_threads=1)
+PROMPTS = ([1, 5, 9, 14, 20, 7], [2, 6, 6, 30, 11], [4, 4, 17, 3, 8, 8, 21, 2])
+TOLERANCE = 2e-2  # flash attention over cells in other places (see test_backend_tree.py)
+
+
+@pytest.fixture
+def load(tiny_pair):
+    target, _, _ = tiny_pair
+    loaded: list[LlamaModel] = []
+
+    def load(**options) -> LlamaModel:
+        loaded.append(LlamaModel(target, LoadOptions(**{**OPTIONS.__dict__, **options})))
+        return loaded[-1]
+
+    yield load
+    for m in loaded:
+        m.close()
+
+
+def alone(load, tokens: list[int], n: int) -> np.ndarray:
+    model = load()
+    return model.forward(tokens, n).copy()
+
+
+def test_each_lane_has_a_context_of_its_own_and_its_own_sequences(load):
+    model = load(lanes=3)
+    lanes = [model.lane(i) for i in range(3)]
+    assert lanes[0] is model and len({id(m) for m in lanes}) == 3
+    assert all(m.n_ctx >= 128 for m in lanes)
+    assert [m._seq0 for m in lanes] == [0, 1 + model.tree_seqs, 2 * (1 + model.tree_seqs)]
+    assert model.lane(2) is lanes[2]  # one model per lane
+    with pytest.raises(ValueError):
+        model.lane(3)
+
+
+def test_lanes_in_turn_give_each_prompt_its_own_logits(load):
+    model = load(lanes=3)
+    rows = [model.lane(i).forward(p, 2).copy() for i, p in enumerate(PROMPTS)]
+    # Lane 0 rolls back and goes on while the others hold their tokens.
+    model.truncate(3)
+    again = model.forward(PROMPTS[0], 2).copy()
+    for i, prompt in enumerate(PROMPTS):
+        assert np.allclose(rows[i], alone(load, prompt, 2), atol=TOLERANCE), i
+    assert np.allclose(again, rows[0], atol=TOLERANCE)
+    assert [model.lane(i).cached for i in range(3)] == [list(p) for p in PROMPTS]
+
+
+def test_a_lane_emptied_leaves_the_others_untouched(load):
+    model = load(lanes=2)
+    other = model.lane(1)
+    other.forward(PROMPTS[1], 1)
+    model.forward(PROMPTS[0], 1)
+    model.reset()
+    after = other.forward([*PROMPTS[1], 3], 1)
+    assert np.allclose(after, alone(load, [*PROMPTS[1], 3], 1), atol=TOLERANCE)
+    assert other.evaluated_tokens == len(PROMPTS[1]) + 1  # its prefix was kept
+
+
+def test_trees_on_a_lane_keep_to_its_own_sequences(load):
+    model = load(lanes=2)
+    other = model.lane(1)
+    other.forward(PROMPTS[1], 0)
+    tree = DraftTree.from_branches([[3, 4, 11], [3, 8], [6, 2]])
+    rows = other.forward_tree(PROMPTS[0], tree).copy()
+    other.keep_path(tree.path(tree.leaves()[0]))
+    solo = load()
+    expected = solo.forward_tree(PROMPTS[0], tree).copy()
+    assert np.allclose(rows, expected, atol=TOLERANCE)
+    # Lane 0 never saw the tree: its logits are a fresh context's.
+    assert np.allclose(model.forward(PROMPTS[2], 1), alone(load, PROMPTS[2], 1), atol=TOLERANCE)
+    assert other.cached == [*PROMPTS[0], 3, 4, 11]
+
+
+def run_lanes(model: LlamaModel, turns: Turns, steps: int) -> tuple[list, list[LaneClock]]:
+    """Each lane, in a thread of its own under ``turns``, evaluates its prompt and then
+    ``steps`` greedy tokens, one per round; each lane's rows after every round."""
+    results: list[list[np.ndarray]] = [[] for _ in PROMPTS]
+    clocks = [LaneClock() for _ in PROMPTS]
+
+    def lane(i: int) -> None:
+        m = model.lane(i)
+        with turns.turn(clocks[i]):
+            tokens = list(PROMPTS[i])
+            for _ in range(steps):
+                row = m.forward(tokens, 1)[0].copy()
+                results[i].append(row)
+                tokens.append(int(np.argmax(row)))
+                turns.pass_on()
+
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(len(PROMPTS))]
+    with turns.turn():  # every lane queued before the first runs, as under load
+        for t in threads:
+            t.start()
+        while len(turns._queue) < len(threads):
+            time.sleep(0.001)
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    return results, clocks
+
+
+@pytest.mark.parametrize("gather", [False, True])
+def test_lanes_in_threads_match_each_lane_alone(load, gather):
+    model = load(lanes=3)
+    turns = Turns(gather=gather)
+    model.use_turns(turns)
+    results, clocks = run_lanes(model, turns, steps=5)
+    for i, prompt in enumerate(PROMPTS):
+        solo = load()
+        tokens = list(prompt)
+        for row in results[i]:
+            expected = solo.forward(tokens, 1)[0]
+            assert np.allclose(row, expected, atol=TOLERANCE), i
+            tokens.append(int(np.argmax(row)))
+    if gather:  # the rounds of the three lanes ran as shared evaluations
+        assert turns.gathered == 3 * 5  # every lane's rounds, its prompt in its first
+        assert turns.evaluations == 5  # one decode for the three lanes' round
+    else:
+        assert turns.evaluations == 0
+    assert all(c.waited >= 0 for c in clocks)
+
+
+def test_a_failed_gathered_evaluation_fails_each_lane_and_rolls_it_back(load):
+    model = load(lanes=2)
+    turns = Turns(gather=True)
+    model.use_turns(turns)
+    lane = model.lane(1)
+    lane.forward(PROMPTS[1], 0)
+    bad = model.n_vocab + 5  # llama.cpp refuses a token id past its vocabulary
+    with turns.turn(), pytest.raises(BackendError):
+        lane.forward([*PROMPTS[1], bad], 1)
+    assert lane.cached == list(PROMPTS[1])
+    row = lane.forward([*PROMPTS[1], 3], 1)[0]
+    solo = load()
+    assert np.allclose(row, solo.forward([*PROMPTS[1], 3], 1)[0], atol=TOLERANCE)
+
+
+def test_turns_pass_from_lane_to_lane_in_order():
+    turns = Turns()
+    order: list[tuple[int, int]] = []
+    started = threading.Barrier(2)
+
+    def lane(i: int) -> None:
+        started.wait()
+        with turns.turn():
+            for step in range(3):
+                order.append((i, step))
+                turns.pass_on()
+
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    # Once both run, neither takes two steps while the other waits.
+    firsts = [i for i, _ in order]
+    assert sorted(order) == [(i, s) for i in range(2) for s in range(3)]
+    assert (
+        all(a != b for a, b in zip(firsts[1:-1], firsts[2:], strict=False))
+        or len(set(firsts[:2])) == 1
+    )
+
+
+def test_park_without_a_turn_evaluates_at_once():
+    turns = Turns(gather=True)
+    work = Slice([1], [0], [(0,)], [True])
+    result, seconds = turns.park(work, lambda slices: ([len(slices)], 0.5))
+    assert (result, seconds) == (1, 0.5)
+
+
+def test_gathering_pays_where_a_double_batch_costs_less_than_two():
+    linear = {k: 0.01 * (k + 1) for k in range(1, 10)}
+    assert not gather_pays(linear)
+    flat = {k: 0.02 + 0.002 * (k + 1) for k in range(1, 10)}
+    assert gather_pays(flat)
+    assert not gather_pays({})
+
+
+def test_device_choices_gathered_match_each_lane_alone(load):
+    """Greedy choices made by the backend sampler, several lanes in one batch: each lane
+    reads its own outputs' choices."""
+    model = load(lanes=2, device_greedy=True)
+    if model.greedy_where != "device":
+        pytest.skip("this llama.cpp build cannot run the samplers on its backend")
+    turns = Turns(gather=True)
+    model.use_turns(turns)
+    chosen: list[list[int]] = [[], []]
+
+    def lane(i: int) -> None:
+        m = model.lane(i)
+        with turns.turn():
+            tokens = list(PROMPTS[i])
+            for _ in range(4):
+                found = m.greedy(tokens, 2).ids
+                chosen[i].append(found[-1])
+                tokens.append(found[-1])
+                turns.pass_on()
+
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(2)]
+    with turns.turn():
+        for t in threads:
+            t.start()
+        while len(turns._queue) < 2:
+            time.sleep(0.001)
+    for t in threads:
+        t.join(30)
+    assert turns.evaluations < turns.gathered
+    solo = load(device_greedy=True)
+    for i in range(2):
+        tokens = list(PROMPTS[i])
+        for token in chosen[i]:
+            assert solo.greedy(tokens, 1).ids == [token]
+            tokens.append(token)

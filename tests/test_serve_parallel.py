@@ -1,0 +1,206 @@
+"""``localspec serve`` with several generations at once (lanes, backend/lanes.py): two
+clients' streams advance side by side, a client that leaves frees its lane for the next
+request at once, a short request does not wait behind a long one, and the clients stay
+apart (cache figures, drafts, history). The real server over the tiny pair, loaded with two
+lanes, driven with the real HTTP client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from localspec.core.events import Finished
+from localspec.core.params import GenerationParams
+from localspec.serve.access import Access
+from localspec.session.open import open_session
+from localspec.session.session import Session
+from localspec.storage.library import Library
+from tests.serving import serve_options, serving
+
+CHAT = "/v1/chat/completions"
+PROMPT = "the cat sat on the mat and the dog sat on the log"
+FROM_EARLIER = ("store", "prediction")  # drafters that read earlier answers
+
+
+@pytest.fixture(scope="module")
+def session(tiny_pair):
+    options = serve_options(tiny_pair).model_copy(update={"lanes": 2, "n_ctx": 1024})
+    session = open_session(options)
+    # Verifying priced as nearly free (as on a GPU), so that auto drafts whatever it is
+    # offered and what a client could learn shows in its figures.
+    plain = session.costs.plain_s
+    verify = {k: plain * (1 + 0.04 * k) for k in session.costs.verify_s}
+    session.costs = replace(session.costs, verify_s=verify)
+    session.decoder.costs = session.costs
+    yield session
+    session.close()
+
+
+@pytest.fixture
+def slow(monkeypatch):
+    """Every event of every lane's generations takes ``seconds`` more; the ``Finished``
+    events are appended to the list returned as they pass."""
+    finished: list[Finished] = []
+
+    def slow(seconds: float) -> list[Finished]:
+        plain = Session.generate
+
+        def generate(self, tokens, params, cancel=None):
+            for event in plain(self, tokens, params, cancel):
+                time.sleep(seconds)
+                if isinstance(event, Finished):
+                    finished.append(event)
+                yield event
+
+        monkeypatch.setattr(Session, "generate", generate)
+        return finished
+
+    return slow
+
+
+def ask(text: str = PROMPT, **extra) -> dict:
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+def headers(key: str | None) -> dict:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+class Stream(threading.Thread):
+    """A streamed chat answer read in a thread: when each piece of text came, and what."""
+
+    def __init__(self, url: str, body: dict, key: str | None = None, stop_after: int = 0):
+        super().__init__(daemon=True)
+        self.url, self.body, self.key, self.stop_after = url, body, key, stop_after
+        self.stamps: list[float] = []
+        self.text = ""
+        self.status = 0
+        self.timings: dict = {}
+
+    def run(self) -> None:
+        body = {**self.body, "stream": True}
+        with httpx.stream("POST", self.url + CHAT, json=body, headers=headers(self.key),
+                          timeout=60) as r:  # fmt: skip
+            self.status = r.status_code
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                data = json.loads(line[len("data: ") :])
+                self.timings = data.get("timings", self.timings)
+                for choice in data.get("choices", []):
+                    if choice["delta"].get("content"):
+                        self.stamps.append(time.monotonic())
+                        self.text += choice["delta"]["content"]
+                if self.stop_after and len(self.stamps) >= self.stop_after:
+                    return  # the client goes away mid-answer
+
+    def done(self, timeout: float = 60) -> Stream:
+        self.join(timeout)
+        assert not self.is_alive()
+        return self
+
+
+def wait_for(condition, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_two_streams_advance_side_by_side_and_answer_as_alone(session, slow):
+    params = GenerationParams(max_tokens=30, drafter="auto")
+    with serving(session, defaults=params) as served:
+        assert served.worker.lanes == 2
+        slow(0.02)
+        a = Stream(served.url, ask(PROMPT))
+        b = Stream(served.url, ask("one two three four five six"))
+        a.start()
+        wait_for(lambda: len(a.stamps) >= 2)
+        b.start()
+        a.done(), b.done()
+        assert a.status == b.status == 200
+        # Each advanced while the other was under way: neither waited for the other's end.
+        assert sum(t < a.stamps[-1] for t in b.stamps) >= 3
+        assert sum(t > b.stamps[0] for t in a.stamps) >= 3
+        # And each answered what it answers alone (greedy), one request at a time.
+        for stream in (a, b):
+            alone = httpx.post(served.url + CHAT, json=stream.body, timeout=60)
+            assert alone.json()["choices"][0]["message"]["content"] == stream.text
+
+
+def test_a_client_that_leaves_frees_its_lane_for_the_next_request(session, slow):
+    params = GenerationParams(max_tokens=200, drafter="auto")
+    with serving(session, defaults=params) as served:
+        slow(0.03)
+        leaving = Stream(served.url, ask(PROMPT), stop_after=5)
+        staying = Stream(served.url, ask("one two three four five six"))
+        leaving.start(), staying.start()
+        wait_for(lambda: served.worker.running == 2)
+        third = Stream(served.url, ask("a b c d e f g"))
+        third.start()
+        wait_for(lambda: served.worker.waiting == 1 or len(third.stamps) > 0)
+        leaving.done()
+        wait_for(lambda: len(third.stamps) >= 1)
+        assert staying.is_alive(), "the lane was freed only when the other answer ended"
+        staying.done(), third.done()
+        assert staying.status == third.status == 200
+
+
+def test_a_short_request_goes_before_a_long_one_waiting(session, slow):
+    """Both lanes busy: a short request (an editor's) that arrives after a long one gets the
+    next free lane first."""
+    params = GenerationParams(max_tokens=200, drafter="auto")
+    with serving(session, defaults=params) as served:
+        slow(0.03)
+        busy = [Stream(served.url, ask(PROMPT), stop_after=4 + 4 * i) for i in range(2)]
+        for stream in busy:
+            stream.start()
+        wait_for(lambda: served.worker.running == 2)
+        long = Stream(served.url, ask("one two three", max_tokens=300))
+        long.start()
+        wait_for(lambda: served.worker.waiting == 1)
+        short = Stream(served.url, ask("a b c", max_tokens=8))
+        short.start()
+        wait_for(lambda: served.worker.waiting == 2)
+        busy[0].done()  # the first lane frees: the short request takes it
+        wait_for(lambda: len(short.stamps) >= 1)
+        assert not long.stamps
+        for stream in (busy[1], long, short):
+            stream.done()
+
+
+def test_clients_side_by_side_never_share_cache_history_or_drafts(session, slow):
+    access = Access(keys=("key-a", "key-b"))
+    params = GenerationParams(max_tokens=40, drafter="auto")
+    with serving(session, access=access, defaults=params, history=True) as served:
+        slow(0.01)
+        a = Stream(served.url, ask(PROMPT), key="key-a")
+        b = Stream(served.url, ask(PROMPT), key="key-b")
+        a.start()
+        wait_for(lambda: len(a.stamps) >= 2)
+        b.start()
+        a.done(), b.done()
+        for first in (a, b):  # the same prompt at once: neither reads the other's
+            assert first.timings["cache_n"] == 0, first.timings
+            assert drafted_from_earlier(first.timings) == -1, first.timings
+        # A client's next turn finds its own prefix and its own history on its lane.
+        again = Stream(served.url, ask(PROMPT), key="key-b")
+        other = Stream(served.url, ask("one two three four five six"), key="key-a")
+        again.start(), other.start()
+        again.done(), other.done()
+        assert again.timings["cache_n"] > 0
+        assert drafted_from_earlier(again.timings) > 0, again.timings
+    histories = {client for _, client, _ in Library().histories()}
+    assert len(histories) == 2
+
+
+def drafted_from_earlier(timings: dict) -> int:
+    """How many tokens the drafters that read kept answers had accepted (-1: none drafted)."""
+    counts = [timings["by_drafter"][name]["accepted"] for name in FROM_EARLIER
+              if name in timings["by_drafter"]]  # fmt: skip
+    return sum(counts) if counts else -1
