@@ -150,6 +150,12 @@ class Turns:
         self._holder = None
         self._cond.notify_all()
 
+    @property
+    def alone(self) -> bool:
+        """Whether the holder of the turn has nothing to gather with: no lane waits for the
+        turn and none is parked (its evaluation may then run at once, as without lanes)."""
+        return not self._queue and not self._parked
+
     def pass_on(self) -> None:
         """Between rounds: let every lane waiting for the turn have it first."""
         ticket = getattr(self._local, "ticket", None)

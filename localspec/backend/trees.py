@@ -37,6 +37,7 @@ class TreeBatches:
     _seq0: int
     _turns: Any
     _gathered: Any
+    _device_choices: Any
     _batch: Any
     _memory: Any
     _device: Any
@@ -47,8 +48,10 @@ class TreeBatches:
 
     @property
     def _gathers(self) -> bool:
-        """Whether this lane's batches are gathered with the other lanes' (backend/lanes.py)."""
-        return self._turns is not None and self._turns.gather
+        """Whether this lane's next batch is gathered with other lanes' (backend/lanes.py):
+        not while no other lane has anything to evaluate."""
+        turns = self._turns
+        return turns is not None and turns.gather and not turns.alone
 
     @property
     def supports_trees(self) -> bool:
@@ -65,8 +68,7 @@ class TreeBatches:
         device = self._device_for(False, self._device.vocab if self._device else self.n_vocab)
         if device is None:
             return greedy_ids(self._evaluate_tree(start, last, tree))
-        found = self._run_tree(start, last, tree, greedy=True)
-        return found[0] if self._gathers else device.tokens(1 + len(tree))
+        return self._run_tree(start, last, tree, greedy=True)[0]
 
     def _run_tree(self, start: int, last: int, tree: DraftTree, *, greedy: bool):
         seqs = self._leaf_seqs(tree)
@@ -89,7 +91,8 @@ class TreeBatches:
                 self._fill(i, tok, pos, seq)
             assert self._batch is not None
             self._batch.n_tokens = len(tokens)
-            return self._run_batch(start, len(tokens), greedy=greedy)
+            rows = self._run_batch(start, len(tokens), greedy=greedy)
+            return self._device_choices(len(tokens)) if greedy else rows
         except BackendError:
             self._drop_tree(start, m)
             raise

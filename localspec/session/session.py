@@ -91,6 +91,7 @@ class Session:
             draft_name=SELF_DRAFT if self.derived else "model", restored=restored,
         )  # fmt: skip
         self._restored = restored
+        self._lanes_run = False  # rounds ran beside other lanes' (see forget_stale_costs)
         self.lane_of: Session | None = None  # the session whose pair a lane's session shares
         self.learning = learning  # where the auto controller's evidence is kept, and its key
         self._said: set[str] = set()  # the warnings said: each once in a session
@@ -204,6 +205,7 @@ class Session:
         ``clock`` (a ``LaneClock``'s ``now``: the lane's own work); None leaves them alone."""
         self.target.use_turns(turns)
         self.decoder.clock = clock or time.perf_counter
+        self._lanes_run = turns is not None
 
     # -- clients of a server ----------------------------------------------------------------
 
@@ -362,8 +364,9 @@ class Session:
 
     def forget_stale_costs(self) -> None:
         """Drop the cached calibration when live plain steps ran far from it, so the next
-        session measures again (the live correction already served this one)."""
-        if self.costs_file is None:
+        session measures again (the live correction already served this one). Not after
+        rounds shared with other lanes: their steps' times were shares of joint batches."""
+        if self.costs_file is None or self._lanes_run:
             return
         for controller in self.decoder.controllers():
             drift = controller.costs.plain_drift()
