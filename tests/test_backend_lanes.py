@@ -228,3 +228,39 @@ def test_device_choices_gathered_match_each_lane_alone(load):
         for token in chosen[i]:
             assert solo.greedy(tokens, 1).ids == [token]
             tokens.append(token)
+
+
+def test_an_interactive_lane_goes_first_but_never_starves_the_others():
+    """An ordinary lane waiting while an interactive one runs gets one turn in SKIPS + 1."""
+    from localspec.backend.lanes import SKIPS
+
+    turns = Turns()
+    order: list[str] = []
+    both = threading.Barrier(2)
+
+    def lane(name: str, first: bool, steps: int) -> None:
+        both.wait()
+        with turns.turn(first=first):
+            for _ in range(steps):
+                order.append(name)
+                turns.pass_on()
+
+    threads = [
+        threading.Thread(target=lane, args=("ordinary", False, 10)),
+        threading.Thread(target=lane, args=("editor", True, 40)),
+    ]
+    with turns.turn():  # both queued before either runs
+        for t in threads:
+            t.start()
+        while len(turns._queue) < 2:
+            time.sleep(0.001)
+    for t in threads:
+        t.join(10)
+    assert order.count("ordinary") == 10 and order.count("editor") == 40
+    assert order[0] == "editor"  # queued second, run first
+    # While both run: the ordinary lane's turns come SKIPS interactive turns apart.
+    last_editor = max(i for i, name in enumerate(order) if name == "editor")
+    ordinary = [i for i, name in enumerate(order) if name == "ordinary" and i < last_editor]
+    gaps = [b - a for a, b in zip([-1, *ordinary], ordinary, strict=False)]
+    assert ordinary and all(gap <= SKIPS + 1 for gap in gaps), order
+    assert all(gap == SKIPS + 1 for gap in gaps), order

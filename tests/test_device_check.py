@@ -61,3 +61,29 @@ def test_a_random_model_of_a_shape_loads_and_repeats_its_last_token(shaping, tin
         assert found.top_p is not None and min(found.top_p) > 3 / model.n_vocab
     finally:
         model.close()
+
+
+def test_the_lanes_step_times_gathered_rounds_and_rounds_in_turn(tiny_pair):
+    """The device check's lanes step (experiments/device/check.py) on the tiny target: both
+    ways run every lane's rounds, the gathered way in one evaluation per round."""
+    import sys
+
+    path = SHAPES.parent / "check.py"
+    sys.path.insert(0, str(SHAPES.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("device_check", path)
+        assert spec is not None and spec.loader is not None
+        check = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(check)
+    finally:
+        sys.path.remove(str(SHAPES.parent))
+    target, _, _ = tiny_pair
+    model = LlamaModel(target, LoadOptions(n_ctx=256, n_threads=1, lanes=3))
+    try:
+        out = check.lanes_speedup(model, rounds=4, depth=16)
+    finally:
+        model.close()
+    assert out["lanes"] == 3 and out["in_turn_s"] > 0 and out["gathered_s"] > 0
+    # Every lane queued before the first round: one evaluation per round of all three.
+    assert out["evaluations"] == 4
+    assert out["speedup"] == round(out["in_turn_s"] / out["gathered_s"], 3)

@@ -201,6 +201,7 @@ def test_health_tells_the_queue_length_to_clients_only(session):
         wrong = httpx.get(served.url + "/health", headers={"Authorization": "Bearer k2"})
         assert wrong.json() == {"status": "ok"}
         client = httpx.get(served.url + "/health", headers={"Authorization": "Bearer k1"})
-        assert client.json() == {"status": "ok", "waiting": 0}
+        idle = {"status": "ok", "waiting": 0, "running": 0, "parallel": 1}
+        assert client.json() == idle
     with serving(session) as served:  # without keys every caller is a client
-        assert httpx.get(served.url + "/health").json() == {"status": "ok", "waiting": 0}
+        assert httpx.get(served.url + "/health").json() == idle

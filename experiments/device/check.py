@@ -15,7 +15,10 @@ vocabulary stand in for them) it
    depth; the engine's time outside llama.cpp per round is its Python time;
 4. decodes with ``--drafter model`` and a draft identical to the target (every draft
    accepted: the loop's cost where it shows most) beside ``llama-speculative-simple
-   --spec-type draft-simple`` with the same two files and draft length.
+   --spec-type draft-simple`` with the same two files and draft length;
+5. runs ``LANES`` lanes of the target (``serve --parallel``, backend/lanes.py), each a
+   ``LANE_ROUNDS`` rounds of a five-token verify batch after its own ``--depth`` prompt,
+   gathered into one evaluation per round and then in turn: the gathered rounds' speedup.
 
 Every step's wall time is kept too (``seconds``), so a run that nears its lease shows where
 the time went. Random weights decode nonsense at the speed real weights would: the costs
@@ -45,6 +48,9 @@ PAIRS = ("1.5B+0.5B", "7B+0.5B")
 QWEN_7B = {"n_embd": 3584, "n_ff": 18944, "n_layer": 28, "n_head": 28, "n_head_kv": 4}
 SIZES = (1, 2, 3, 4, 7, 15, 31, 63)  # drafts per verify batch: batches of 2 to 64 tokens
 DRAFT_MAX = 16  # --drafter model's draft length, and llama-speculative-simple's
+LANES = 4  # generations at once in the lanes step (serve's --parallel on a GPU)
+LANE_ROUNDS = 32  # rounds of each lane, each a batch of LANE_BATCH tokens
+LANE_BATCH = 5  # a round of four drafts
 
 
 def _now() -> float:
@@ -106,13 +112,15 @@ def _quantize(args: argparse.Namespace, src: Path, dst: Path) -> None:
                    check=True, capture_output=True)  # fmt: skip
 
 
-def _load(path: Path, args: argparse.Namespace, *, device: bool, draft: bool = False):
+def _load(
+    path: Path, args: argparse.Namespace, *, device: bool, draft: bool = False, lanes: int = 1
+):
     from localspec.backend.llama import LlamaModel, LoadOptions
 
     options = LoadOptions(
         n_ctx=args.ctx, n_threads=args.threads,
         n_gpu_layers=999 if args.mode == "cuda" else 0, device_greedy=device,
-        greedy_confidence=draft,
+        greedy_confidence=draft, lanes=lanes,
     )  # fmt: skip
     return LlamaModel(path, options)
 
@@ -144,6 +152,58 @@ def _decode(target, draft, args: argparse.Namespace, drafter: str, costs) -> dic
         "acceptance": stats.acceptance_rate,
         "verification": target.greedy_where,
     }
+
+
+def lanes_speedup(model, rounds: int = LANE_ROUNDS, depth: int = 512) -> dict[str, Any]:
+    """``model``'s lanes (all of them) each running ``rounds`` rounds of a ``LANE_BATCH``-token
+    greedy batch after a prompt of ``depth`` tokens of its own, in threads under ``Turns``:
+    the rounds' seconds in turn and gathered, and the speedup."""
+    out: dict[str, Any] = {"lanes": model.lanes, "rounds": rounds, "batch": LANE_BATCH}
+    out["in_turn_s"], _ = _time_lanes(model, False, rounds, depth)
+    out["gathered_s"], out["evaluations"] = _time_lanes(model, True, rounds, depth)
+    out["speedup"] = round(out["in_turn_s"] / out["gathered_s"], 3)
+    return out
+
+
+def _time_lanes(model, gather: bool, rounds: int, depth: int) -> tuple[float, int]:
+    """Seconds of every lane's rounds (after their prompts), and the gathered evaluations."""
+    import threading
+
+    from localspec.backend.lanes import Turns
+
+    turns = Turns(gather=gather)
+    model.use_turns(turns)
+    lanes = [model.lane(i) for i in range(model.lanes)]
+    ready = threading.Barrier(len(lanes) + 1)
+    prompts = threading.Lock()  # read one at a time, before the turns begin
+    vocab = min(model.n_vocab, 150_000)  # ordinary tokens (see _prompt)
+
+    def run(i: int) -> None:
+        lane = lanes[i]
+        tokens = _prompt(model.n_vocab, depth + i)[i:]
+        lane.reset()
+        with prompts:  # not timed: only the rounds are
+            lane.greedy(tokens, 1)
+        ready.wait()
+        with turns.turn():
+            for r in range(rounds):
+                tokens += [(31 * (r + 1) * (j + 7) + i) % vocab for j in range(LANE_BATCH)]
+                lane.greedy(tokens, LANE_BATCH)
+                turns.pass_on()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(lanes))]
+    for thread in threads:
+        thread.start()
+    with turns.turn():  # every lane's prompt read and its rounds queued before the first
+        ready.wait()
+        while turns.waiting < len(lanes):
+            time.sleep(0.001)
+        t0 = _now()
+    for thread in threads:
+        thread.join()
+    seconds = round(_now() - t0, 4)
+    model.use_turns(None)
+    return seconds, turns.evaluations
 
 
 def _drafting_costs():
@@ -181,6 +241,11 @@ def measure_pair(run: Run, name: str, target_path: Path, draft_path: Path) -> di
         f"{name}: none, host", lambda: _decode(host, None, args, "none", costs)
     )
     host.close()
+    laned = _load(target_path, args, device=True, lanes=LANES)
+    out["lanes"] = run.step(
+        f"{name}: {LANES} lanes", lambda: lanes_speedup(laned, depth=args.depth)
+    )
+    laned.close()
     out["llama_bench_tg"] = run.step(
         f"{name}: llama-bench", lambda: _llama_bench(args, target_path)
     )
@@ -224,9 +289,9 @@ def table(result: dict[str, Any]) -> str:
     head = (
         "| pair | plain step ms | verify 16 / 64 (x plain) | draft step ms | none device tok/s "
         "| none host tok/s | llama-bench tg | none / tg | Python ms/round | model=target tok/s "
-        "| spec-simple tok/s | model / spec-simple |"
+        "| spec-simple tok/s | model / spec-simple | lanes gathered / in turn |"
     )
-    lines = [head, "|" + " --- |" * 12]
+    lines = [head, "|" + " --- |" * 13]
     for name, p in result["pairs"].items():
         c = p["costs"]
         verify = c["verify_s"]
@@ -239,7 +304,8 @@ def table(result: dict[str, Any]) -> str:
             f"| {(c['draft_step_s'] or 0) * 1e3:.2f} | {dev['tokens_per_s']} "
             f"| {host['tokens_per_s']} | {tg} | {dev['tokens_per_s'] / tg:.3f} "
             f"| {dev['python_ms_per_round']:.3f} | {same['tokens_per_s']} "
-            f"| {simple['tokens_per_s']} | {same['tokens_per_s'] / simple['tokens_per_s']:.3f} |"
+            f"| {simple['tokens_per_s']} | {same['tokens_per_s'] / simple['tokens_per_s']:.3f} "
+            f"| {p['lanes']['speedup']:.3f}x |"
         )
     return "\n".join(lines)
 

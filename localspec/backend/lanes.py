@@ -11,10 +11,15 @@ masks attention by sequence, so no lane's tokens reach another's logits.
 context is not for two threads at once, and where one evaluation fills the machine two side
 by side take as long as one after the other), first come first served. A thread holds its
 turn through a round (``turn``) and passes it on between rounds (``pass_on``), so the
-running generations advance round by round, none waiting for another to end.
+running generations advance round by round, none waiting for another to end. An
+interactive lane (``turn(first=True)``: an editor's completion, which someone typing waits
+for) goes before the others waiting, but an ordinary lane passed over ``SKIPS`` times goes
+next, so no lane gets less than one round in ``SKIPS + 1``.
 
 With ``gather``, a lane whose round needs the target parks that batch (``park``) and lets
-the next lane run; once no lane wants the turn, the batches parked are evaluated together
+the next lane run; once no lane that would run first wants the turn (an interactive lane's
+batch does not wait for an ordinary lane that is not due), the batches parked are evaluated
+together
 (the target's ``_evaluate_slices``: one ``llama_decode`` of every lane's tokens, as many as
 fit a batch), and each lane goes on with its own rows. Whether gathering pays is the
 machine's: one batch of b tokens against two of b/2 (``gather_pays``, from the measured
@@ -38,6 +43,9 @@ from typing import Any
 
 # Gathering pays where one batch of 2b tokens costs at most this share of two batches of b.
 GATHER_SAVES = 0.95
+# Rounds an interactive lane may take before an ordinary lane waiting for the turn gets
+# one: an ordinary lane has at least 1 / (SKIPS + 1) of the rounds while it runs.
+SKIPS = 7
 
 
 def gather_pays(verify_s: dict[int, float]) -> bool:
@@ -89,9 +97,17 @@ def _clock() -> LaneClock | None:
     return getattr(_clocks, "clock", None)
 
 
+@dataclass(eq=False)
+class _Ticket:
+    """A lane's place in the queue for the turn."""
+
+    first: bool = False  # interactive: goes before the others (see SKIPS)
+    skips: int = 0  # times passed over for an interactive lane since its last round
+
+
 @dataclass
 class _Parked:
-    ticket: object
+    ticket: _Ticket
     work: Slice
     evaluate: Callable[[list[Slice]], tuple[list[Any], float]]
     done: bool = False
@@ -106,17 +122,17 @@ class Turns:
     gather: bool = False
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _queue: deque = field(default_factory=deque)  # tickets waiting for the turn, in order
-    _holder: object | None = None
+    _holder: _Ticket | None = None
     _parked: list[_Parked] = field(default_factory=list)
     _local: threading.local = field(default_factory=threading.local)
     evaluations: int = 0  # gathered evaluations run
     gathered: int = 0  # slices they evaluated
 
     @contextlib.contextmanager
-    def turn(self, clock: LaneClock | None = None) -> Iterator[None]:
+    def turn(self, clock: LaneClock | None = None, *, first: bool = False) -> Iterator[None]:
         """Hold the turn (waiting for it first), timed by ``clock``; ``pass_on`` and
-        ``park`` inside it let the others run meanwhile."""
-        ticket = object()
+        ``park`` inside it let the others run meanwhile. ``first``: an interactive lane."""
+        ticket = _Ticket(first)
         self._local.ticket = ticket
         _clocks.clock = clock
         with self._cond:
@@ -129,20 +145,51 @@ class Turns:
             self._local.ticket = None
             _clocks.clock = None
 
-    def _wait_for_turn(self, ticket: object) -> None:
+    def _wait_for_turn(self, ticket: _Ticket) -> None:
         """Queue ``ticket`` and wait until the turn is its (the condition held)."""
         t0 = time.perf_counter()
         self._queue.append(ticket)
         self._cond.notify_all()
-        while not (self._holder is None and self._queue[0] is ticket):
+        while not (self._holder is None and self._next() is ticket):
             self._cond.wait()
-        self._queue.popleft()
-        self._holder = ticket
+        self._take(ticket)
         clock = _clock()
         if clock is not None:
             clock.waited += time.perf_counter() - t0
 
-    def _release(self, ticket: object) -> None:
+    def _next(self) -> _Ticket | None:
+        """The waiting lane whose turn is next: an ordinary one passed over ``SKIPS`` times,
+        else the first interactive one, else the first."""
+        queue = self._queue
+        for ticket in queue:
+            if not ticket.first and ticket.skips >= SKIPS:
+                return ticket
+        for ticket in queue:
+            if ticket.first:
+                return ticket
+        return queue[0] if queue else None
+
+    def _take(self, ticket: _Ticket) -> None:
+        """``ticket`` holds the turn; the ordinary lanes it went before count it."""
+        self._queue.remove(ticket)
+        self._holder = ticket
+        if not ticket.first:
+            ticket.skips = 0
+            return
+        for other in self._queue:
+            if not other.first:
+                other.skips += 1
+
+    def _none_due(self, ticket: _Ticket) -> bool:
+        """Whether no waiting lane would run before ``ticket``'s next round: none waits, or
+        ``ticket`` is interactive and only ordinary lanes not yet due wait."""
+        if not self._queue:
+            return True
+        return ticket.first and all(
+            not other.first and other.skips < SKIPS for other in self._queue
+        )
+
+    def _release(self, ticket: _Ticket) -> None:
         """Give the turn up; with no one waiting for it, evaluate what is parked first."""
         assert self._holder is ticket
         if not self._queue and self._parked:
@@ -151,10 +198,17 @@ class Turns:
         self._cond.notify_all()
 
     @property
+    def waiting(self) -> int:
+        """Lanes waiting for the turn."""
+        return len(self._queue)
+
+    @property
     def alone(self) -> bool:
-        """Whether the holder of the turn has nothing to gather with: no lane waits for the
-        turn and none is parked (its evaluation may then run at once, as without lanes)."""
-        return not self._queue and not self._parked
+        """Whether the holder of the turn has nothing to gather with: no lane that would run
+        before its next round waits for the turn, and none is parked (its evaluation may
+        then run at once, as without lanes)."""
+        holder = self._holder
+        return not self._parked and (holder is None or self._none_due(holder))
 
     def pass_on(self) -> None:
         """Between rounds: let every lane waiting for the turn have it first."""
@@ -173,7 +227,7 @@ class Turns:
         """Evaluate ``work`` with the other lanes' parked slices (``evaluate``: their
         results, in order, and the seconds the evaluations took); this lane's result and its
         share of those seconds. Called holding the turn, and returns holding it."""
-        ticket = getattr(self._local, "ticket", None)
+        ticket: _Ticket | None = getattr(self._local, "ticket", None)
         if ticket is None or not self.gather:
             results, seconds = evaluate([work])
             return _raised(results[0]), seconds
@@ -181,7 +235,7 @@ class Turns:
         clock = _clock()
         with self._cond:
             self._parked.append(entry)
-            if not self._queue:  # nobody else wants to run: evaluate everything now
+            if self._none_due(ticket):  # nobody else would run first: evaluate now
                 t0 = time.perf_counter()
                 self._evaluate_parked(own=entry)
                 if clock is not None:  # the others' shares are not this lane's work
@@ -190,10 +244,9 @@ class Turns:
             t0 = time.perf_counter()
             self._holder = None
             self._cond.notify_all()
-            while not (entry.done and self._holder is None and self._queue[0] is ticket):
+            while not (entry.done and self._holder is None and self._next() is ticket):
                 self._cond.wait()
-            self._queue.popleft()
-            self._holder = ticket
+            self._take(ticket)
             if clock is not None:
                 clock.waited += (time.perf_counter() - t0) - entry.share_s
         return _raised(entry.result), entry.share_s

@@ -155,7 +155,9 @@ async def health(request: Request) -> JSONResponse:
         client_of(state.access, request.headers.get("authorization"))
     except ApiError:
         return JSONResponse({"status": "ok"})
-    return JSONResponse({"status": "ok", "waiting": state.worker.waiting})
+    worker = state.worker
+    return JSONResponse({"status": "ok", "waiting": worker.waiting, "running": worker.running,
+                         "parallel": worker.lanes})  # fmt: skip
 
 
 async def models(request: Request) -> dict[str, Any]:

@@ -9,12 +9,14 @@ the others, then in arrival order), and pushes each engine event onto the job's 
 then ``None`` when the job is over; an ``EngineWarning`` (a failed history or learning save
 among them) is written to the server's log as it passes, as an answer has no place for it.
 With several lanes their threads take turns round by round (backend/lanes.py), so a new
-request starts within a round of the ones running and none waits for another to end; where
+request starts within a round of the ones running and none waits for another to end (an
+interactive one takes most rounds while it runs, each other at least one in eight); where
 this machine's measured costs say that one evaluation of several lanes' rounds costs less
 than one after another, the rounds' batches are gathered into one. Setting ``job.cancel``
 stops the generation after its current round (the engine's cancel flag), and its lane
 takes the next job at once. A follow-up turn of a conversation reuses its lane's KV caches
-(longest common prefix): a lane goes to the client it served last where it can.
+(longest common prefix): a job goes to a lane that served its client last where it can,
+one that served a job of its kind (interactive or not) first.
 
 Clients are kept apart: each ``Job`` names its ``client`` (a digest of its API key, see
 serve/access.py), and before a lane runs a job of another client than its last one the
@@ -44,11 +46,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from localspec.backend.lanes import LaneClock, Turns, gather_pays
-from localspec.core.events import EngineWarning, Event
+from localspec.core.events import EngineWarning, Event, PrefillDone, RoundCompleted
 from localspec.core.params import GenerationParams
 from localspec.session.session import Session
 
 log = logging.getLogger("localspec.serve")
+# The events after which a generation's next step is a round of its own: where a lane
+# passes the turn on (the events of a round's tokens come without evaluating anything).
+ROUND_ENDS = (PrefillDone, RoundCompleted)
 # A request for at most this many new tokens is interactive (an editor's completion): it
 # goes before longer ones waiting for a lane.
 INTERACTIVE_TOKENS = 128
@@ -84,6 +89,7 @@ class _Lane:
     session: Session
     clock: LaneClock = field(default_factory=LaneClock)
     client: str | None = None  # whose job it ran last (None: nobody's yet, or unknown)
+    first: bool = False  # whether that job was interactive
     job: Job | None = None  # the job it runs
     used: int = 0  # when it last ended a job, in jobs served
 
@@ -221,7 +227,8 @@ class GenerationWorker:
     def _serve(self, lane: _Lane, job: Job) -> None:
         turns = self.turns
         try:
-            with turns.turn(lane.clock) if turns is not None else contextlib.nullcontext():
+            lanes = turns.turn(lane.clock, first=job.first) if turns is not None else None
+            with lanes or contextlib.nullcontext():
                 if self._stopping:  # cancel_all may have looked before this job was running
                     job.stopped = True
                     job.cancel.set()
@@ -230,13 +237,13 @@ class GenerationWorker:
                 if job.client != lane.client and self.on_client is not None:
                     lane.client = None  # in case the switch fails half-way
                     self.on_client(lane.session, job.client)
-                lane.client = job.client
+                lane.client, lane.first = job.client, job.first
                 for event in job.start(lane.session, job.cancel):
                     if isinstance(event, EngineWarning):  # the server's operator reads its log
                         log.warning("%s", event.message)
                     job.events.put(event)
-                    if turns is not None:
-                        turns.pass_on()
+                    if turns is not None and isinstance(event, ROUND_ENDS):
+                        turns.pass_on()  # the next event begins a round
         except BaseException as err:  # handed to the request, which renders it
             job.events.put(err)
         finally:
@@ -244,8 +251,12 @@ class GenerationWorker:
 
 
 def _lane_for(job: Job, free: list[_Lane]) -> _Lane:
-    """The free lane for ``job``: the one its client used last (its conversation's prefix is
-    there), else one nobody used yet, else the one idle longest."""
+    """The free lane for ``job``: one its client used last for a job of its kind (an editor's
+    completions find their file's prefix there, a chat its conversation's), else one its
+    client used last, else one nobody used yet, else the one idle longest."""
+    for lane in free:
+        if lane.client == job.client and lane.first == job.first:
+            return lane
     for lane in free:
         if lane.client == job.client:
             return lane

@@ -198,6 +198,7 @@ class Session:
         lane.decoder.planners.home = self.decoder.planners.home
         lane.store_corpora = list(self.store_corpora)
         lane.use_stores(self._stores_on)
+        lane.answers = list(self.answers)  # the same histories (a server's clients: its own)
         return lane
 
     def run_lanes(self, turns: Any, clock: Callable[[], float] | None) -> None:
