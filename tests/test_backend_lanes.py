@@ -264,3 +264,14 @@ def test_an_interactive_lane_goes_first_but_never_starves_the_others():
     gaps = [b - a for a, b in zip([-1, *ordinary], ordinary, strict=False)]
     assert ordinary and all(gap <= SKIPS + 1 for gap in gaps), order
     assert all(gap == SKIPS + 1 for gap in gaps), order
+
+
+def test_interactive_lanes_go_first_where_joining_a_batch_slows_it():
+    from localspec.backend.lanes import joining_slows
+
+    assert joining_slows(0.026, {1: 0.051})  # a CPU: two tokens cost two steps
+    assert not joining_slows(0.010, {1: 0.0105})  # a GPU: one more token costs little
+    assert joining_slows(0.010, {})  # nothing measured: as on a CPU
+    turns = Turns(defer=False)
+    with turns.turn(first=True):
+        assert not turns._holder.first  # every lane takes its turn in order

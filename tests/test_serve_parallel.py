@@ -81,6 +81,7 @@ class Stream(threading.Thread):
         self.text = ""
         self.status = 0
         self.timings: dict = {}
+        self.errors: list[str] = []  # the codes of error events
 
     def run(self) -> None:
         body = {**self.body, "stream": True}
@@ -91,6 +92,8 @@ class Stream(threading.Thread):
                 if not line.startswith("data: {"):
                     continue
                 data = json.loads(line[len("data: ") :])
+                if "error" in data:
+                    self.errors.append(data["error"]["code"])
                 self.timings = data.get("timings", self.timings)
                 for choice in data.get("choices", []):
                     if choice["delta"].get("content"):
@@ -204,3 +207,34 @@ def drafted_from_earlier(timings: dict) -> int:
     counts = [timings["by_drafter"][name]["accepted"] for name in FROM_EARLIER
               if name in timings["by_drafter"]]  # fmt: skip
     return sum(counts) if counts else -1
+
+
+def test_a_stopped_server_cuts_every_running_answer_short(tiny_pair, tmp_path):
+    """``localspec serve --parallel 2`` itself, told to stop (SIGTERM) while two answers
+    stream: each ends with an error no client takes for a whole answer's end, and the
+    process exits cleanly and soon."""
+    import signal
+
+    from tests.serving import serve_process
+
+    target, draft, _ = tiny_pair
+    args = ["--target", str(target), "--draft", str(draft), "--drafter", "none", "--ctx",
+            "4096", "--threads", "1", "--parallel", "2"]  # fmt: skip
+    with serve_process(args, tmp_path / "home") as (proc, url):
+        body = ask(max_tokens=4000)
+        streams = [Stream(url, body), Stream(url, {**body, "messages": ask("a b c")["messages"]})]
+        for stream in streams:
+            stream.start()
+        wait_for(lambda: all(len(s.stamps) >= 3 for s in streams))
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 10
+        for stream in streams:
+            stream.done()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr and "did not stop" not in stderr, stderr
+    assert "2 generations at once" in stderr
+    for stream in streams:
+        assert stream.errors == ["server_stopping"]
+        assert len(stream.stamps) < 4000

@@ -14,7 +14,9 @@ turn through a round (``turn``) and passes it on between rounds (``pass_on``), s
 running generations advance round by round, none waiting for another to end. An
 interactive lane (``turn(first=True)``: an editor's completion, which someone typing waits
 for) goes before the others waiting, but an ordinary lane passed over ``SKIPS`` times goes
-next, so no lane gets less than one round in ``SKIPS + 1``.
+next, so no lane gets less than one round in ``SKIPS + 1``: where another lane's tokens in
+its batch would slow it (``joining_slows``: a CPU, where a batch's time grows with each
+token), not where they cost little (a GPU).
 
 With ``gather``, a lane whose round needs the target parks that batch (``park``) and lets
 the next lane run; once no lane that would run first wants the turn (an interactive lane's
@@ -46,6 +48,17 @@ GATHER_SAVES = 0.95
 # Rounds an interactive lane may take before an ordinary lane waiting for the turn gets
 # one: an ordinary lane has at least 1 / (SKIPS + 1) of the rounds while it runs.
 SKIPS = 7
+# Interactive lanes go before the others where a batch of two tokens costs at least this
+# many single steps: there a token that joins an interactive lane's batch slows it.
+JOINING_SLOWS = 1.5
+
+
+def joining_slows(plain_s: float, verify_s: dict[int, float]) -> bool:
+    """Whether another lane's token in a batch slows the lane whose batch it joins (on a
+    CPU, a batch's time grows with each token; on a GPU a few more cost little): where it
+    does, interactive lanes run their rounds first (``SKIPS``)."""
+    two = verify_s.get(1)
+    return two is None or plain_s <= 0 or two / plain_s >= JOINING_SLOWS
 
 
 def gather_pays(verify_s: dict[int, float]) -> bool:
@@ -120,6 +133,8 @@ class Turns:
     """One lane's thread at a time (see the module docstring)."""
 
     gather: bool = False
+    # Interactive lanes go first (see SKIPS); without, every lane takes its turn in order.
+    defer: bool = True
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _queue: deque = field(default_factory=deque)  # tickets waiting for the turn, in order
     _holder: _Ticket | None = None
@@ -132,7 +147,7 @@ class Turns:
     def turn(self, clock: LaneClock | None = None, *, first: bool = False) -> Iterator[None]:
         """Hold the turn (waiting for it first), timed by ``clock``; ``pass_on`` and
         ``park`` inside it let the others run meanwhile. ``first``: an interactive lane."""
-        ticket = _Ticket(first)
+        ticket = _Ticket(first and self.defer)
         self._local.ticket = ticket
         _clocks.clock = clock
         with self._cond:

@@ -9,8 +9,9 @@ the others, then in arrival order), and pushes each engine event onto the job's 
 then ``None`` when the job is over; an ``EngineWarning`` (a failed history or learning save
 among them) is written to the server's log as it passes, as an answer has no place for it.
 With several lanes their threads take turns round by round (backend/lanes.py), so a new
-request starts within a round of the ones running and none waits for another to end (an
-interactive one takes most rounds while it runs, each other at least one in eight); where
+request starts within a round of the ones running and none waits for another to end (on a
+CPU an interactive one takes most rounds while it runs, each other at least one in eight);
+where
 this machine's measured costs say that one evaluation of several lanes' rounds costs less
 than one after another, the rounds' batches are gathered into one. Setting ``job.cancel``
 stops the generation after its current round (the engine's cancel flag), and its lane
@@ -45,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from localspec.backend.lanes import LaneClock, Turns, gather_pays
+from localspec.backend.lanes import LaneClock, Turns, gather_pays, joining_slows
 from localspec.core.events import EngineWarning, Event, PrefillDone, RoundCompleted
 from localspec.core.params import GenerationParams
 from localspec.session.session import Session
@@ -115,7 +116,9 @@ class GenerationWorker:
         self._lanes = [_Lane(session)] + [_Lane(lane) for lane in others]
         self.turns: Turns | None = None
         if len(self._lanes) > 1:
-            self.turns = Turns(gather=_gathers(session) if gather is None else gather)
+            self.turns = Turns(
+                gather=_gathers(session) if gather is None else gather, defer=_defers(session)
+            )
             for lane in self._lanes:
                 lane.session.run_lanes(self.turns, lane.clock.now)
         self._cond = threading.Condition()
@@ -252,16 +255,25 @@ class GenerationWorker:
 
 def _lane_for(job: Job, free: list[_Lane]) -> _Lane:
     """The free lane for ``job``: one its client used last for a job of its kind (an editor's
-    completions find their file's prefix there, a chat its conversation's), else one its
-    client used last, else one nobody used yet, else the one idle longest."""
+    completions find their file's prefix there, a chat its conversation's), else one never
+    used, else one its client used last, else the one idle longest."""
     for lane in free:
         if lane.client == job.client and lane.first == job.first:
             return lane
     for lane in free:
+        if lane.used == 0:  # empty: its client's other lane keeps its prefix
+            return lane
+    for lane in free:
         if lane.client == job.client:
             return lane
-    fresh = [lane for lane in free if lane.client is None]
-    return fresh[0] if fresh else min(free, key=lambda lane: lane.used)
+    return min(free, key=lambda lane: lane.used)
+
+
+def _defers(session: Session) -> bool:
+    """Whether interactive jobs take most rounds (where another lane's tokens would slow
+    theirs: this machine's measured costs; without them, as on a CPU)."""
+    costs = session.costs
+    return costs is None or joining_slows(costs.plain_s, costs.verify_s)
 
 
 def _gathers(session: Session) -> bool:
