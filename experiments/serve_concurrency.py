@@ -539,6 +539,26 @@ def run_clients(
     return records
 
 
+def run_fresh(
+    args: argparse.Namespace, requests: Sequence[Prompt], out: Path
+) -> tuple[list[Record], dict[str, Any]]:
+    """``run_clients`` with each phase on a server started for it: nothing a server keeps
+    across requests (its caches, what its drafters learned from earlier answers) carries
+    from one phase to the next, which send the same requests."""
+    records: list[Record] = []
+    facts: dict[str, Any] = {}
+    for name, k in phases_of(args.clients):
+        log = out.with_suffix(f".{name}.server.log")
+        with served(args, log) as (host, port, phase_facts):
+            target = Target(host, port, args.fim_endpoint, args.timeout, args.fim_template)
+            facts = {**phase_facts, **server_facts(host, port)}
+            if args.warmup:
+                warm_up(target, requests)
+            print(f"{name}: {len(requests)} requests from {k} client(s)", file=sys.stderr)
+            records.extend(run_phase(target, requests, k, name))
+    return records, facts
+
+
 def starvation(records: Sequence[Record]) -> list[dict[str, Any]]:
     """Per request: its longest gap between two chunks, its share of the server's chunks
     while it ran (``share``: while its client waited; ``stream_share``: while it streamed)
@@ -794,6 +814,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--out", type=Path, help=f"the JSON (default: a name in {RESULTS})")
     run.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     run.add_argument("--no-warmup", dest="warmup", action="store_false")
+    run.add_argument(
+        "--fresh",
+        action="store_true",
+        help="clients: each phase on a server started for it (nothing learned carries over)",
+    )
     run.add_argument("--smoke", action="store_true", help="short answers, for a quick check")
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -844,15 +869,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = args.out or default_out(args)
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    with served(args, out.with_suffix(".server.log")) as (host, port, facts):
-        target = Target(host, port, args.fim_endpoint, args.timeout, args.fim_template)
-        facts.update(server_facts(host, port))
-        if args.scenario == "fim-during-chat":
-            records = run_fim_during_chat(target, prompts, args)
-            summary, table = summarize_fim(records), table_fim
-        else:
-            records = run_clients(target, request_list(prompts, args.requests), args)
-            summary, table = summarize_clients(records, args), table_clients
+    if args.scenario == "clients" and args.fresh:
+        records, facts = run_fresh(args, request_list(prompts, args.requests), out)
+        summary, table = summarize_clients(records, args), table_clients
+    else:
+        with served(args, out.with_suffix(".server.log")) as (host, port, facts):
+            target = Target(host, port, args.fim_endpoint, args.timeout, args.fim_template)
+            facts.update(server_facts(host, port))
+            if args.scenario == "fim-during-chat":
+                records = run_fim_during_chat(target, prompts, args)
+                summary, table = summarize_fim(records), table_fim
+            else:
+                records = run_clients(target, request_list(prompts, args.requests), args)
+                summary, table = summarize_clients(records, args), table_clients
     meta = {
         key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
     }

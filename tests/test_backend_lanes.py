@@ -275,3 +275,33 @@ def test_interactive_lanes_go_first_where_joining_a_batch_slows_it():
     turns = Turns(defer=False)
     with turns.turn(first=True):
         assert not turns._holder.first  # every lane takes its turn in order
+
+
+def test_every_lane_evaluates_on_one_thread(load):
+    """Whichever lane's thread asks, llama.cpp runs the lanes' evaluations on one thread
+    (its CPU backend keeps a team of threads per calling thread: see backend/lanes.py)."""
+    import llama_cpp
+
+    model = load(lanes=2)
+    turns = Turns(gather=False)
+    model.use_turns(turns)
+    callers: list[int] = []
+    decode = llama_cpp.llama_decode
+
+    def recording(ctx, batch):
+        callers.append(threading.get_ident())
+        return decode(ctx, batch)
+
+    llama_cpp.llama_decode = recording
+    try:
+        threads = [
+            threading.Thread(target=lambda i=i: model.lane(i).forward(PROMPTS[i], 1))
+            for i in range(2)
+        ]
+        for t in threads:
+            t.start()
+            t.join(10)
+    finally:
+        llama_cpp.llama_decode = decode
+    assert len(callers) == 2 and len(set(callers)) == 1
+    assert callers[0] not in {t.ident for t in threads}

@@ -27,6 +27,11 @@ fit a batch), and each lane goes on with its own rows. Whether gathering pays is
 machine's: one batch of b tokens against two of b/2 (``gather_pays``, from the measured
 verification costs).
 
+Every evaluation of the lanes runs on one thread of their own (``Turns.call``), whichever
+lane's thread asks: llama.cpp's CPU backend runs a graph on a team of OpenMP threads per
+calling thread, and where the teams outnumber the cores OpenMP stops keeping its threads
+awake between evaluations, which a step then waits for (a third slower on two cores).
+
 ``LaneClock`` is a lane's clock for the engine: it runs while the lane holds its turn, and a
 gathered evaluation counts for each lane by its share of the batch's tokens, so the costs
 the engine learns from its rounds are what the lane's own work cost, not its wait for the
@@ -36,6 +41,7 @@ others (the engine already leaves out the time its consumer holds it).
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
 from collections import deque
@@ -128,6 +134,41 @@ class _Parked:
     share_s: float = 0.0  # this slice's share of the evaluations' seconds
 
 
+class _Caller:
+    """One thread that runs what it is handed, one call at a time, for threads that wait."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="localspec-compute",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+        done = threading.Event()
+        box: list[Any] = []
+        self._calls.put((fn, args, done, box))
+        done.wait()
+        ok, value = box
+        if not ok:
+            raise value
+        return value
+
+    def _run(self) -> None:
+        while True:
+            fn, args, done, box = self._calls.get()
+            try:
+                box[:] = [True, fn(*args)]
+            except BaseException as err:  # raised again in the caller's thread
+                box[:] = [False, err]
+            done.set()
+
+
 @dataclass
 class Turns:
     """One lane's thread at a time (see the module docstring)."""
@@ -142,6 +183,11 @@ class Turns:
     _local: threading.local = field(default_factory=threading.local)
     evaluations: int = 0  # gathered evaluations run
     gathered: int = 0  # slices they evaluated
+    _caller: _Caller = field(default_factory=_Caller)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the lanes' one evaluating thread (see the module docstring)."""
+        return self._caller.call(fn, *args)
 
     @contextlib.contextmanager
     def turn(self, clock: LaneClock | None = None, *, first: bool = False) -> Iterator[None]:

@@ -158,6 +158,7 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
         super().__init__()
         self._home = self  # the model that owns the context (a lane's: lane 0's)
         self._turns: Turns | None = None  # how the lanes share the context (see use_turns)
+        self._gather_here = True  # whether this context's batches are gathered (use_turns)
         self.lanes = 1
         self._seq0 = 0  # this lane's sequence of committed tokens
         self.compute_seconds = 0.0  # time inside llama_decode (the bench, the stats' overhead)
@@ -276,12 +277,14 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
             lanes[i] = view
         return lanes[i]
 
-    def use_turns(self, turns: Turns | None) -> None:
-        """The lanes of this context run under ``turns`` (gathering the target's batches
-        with ``gather`` set); None: each lane evaluates on its own."""
-        self._home._turns = turns
-        for view in self._home.__dict__.get("_lane_models", {}).values():
-            view._turns = turns
+    def use_turns(self, turns: Turns | None, *, gather: bool = True) -> None:
+        """The lanes of this context run under ``turns``, their evaluations on its thread,
+        their batches gathered where ``turns.gather`` and ``gather`` say so; None: each lane
+        evaluates on its own."""
+        home = self._home
+        home._turns, home._gather_here = turns, gather
+        for view in home.__dict__.get("_lane_models", {}).values():
+            view._turns, view._gather_here = turns, gather
 
     def _context_params(self, options: LoadOptions):
         """llama.cpp's context parameters for ``options``; sets ``tree_seqs``."""
@@ -559,7 +562,13 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
 
     def _llama_decode(self, pos: int, want: int, *, greedy: bool = False) -> Any:
         """``llama_decode`` of the batch as filled, waited for; the logits buffer when
-        ``want`` rows are wanted (not with ``greedy``), else None."""
+        ``want`` rows are wanted (not with ``greedy``), else None. A lane's runs on the
+        lanes' evaluating thread (backend/lanes.py)."""
+        if self._turns is not None:
+            return self._turns.call(self._decode_now, pos, want, greedy)
+        return self._decode_now(pos, want, greedy)
+
+    def _decode_now(self, pos: int, want: int, greedy: bool) -> Any:
         home = self._home
         home.busy_since = time.monotonic()  # an RPC link times evaluations (backend/rpc.py)
         rc = llama_cpp.llama_decode(self._ctx, self._batch)

@@ -36,6 +36,7 @@ class TreeBatches:
     lanes: int
     _seq0: int
     _turns: Any
+    _gather_here: bool
     _gathered: Any
     _device_choices: Any
     _batch: Any
@@ -51,7 +52,7 @@ class TreeBatches:
         """Whether this lane's next batch is gathered with other lanes' (backend/lanes.py):
         not while no other lane has anything to evaluate."""
         turns = self._turns
-        return turns is not None and turns.gather and not turns.alone
+        return turns is not None and turns.gather and self._gather_here and not turns.alone
 
     @property
     def supports_trees(self) -> bool:
