@@ -177,3 +177,38 @@ def test_the_first_exact_run_with_a_self_draft_derives_it_and_answers(kquant_pai
     assert "as self-drafts" in proc.stderr.decode()  # this run measured and derived it
     answer = json.loads(proc.stdout)
     assert answer["exact"] is True and answer["token_ids"]
+
+
+LANES_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    from localspec.backend.lanes import Slice
+    from localspec.backend.llama import LlamaModel, LoadOptions
+    m = LlamaModel(sys.argv[1], LoadOptions(n_ctx=256, n_threads=2, exact=True, lanes=2))
+    mine = m.tokenize("the cat and the dog, " * 40)[:60]
+    other = m.tokenize("and the cat sat on the mat by the door " * 8)[:50]
+    lane, neighbour = m.lane(1), m.lane(0)
+    alone = lane.forward(mine, 5).copy()
+    lane.reset()
+    neighbour.forward(other, 0)  # another lane's tokens in the cache, then in the batch
+    lane.forward(mine[:-5], 0)
+    n = len(mine) - 5
+    rows, _ = m._evaluate_slices([
+        Slice([1, 2, 3], [50, 51, 52], [(0,)] * 3, [True] * 3),
+        Slice(mine[-5:], list(range(n, n + 5)), [(lane._seq0,)] * 5, [True] * 5),
+    ])
+    print(json.dumps({"equal": bool(np.array_equal(alone, rows[1]))}))
+    """
+)
+
+
+def test_exact_logits_of_a_lane_do_not_depend_on_the_other_lanes(kquant_pair):
+    """``serve --parallel --exact``: a lane's logits are bitwise the same alone and
+    evaluated in one batch with another lane's tokens, that lane's cells in the cache."""
+    target, _, _ = kquant_pair
+    env = {k: v for k, v in os.environ.items() if k != llama.TILED_MM_SWITCH}
+    proc = subprocess.run([sys.executable, "-c", LANES_PROBE, str(target)],
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"equal": True}

@@ -82,6 +82,7 @@ class Stream(threading.Thread):
         self.status = 0
         self.timings: dict = {}
         self.errors: list[str] = []  # the codes of error events
+        self.lines: list[str] = []
 
     def run(self) -> None:
         body = {**self.body, "stream": True}
@@ -91,6 +92,7 @@ class Stream(threading.Thread):
             for line in r.iter_lines():
                 if not line.startswith("data: {"):
                     continue
+                self.lines.append(line)
                 data = json.loads(line[len("data: ") :])
                 if "error" in data:
                     self.errors.append(data["error"]["code"])
@@ -236,5 +238,5 @@ def test_a_stopped_server_cuts_every_running_answer_short(tiny_pair, tmp_path):
     assert "Traceback" not in stderr and "did not stop" not in stderr, stderr
     assert "2 generations at once" in stderr
     for stream in streams:
-        assert stream.errors == ["server_stopping"]
+        assert stream.errors == ["server_stopping"], [line[-200:] for line in stream.lines[-2:]]
         assert len(stream.stamps) < 4000

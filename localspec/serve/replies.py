@@ -26,7 +26,7 @@ from typing import Any
 
 from fastapi import Request
 
-from localspec.core.events import Finished, TokenEmitted
+from localspec.core.events import Finished, FinishReason, TokenEmitted
 from localspec.core.stats import GenerationStats
 from localspec.errors import (
     ConflictingOptionsError,
@@ -143,6 +143,8 @@ async def whole_answer(
     while item is not None:
         raise_for(item, asked.chat)
         if isinstance(item, Finished):
+            if _cut_short(item, job):
+                raise stopping()
             finished.append(item)
         item = await next_event(job)
     if len(finished) < asked.n_prompts:
@@ -171,6 +173,13 @@ async def whole_answer(
     if with_timings:
         answer["timings"] = timings(stats, len(finished))
     return answer
+
+
+def _cut_short(done: Finished, job: Job) -> bool:
+    """Whether ``done`` ends an answer the server cut short as it stops (the engine ends a
+    cancelled generation with a ``Finished`` of its own, which may come before the job's
+    end)."""
+    return job.stopped and done.reason is FinishReason.CANCELLED
 
 
 def _predicted(asked: Asked) -> tuple[int, int] | None:
@@ -214,6 +223,8 @@ async def streamed_answer(
             elif isinstance(item, TokenEmitted) and item.text:
                 yield _sse(chunk(index, item.text, None))
             elif isinstance(item, Finished):
+                if _cut_short(item, job):
+                    break  # its end is the error below, never a whole answer's last chunk
                 finished.append(item)
                 if item.tail:
                     yield _sse(chunk(index, item.tail, None))
