@@ -104,16 +104,21 @@ def run_lanes(model: LlamaModel, turns: Turns, steps: int) -> tuple[list, list[L
                 tokens.append(int(np.argmax(row)))
                 turns.pass_on()
 
-    threads = [threading.Thread(target=lane, args=(i,)) for i in range(len(PROMPTS))]
-    with turns.turn():  # every lane queued before the first runs, as under load
+    run_queued(turns, [threading.Thread(target=lane, args=(i,)) for i in range(len(PROMPTS))])
+    return results, clocks
+
+
+def run_queued(turns: Turns, threads: list[threading.Thread]) -> None:
+    """Start the lanes' threads, every one queued for the turn before the first runs (as
+    under load), and wait for them to end."""
+    with turns.turn():
         for t in threads:
             t.start()
-        while len(turns._queue) < len(threads):
+        while turns.waiting < len(threads):
             time.sleep(0.001)
     for t in threads:
         t.join(30)
     assert not any(t.is_alive() for t in threads)
-    return results, clocks
 
 
 @pytest.mark.parametrize("gather", [False, True])
@@ -213,14 +218,7 @@ def test_device_choices_gathered_match_each_lane_alone(load):
                 tokens.append(found[-1])
                 turns.pass_on()
 
-    threads = [threading.Thread(target=lane, args=(i,)) for i in range(2)]
-    with turns.turn():
-        for t in threads:
-            t.start()
-        while len(turns._queue) < 2:
-            time.sleep(0.001)
-    for t in threads:
-        t.join(30)
+    run_queued(turns, [threading.Thread(target=lane, args=(i,)) for i in range(2)])
     assert turns.evaluations < turns.gathered
     solo = load(device_greedy=True)
     for i in range(2):
@@ -236,26 +234,17 @@ def test_an_interactive_lane_goes_first_but_never_starves_the_others():
 
     turns = Turns()
     order: list[str] = []
-    both = threading.Barrier(2)
 
     def lane(name: str, first: bool, steps: int) -> None:
-        both.wait()
         with turns.turn(first=first):
             for _ in range(steps):
                 order.append(name)
                 turns.pass_on()
 
-    threads = [
+    run_queued(turns, [
         threading.Thread(target=lane, args=("ordinary", False, 10)),
         threading.Thread(target=lane, args=("editor", True, 40)),
-    ]
-    with turns.turn():  # both queued before either runs
-        for t in threads:
-            t.start()
-        while len(turns._queue) < 2:
-            time.sleep(0.001)
-    for t in threads:
-        t.join(10)
+    ])  # fmt: skip
     assert order.count("ordinary") == 10 and order.count("editor") == 40
     assert order[0] == "editor"  # queued second, run first
     # While both run: the ordinary lane's turns come SKIPS interactive turns apart.

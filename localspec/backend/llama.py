@@ -524,23 +524,15 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
 
     def _write(self, part: list[Slice]) -> list[int]:
         """The batch filled with ``part``'s slices in order; each slice's first index."""
-        b = self._batch
-        assert b is not None
+        assert self._batch is not None
         starts: list[int] = []
         j = 0
         for work in part:
             starts.append(j)
-            for tok, pos, seqs, out in zip(
-                work.tokens, work.positions, work.seqs, work.outputs, strict=True
-            ):
-                b.token[j] = tok
-                b.pos[j] = pos
-                b.n_seq_id[j] = len(seqs)
-                for k, seq in enumerate(seqs):
-                    b.seq_id[j][k] = seq
-                b.logits[j] = out
+            for row in zip(work.tokens, work.positions, work.seqs, work.outputs, strict=True):
+                self._fill(j, *row)
                 j += 1
-        b.n_tokens = j
+        self._batch.n_tokens = j
         return starts
 
     def _choices_at(self, start: int, work: Slice) -> tuple[list[int], list[float]]:

@@ -112,8 +112,8 @@ class TreeBatches:
                 seqs[node].append(j)
         return seqs
 
-    def _fill(self, j: int, token: int, pos: int, seqs: Sequence[int]) -> None:
-        """Row ``j`` of the batch: ``token`` at ``pos`` in ``seqs``, with logits."""
+    def _fill(self, j: int, token: int, pos: int, seqs: Sequence[int], out: bool = True) -> None:
+        """Row ``j`` of the batch: ``token`` at ``pos`` in ``seqs``, with logits if ``out``."""
         b = self._batch
         assert b is not None
         b.token[j] = token
@@ -121,7 +121,7 @@ class TreeBatches:
         b.n_seq_id[j] = len(seqs)
         for k, s in enumerate(seqs):
             b.seq_id[j][k] = s
-        b.logits[j] = True
+        b.logits[j] = out
 
     def _keep_path(self, start: int, tree: DraftTree, path: list[int]) -> None:
         base = self._seq0
