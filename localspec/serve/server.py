@@ -8,7 +8,7 @@ normally.
 (``GenerationWorker.cancel_all``): uvicorn waits for open responses to end before it
 returns, and a stream still being written would otherwise hold it for as long as its answer
 takes. ``shutdown`` waits for a pair being loaded to stop at its next step, ends the
-worker's thread and frees the models only once that thread has ended; it returns False
+worker's threads and frees the models only once they have ended; it returns False
 when it could not (a generation or a loading step that did not stop in time), and the
 caller must then leave the process without freeing anything (``os._exit``): llama.cpp
 would read freed memory and crash.

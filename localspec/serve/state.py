@@ -6,7 +6,7 @@ loaded in the background: until ``serve_with(worker)`` the endpoints answer that
 loading, and a loading that fails leaves ``load_error`` (the server then stops, see
 serve/server.py). ``serve_with`` first copies the facts of the worker's session that the
 endpoints read (the model's name, its vocabulary, whether it has FIM tokens, which draft it
-runs with): from then on the session is the worker's, used on the worker's thread alone,
+runs with): from then on the session is the worker's, used on the worker's threads alone,
 never from the event loop.
 """
 
