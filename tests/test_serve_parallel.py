@@ -117,6 +117,22 @@ def wait_for(condition, timeout: float = 20) -> None:
         time.sleep(0.01)
 
 
+def test_every_lane_evaluates_both_models_on_the_lanes_thread(session):
+    """The target's lanes and the draft model's (loaded now or later) evaluate under the
+    worker's turns: on its one evaluating thread (backend/lanes.py)."""
+    from localspec.serve.worker import GenerationWorker
+
+    if session.slot is not None and session.slot.model is None:
+        session.slot.wait()  # a draft model left for later, loaded now
+    worker = GenerationWorker(session)
+    sessions = [lane.session for lane in worker._lanes]
+    assert len(sessions) == 2 and worker.turns is not None
+    assert all(lane.target._turns is worker.turns for lane in sessions)
+    # What the engines draft with: a lane made after the load holds the model from the start.
+    drafts = [lane.decoder.draft for lane in sessions if lane.decoder.draft is not None]
+    assert drafts and all(draft._turns is worker.turns for draft in drafts)
+
+
 def test_two_streams_advance_side_by_side_and_answer_as_alone(session, slow):
     params = GenerationParams(max_tokens=30, drafter="auto")
     with serving(session, defaults=params) as served:

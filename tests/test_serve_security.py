@@ -10,6 +10,7 @@ import json
 import signal
 import threading
 import time
+import types
 from dataclasses import replace
 
 import httpx
@@ -367,7 +368,9 @@ def test_the_models_are_not_freed_while_a_generation_may_still_use_them():
         release.wait(10)
         yield from ()
 
-    stuck = Closing(object())
+    inner = types.SimpleNamespace()
+    stuck = Closing(inner)
+    inner.lanes = lambda: [stuck]  # one lane: the session itself
     worker = GenerationWorker(stuck)
     worker.start()
     job = worker.submit(Job(deaf, GenerationParams()))

@@ -21,9 +21,8 @@ token), not where they cost little (a GPU).
 With ``gather``, a lane whose round needs the target parks that batch (``park``) and lets
 the next lane run; once no lane that would run first wants the turn (an interactive lane's
 batch does not wait for an ordinary lane that is not due), the batches parked are evaluated
-together
-(the target's ``_evaluate_slices``: one ``llama_decode`` of every lane's tokens, as many as
-fit a batch), and each lane goes on with its own rows. Whether gathering pays is the
+together (the target's ``_evaluate_slices``: one ``llama_decode`` of every lane's tokens, as
+many as fit a batch), and each lane goes on with its own rows. Whether gathering pays is the
 machine's: one batch of b tokens against two of b/2 (``gather_pays``, from the measured
 verification costs).
 
@@ -41,11 +40,11 @@ others (the engine already leaves out the time its consumer holds it).
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,19 +108,18 @@ class LaneClock:
         return time.perf_counter() - self.waited
 
 
-_clocks = threading.local()
-
-
-def _clock() -> LaneClock | None:
-    return getattr(_clocks, "clock", None)
-
-
 @dataclass(eq=False)
 class _Ticket:
-    """A lane's place in the queue for the turn."""
+    """A lane's place in the queue for the turn, and the clock its waits are kept off."""
 
     first: bool = False  # interactive: goes before the others (see SKIPS)
+    clock: LaneClock | None = None
     skips: int = 0  # times passed over for an interactive lane since its last round
+
+    def waited(self, seconds: float) -> None:
+        """``seconds`` were not this lane's work."""
+        if self.clock is not None:
+            self.clock.waited += seconds
 
 
 @dataclass
@@ -132,41 +130,6 @@ class _Parked:
     done: bool = False
     result: Any = None
     share_s: float = 0.0  # this slice's share of the evaluations' seconds
-
-
-class _Caller:
-    """One thread that runs what it is handed, one call at a time, for threads that wait."""
-
-    def __init__(self) -> None:
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if threading.current_thread() is self._thread:
-            return fn(*args)
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="localspec-compute",
-                                                daemon=True)  # fmt: skip
-                self._thread.start()
-        done = threading.Event()
-        box: list[Any] = []
-        self._calls.put((fn, args, done, box))
-        done.wait()
-        ok, value = box
-        if not ok:
-            raise value
-        return value
-
-    def _run(self) -> None:
-        while True:
-            fn, args, done, box = self._calls.get()
-            try:
-                box[:] = [True, fn(*args)]
-            except BaseException as err:  # raised again in the caller's thread
-                box[:] = [False, err]
-            done.set()
 
 
 @dataclass
@@ -183,19 +146,20 @@ class Turns:
     _local: threading.local = field(default_factory=threading.local)
     evaluations: int = 0  # gathered evaluations run
     gathered: int = 0  # slices they evaluated
-    _caller: _Caller = field(default_factory=_Caller)
+    _evaluating: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="localspec-compute")
+    )
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the lanes' one evaluating thread (see the module docstring)."""
-        return self._caller.call(fn, *args)
+        return self._evaluating.submit(fn, *args).result()
 
     @contextlib.contextmanager
     def turn(self, clock: LaneClock | None = None, *, first: bool = False) -> Iterator[None]:
         """Hold the turn (waiting for it first), timed by ``clock``; ``pass_on`` and
         ``park`` inside it let the others run meanwhile. ``first``: an interactive lane."""
-        ticket = _Ticket(first and self.defer)
+        ticket = _Ticket(first and self.defer, clock)
         self._local.ticket = ticket
-        _clocks.clock = clock
         with self._cond:
             self._wait_for_turn(ticket)
         try:
@@ -204,19 +168,21 @@ class Turns:
             with self._cond:
                 self._release(ticket)
             self._local.ticket = None
-            _clocks.clock = None
 
     def _wait_for_turn(self, ticket: _Ticket) -> None:
         """Queue ``ticket`` and wait until the turn is its (the condition held)."""
         t0 = time.perf_counter()
         self._queue.append(ticket)
         self._cond.notify_all()
-        while not (self._holder is None and self._next() is ticket):
+        self._await_turn(ticket)
+        ticket.waited(time.perf_counter() - t0)
+
+    def _await_turn(self, ticket: _Ticket, ready: Callable[[], bool] = lambda: True) -> None:
+        """Wait until ``ready()`` and the turn is ``ticket``'s, and take it (the condition
+        held, ``ticket`` queued or queued once ``ready``)."""
+        while not (ready() and self._holder is None and self._next() is ticket):
             self._cond.wait()
         self._take(ticket)
-        clock = _clock()
-        if clock is not None:
-            clock.waited += time.perf_counter() - t0
 
     def _next(self) -> _Ticket | None:
         """The waiting lane whose turn is next: an ordinary one passed over ``SKIPS`` times,
@@ -293,23 +259,17 @@ class Turns:
             results, seconds = evaluate([work])
             return _raised(results[0]), seconds
         entry = _Parked(ticket, work, evaluate)
-        clock = _clock()
         with self._cond:
+            t0 = time.perf_counter()
             self._parked.append(entry)
             if self._none_due(ticket):  # nobody else would run first: evaluate now
-                t0 = time.perf_counter()
                 self._evaluate_parked(own=entry)
-                if clock is not None:  # the others' shares are not this lane's work
-                    clock.waited += (time.perf_counter() - t0) - entry.share_s
-                return _raised(entry.result), entry.share_s
-            t0 = time.perf_counter()
-            self._holder = None
-            self._cond.notify_all()
-            while not (entry.done and self._holder is None and self._next() is ticket):
-                self._cond.wait()
-            self._take(ticket)
-            if clock is not None:
-                clock.waited += (time.perf_counter() - t0) - entry.share_s
+            else:  # the turn goes on; it comes back once the batch was evaluated
+                self._holder = None
+                self._cond.notify_all()
+                self._await_turn(ticket, lambda: entry.done)
+            # The others' shares of the evaluation, and their turns, are not this lane's work.
+            ticket.waited(time.perf_counter() - t0 - entry.share_s)
         return _raised(entry.result), entry.share_s
 
     def _evaluate_parked(self, own: _Parked | None) -> None:

@@ -537,12 +537,10 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
 
     def _choices_at(self, start: int, work: Slice) -> tuple[list[int], list[float]]:
         """The device's choices for ``work``'s outputs, ``work`` filled from ``start``."""
+        device = self._device
+        assert device is not None
         at = [start + j for j, out in enumerate(work.outputs) if out]
-        ids = [llama_cpp.llama_get_sampled_token_ith(self._ctx, j) for j in at]
-        if not work.confidence:
-            return ids, []
-        found = [llama_cpp.llama_get_sampled_probs_ith(self._ctx, j) for j in at]
-        return ids, [p[0] if p else 0.0 for p in found]
+        return device.tokens_at(at), device.probabilities_at(at) if work.confidence else []
 
     def _run_batch(self, pos: int, want: int, *, greedy: bool = False) -> np.ndarray | None:
         """``llama_decode`` of the batch as filled, timed; its ``want`` logits rows (none

@@ -29,6 +29,7 @@ per graph llama.cpp builds, not per token it reuses it for.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
 
 import llama_cpp
 
@@ -165,11 +166,20 @@ class DeviceGreedy:
     def tokens(self, n: int) -> list[int]:
         """The chosen token of each of the last decode's last ``n`` outputs (-1 where
         llama.cpp sampled none: its backend could not take the chains)."""
-        get = llama_cpp.llama_get_sampled_token_ith
-        return [get(self.ctx, i) for i in range(-n, 0)]
+        return self.tokens_at(range(-n, 0))
 
     def probabilities(self, n: int) -> list[float]:
         """The chosen tokens' probabilities (``confidence``), in the same order."""
+        return self.probabilities_at(range(-n, 0))
+
+    def tokens_at(self, at: Iterable[int]) -> list[int]:
+        """``tokens`` of the outputs ``at``: the batch's token indices, or from the end of
+        its outputs where negative (llama.cpp's ``_ith`` indices)."""
+        get = llama_cpp.llama_get_sampled_token_ith
+        return [get(self.ctx, i) for i in at]
+
+    def probabilities_at(self, at: Iterable[int]) -> list[float]:
+        """``probabilities`` of the outputs ``at`` (as ``tokens_at``)."""
         get = llama_cpp.llama_get_sampled_probs_ith
-        found = [get(self.ctx, i) for i in range(-n, 0)]
+        found = [get(self.ctx, i) for i in at]
         return [p[0] if p else 0.0 for p in found]  # NULL where none was sampled

@@ -38,6 +38,7 @@ class TreeBatches:
     _turns: Any
     _gather_here: bool
     _gathered: Any
+    _write: Any
     _device_choices: Any
     _batch: Any
     _memory: Any
@@ -84,14 +85,11 @@ class TreeBatches:
         tokens = [last, *tree.tokens]
         positions = [start] + [start + tree.depth(i) for i in range(len(tree))]
         tags = [[base + j for j in range(m + 1)]] + [[base + j for j in s] for s in seqs]
+        work = Slice(tokens, positions, tags, [True] * len(tokens), device=greedy)
         try:
             if self._gathers:
-                work = Slice(tokens, positions, tags, [True] * len(tokens), device=greedy)
                 return self._gathered(work)
-            for i, (tok, pos, seq) in enumerate(zip(tokens, positions, tags, strict=True)):
-                self._fill(i, tok, pos, seq)
-            assert self._batch is not None
-            self._batch.n_tokens = len(tokens)
+            self._write([work])
             rows = self._run_batch(start, len(tokens), greedy=greedy)
             return self._device_choices(len(tokens)) if greedy else rows
         except BackendError:

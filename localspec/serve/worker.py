@@ -111,9 +111,7 @@ class GenerationWorker:
         self.session = session
         self.on_client = on_client
         self.max_queue = max_queue
-        # Lane 0 is the session itself (the others share its pair).
-        others = session.lanes()[1:] if hasattr(session, "lanes") else []
-        self._lanes = [_Lane(session)] + [_Lane(lane) for lane in others]
+        self._lanes = [_Lane(lane) for lane in session.lanes()]  # lane 0: the session
         self.turns: Turns | None = None
         if len(self._lanes) > 1:
             self.turns = Turns(
@@ -139,10 +137,6 @@ class GenerationWorker:
     @property
     def lanes(self) -> int:
         return len(self._lanes)
-
-    @property
-    def busy(self) -> bool:
-        return any(lane.job is not None for lane in self._lanes)
 
     @property
     def running(self) -> int:

@@ -168,7 +168,7 @@ class DraftSlot:
 
     def _under_turns(self, model: Any) -> Any:
         """``model``, its evaluations on the lanes' thread when lanes run (not gathered)."""
-        if model is not None and self.turns is not None and model._turns is not self.turns:
+        if model is not None and self.turns is not None:
             model.use_turns(self.turns, gather=False)
         return model
 

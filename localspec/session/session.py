@@ -205,11 +205,13 @@ class Session:
         """This session's generations run under ``turns`` (backend/lanes.py), timed by
         ``clock`` (a ``LaneClock``'s ``now``: the lane's own work); None leaves them alone."""
         self.target.use_turns(turns)
+        # The draft model's evaluations on the lanes' thread, not gathered: the one loaded
+        # now, and one the slot hands out once it is loaded.
         slot = self.slot.slot if isinstance(self.slot, LaneSlot) else self.slot
-        if slot is not None:  # a draft model loaded later takes them up too
+        if slot is not None:
             slot.turns = turns
         draft = self.draft
-        if draft is not None:  # on the lanes' evaluating thread, not gathered
+        if draft is not None:
             draft.use_turns(turns, gather=False)
         self.decoder.clock = clock or time.perf_counter
         self._lanes_run = turns is not None
