@@ -256,3 +256,29 @@ def test_a_stopped_server_cuts_every_running_answer_short(tiny_pair, tmp_path):
     for stream in streams:
         assert stream.errors == ["server_stopping"], [line[-200:] for line in stream.lines[-2:]]
         assert len(stream.stamps) < 4000
+
+
+@pytest.mark.parametrize(
+    "args, env, said",
+    [
+        (["--parallel", "x"], {}, "--parallel 'x' is neither auto nor a number"),
+        (["--parallel", "0"], {}, "from 1 to 64"),
+        (["--parallel", "2"], {"LOCALSPEC_GATHER": "maybe"}, "LOCALSPEC_GATHER='maybe'"),
+    ],
+)
+def test_bad_parallel_settings_are_said_before_anything_loads(tiny_pair, tmp_path, args, env, said):
+    """A clear message and exit code 2, no traceback, and no model loaded first."""
+    import os
+    import subprocess
+    import sys
+
+    target, draft, _ = tiny_pair
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.cli.app", "serve", "--target", str(target),
+         "--draft", str(draft), "--port", "0", *args],
+        env={**os.environ, "LOCALSPEC_HOME": str(tmp_path), **env},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert said in proc.stderr and "Traceback" not in proc.stderr
+    assert "loading target" not in proc.stderr

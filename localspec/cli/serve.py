@@ -127,6 +127,7 @@ def serve(
         params = sampling.params(drafting, max_tokens=max_tokens)
         options = model.options(params.drafter, **stores.fields())
         options = options.model_copy(update={"lanes": parse_parallel(parallel)})
+        gather = gather_setting()  # a bad value is said before anything loads
         keys = read_keys(api_key or [], api_key_file)
     _warn_of_exposure(host, keys)
     state = ServerState(
@@ -141,7 +142,10 @@ def serve(
     )
     _log_to_stderr()
     state.loader = threading.Thread(
-        target=load_into, args=(state, options, queue_size, history), daemon=True, name="loader"
+        target=load_into,
+        args=(state, options, queue_size, history, gather),
+        daemon=True,
+        name="loader",
     )
     state.loader.start()
     typer.echo(f"serving on http://{host}:{port}/v1 (loading the models)", err=True)
@@ -254,7 +258,9 @@ class StoppedLoading(BaseException):
     Not an ``Exception``: no step takes it for a failure of its own."""
 
 
-def load_into(state, options, queue_size: int, history: bool = False) -> None:  # noqa: ANN001
+def load_into(  # noqa: ANN001
+    state, options, queue_size: int, history: bool = False, gather: bool | None = None
+) -> None:
     """Load the pair, then serve it (``ServerState.serve_with``). A failure is left in
     ``state.load_error``, which stops the server (serve/server.py); ``serve`` then says it
     and exits with its code."""
@@ -285,7 +291,7 @@ def load_into(state, options, queue_size: int, history: bool = False) -> None:  
         session.learning = None
     session.learn_with(state.defaults)  # a request's own limits learn apart, unsaved
     worker = GenerationWorker(
-        session, max_queue=queue_size, on_client=keep_apart(history), gather=gather_setting()
+        session, max_queue=queue_size, on_client=keep_apart(history), gather=gather
     )
     worker.start()
     state.serve_with(worker)
