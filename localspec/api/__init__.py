@@ -61,10 +61,15 @@ from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
 from localspec.core.params import DrafterMode
 from localspec.progress import OnProgress, Progress, ProgressKind
 from localspec.session.open import open_session
-from localspec.session.options import ModelChoice, Spelling, drafter_mode
+from localspec.session.options import ModelChoice, PromptCacheChoice, Spelling, drafter_mode
+from localspec.storage.prompt_cache import DISK, MEMORY
 
 # How ``load`` names an option in an error, and where its options are described.
 LOAD = Spelling("", "_", "see help(localspec.load)")
+
+
+def _size_text(size: str | int | None) -> str | None:
+    return None if size is None else str(size)
 
 
 def load(
@@ -84,6 +89,8 @@ def load(
     history: bool = False,
     learn: bool = False,
     calibrate: bool | None = None,
+    prompt_cache: bool = True,
+    prompt_cache_size: str | int | None = None,
     on_progress: OnProgress | None = None,
 ) -> Speculator:
     """Load a target/draft pair, as ``localspec complete`` does with the same options.
@@ -104,6 +111,10 @@ def load(
     names (``"history"``: the history of answers), or None for every one built with the
     target's tokenizer, the history included. ``history``: add each answer
     to the history of answers. ``learn``: save what ``auto`` learned for the next process.
+    ``prompt_cache``: restore prompts computed before (in this process, or saved on disk by
+    an earlier one) and keep each answer's, each tier bounded by ``prompt_cache_size``
+    (``"2GB"``, a number of bytes; None: ``$LOCALSPEC_PROMPT_CACHE_SIZE``, else from this
+    machine's memory and free disk).
     ``on_progress``: called with each ``localspec.progress.Progress`` of the loading.
     """
     # The keywords named as ModelChoice's fields are the command line's model options,
@@ -117,6 +128,9 @@ def load(
         stores=(stores,) if isinstance(stores, str) else stores,
         history=history,
         show_download_progress=False,
+        **PromptCacheChoice(_size_text(prompt_cache_size), not prompt_cache).fields(
+            (MEMORY, DISK), LOAD
+        ),
         **chosen,
     )
     warnings: list[str] = []

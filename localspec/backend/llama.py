@@ -182,6 +182,13 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
             self.n_ctx = 0
             return
         self._create_context(options)
+        # What a saved sequence of this context depends on besides the model file (see
+        # state_recipe).
+        self._recipe = {
+            "exact": self.exact, "flash_attn": options.flash_attn or self.exact,
+            "gpu_layers": options.n_gpu_layers, "tensor_split": list(options.tensor_split),
+            "llama_cpp": llama_cpp.__version__,
+        }  # fmt: skip
         if self.exact:
             self._check_batch_invariance()
         # Device greedy choices are set up by the warm-up pass, which a load whose costs are
@@ -610,6 +617,56 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
         for off in range(0, len(keep), self.n_batch):
             chunk = keep[off : off + self.n_batch]
             self._decode(chunk, off, len(chunk))
+
+    # -- saved sequences (storage/prompt_cache.py) -------------------------------------------
+
+    def state_recipe(self) -> dict[str, Any]:
+        """What this context's saved sequences depend on besides the model file: the cache's
+        type and attention path (exact mode runs others), where the layers run, and
+        llama.cpp's version. A state is restored only into a context of the same recipe."""
+        return dict(self._recipe)
+
+    def sequence_state(self) -> bytes:
+        """llama.cpp's bytes of this lane's sequence, which holds ``cached``: what
+        ``restore_sequence`` takes back, into a context of the same model and runtime."""
+        self._settle()
+        if not self.cached:
+            return b""
+        return self._on_context_thread(self._read_state)
+
+    def restore_sequence(self, tokens: list[int], state: bytes) -> bool:
+        """Make the cache hold ``tokens`` from ``state`` (``sequence_state`` after them).
+        False, the cache left empty, where llama.cpp refuses the bytes or they do not hold
+        ``tokens``' positions: the tokens are then evaluated as they would be without."""
+        self._settle()
+        self.truncate(0)
+        if not tokens or len(tokens) > self.n_ctx or not state:
+            return False
+        if not self._on_context_thread(self._write_state, state, len(tokens)):
+            llama_cpp.llama_memory_seq_rm(self._memory, self._seq0, -1, -1)
+            return False
+        self.cached = list(tokens)
+        self.changes += 1
+        return True
+
+    def _on_context_thread(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work`` where this context's evaluations run: another lane may be evaluating."""
+        return self._turns.call(work, *args) if self._turns is not None else work(*args)
+
+    def _read_state(self) -> bytes:
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, self._seq0)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, self._seq0)
+        if not written:
+            raise BackendError(f"llama.cpp could not copy the state of {self.path.name}")
+        return ctypes.string_at(buffer, written)
+
+    def _write_state(self, state: bytes, n_tokens: int) -> bool:
+        source = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if not llama_cpp.llama_state_seq_set_data(self._ctx, source, len(state), self._seq0):
+            return False
+        last = llama_cpp.llama_memory_seq_pos_max(self._memory, self._seq0)
+        return last == n_tokens - 1
 
     # -- lifetime -----------------------------------------------------------------------
 

@@ -17,8 +17,15 @@ import typer
 from localspec.cli.common import SystemOpt, cli_errors, read_system
 from localspec.cli.groups import option_groups
 from localspec.models.paths import conversations_dir
-from localspec.session.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
+from localspec.session.options import (
+    DraftingChoice,
+    ModelChoice,
+    PromptCacheChoice,
+    SamplingChoice,
+    StoreChoice,
+)
 from localspec.storage import conversations
+from localspec.storage.prompt_cache import DISK, MEMORY
 
 # The session module loads llama.cpp, and the terminal app Textual, so both are imported only
 # once a chat starts: ``localspec --help`` and the other commands start without them.
@@ -36,6 +43,7 @@ def chat(
     drafting: DraftingChoice,
     model: ModelChoice,
     stores: StoreChoice,
+    cache: PromptCacheChoice,
     system: SystemOpt = None,
     resume: Annotated[
         str | None,
@@ -68,7 +76,10 @@ def chat(
         # The speedup estimate needs this machine's plain step time, so always calibrate;
         # download bars would garble the screen, so the app shows its own progress lines.
         options = model.options(
-            params.drafter, **stores.fields(), show_download_progress=False
+            params.drafter,
+            **stores.fields(),
+            **cache.fields((MEMORY, DISK)),
+            show_download_progress=False,
         ).model_copy(update={"calibrate": True})
         system_prompt = read_system(system)
         if saved is not None and system is None:

@@ -28,8 +28,15 @@ from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.errors import EXIT_CANCELLED, InputError, WorkersLostError, exit_with
 from localspec.progress import Progress, ProgressKind
-from localspec.session.options import DraftingChoice, ModelChoice, SamplingChoice, StoreChoice
+from localspec.session.options import (
+    DraftingChoice,
+    ModelChoice,
+    PromptCacheChoice,
+    SamplingChoice,
+    StoreChoice,
+)
 from localspec.session.preflight import check_options
+from localspec.storage.prompt_cache import DISK
 from localspec.storage.textfile import decode_utf8, read_bounded
 
 # The session module loads llama.cpp, so it is imported only when a completion runs:
@@ -156,11 +163,12 @@ def complete(
     ] = False,
     model: ModelChoice,
     stores: StoreChoice,
+    cache: PromptCacheChoice,
 ) -> None:
     """Generate a completion of FILE (or stdin): the target's own output, faster."""
     with cli_errors():
         params = sampling.params(drafting, max_tokens=max_tokens, trace=trace)
-        options = model.options(params.drafter, **stores.fields())
+        options = model.options(params.drafter, **stores.fields(), **cache.fields((DISK,)))
         system_prompt = read_system(system)
         check_options(params, raw=raw, system=system_prompt, prediction=bool(prediction))
         prompt = read_prompt(file, input_limit(model.ctx))

@@ -42,10 +42,12 @@ from localspec.serve.access import Access
 from localspec.session.options import (
     DraftingChoice,
     ModelChoice,
+    PromptCacheChoice,
     SamplingChoice,
     SharedStoreChoice,
 )
 from localspec.session.pair import MAX_LANES as MAX_PARALLEL
+from localspec.storage.prompt_cache import MEMORY
 
 # The session module loads llama.cpp, and the server's app and clients the web framework and
 # numpy, so they are imported only when the server starts (the session by its loading
@@ -118,6 +120,7 @@ def serve(
     drafting: DraftingChoice,
     model: ModelChoice,
     stores: SharedStoreChoice,
+    cache: PromptCacheChoice,
 ) -> None:
     """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions)."""
     from localspec.serve.app import ServerState
@@ -125,7 +128,8 @@ def serve(
 
     with cli_errors():
         params = sampling.params(drafting, max_tokens=max_tokens)
-        options = model.options(params.drafter, **stores.fields())
+        # In memory only: each client's prompts are its own, and end with the server.
+        options = model.options(params.drafter, **stores.fields(), **cache.fields((MEMORY,)))
         options = options.model_copy(update={"lanes": parse_parallel(parallel)})
         gather = gather_setting()  # a bad value is said before anything loads
         keys = read_keys(api_key or [], api_key_file)

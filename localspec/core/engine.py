@@ -72,6 +72,7 @@ from localspec.core.events import (
     Finished,
     FinishReason,
     PrefillDone,
+    Restored,
     RoundCompleted,
 )
 from localspec.core.params import DrafterMode, GenerationParams
@@ -191,11 +192,14 @@ class SpecDecoder:
         prompt: Sequence[int],
         params: GenerationParams,
         cancel: threading.Event | None = None,
+        restored: Restored | None = None,
     ) -> Iterator[Event]:
-        """The events of ``prompt``'s answer. The prompt is one the pair can run: 1 to
-        ``n_ctx - 1`` tokens, with the draft model its drafter needs (the session's
-        preflight refuses any other before it asks). A drafter that cannot run without the
-        draft model waits here for a load under way (a failed load raises its error)."""
+        """The events of ``prompt``'s answer (``restored``: the prefix the caller restored
+        into the target's cache from a prompt cache, told in ``PrefillDone``). The prompt
+        is one the pair can run: 1 to ``n_ctx - 1`` tokens, with the draft model its drafter
+        needs (the session's preflight refuses any other before it asks). A drafter that
+        cannot run without the draft model waits here for a load under way (a failed load
+        raises its error)."""
         prompt = list(prompt)
         if params.drafter.needs_draft_model:
             self.join_draft(wait=True)
@@ -214,7 +218,8 @@ class SpecDecoder:
         planner.controller.new_generation()
         for drafter in planner.drafters.values():
             drafter.begin(prompt, params)  # the draft model may read the prompt: prefill time
-        yield emit(PrefillDone(len(prompt), evaluated, self.clock() - t0))
+        seconds = self.clock() - t0 + (restored.seconds if restored is not None else 0.0)
+        yield emit(PrefillDone(len(prompt), evaluated, seconds, restored))
         run = Run(
             prompt, params, np.random.default_rng(params.seed), planner.controller,
             planner.drafters, TextAssembler(params.stop), emit, self.target, self.clock,

@@ -35,10 +35,21 @@ class FinishReason(StrEnum):
 
 
 @dataclass(frozen=True)
+class Restored:
+    """A prompt's prefix restored from the prompt cache instead of evaluated."""
+
+    tokens: int  # of the prompt, restored
+    tier: str  # where from: "memory" or "disk"
+    seconds: float  # the restore's own time (part of the prefill's)
+    saved_s: float  # what evaluating those tokens would have cost, less the restore
+
+
+@dataclass(frozen=True)
 class PrefillDone:
     prompt_tokens: int  # tokens in the prompt
     evaluated_tokens: int  # tokens the target had to evaluate (less when its cache was reused)
     seconds: float
+    restored: Restored | None = None  # the prefix that came from the prompt cache
 
 
 @dataclass(frozen=True)

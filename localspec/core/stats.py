@@ -107,6 +107,11 @@ class GenerationStats:
     overhead_s: float = 0.0  # of decode_s, outside the models' evaluations
     timed_rounds: int = 0  # rounds whose compute time was known (overhead_s covers them)
     trace: list[dict[str, Any]] | None = None  # every round's choice, when asked for
+    # The prompt's prefix restored from the prompt cache: tokens, the tier (the last one
+    # when merged), and the prefill time that saved.
+    restored_tokens: int = 0
+    restored_from: str | None = None
+    restore_saved_s: float = 0.0
 
     def merge(self, other: GenerationStats) -> None:
         """Add ``other``'s totals to these (rates are recomputed from the sums)."""
@@ -117,6 +122,9 @@ class GenerationStats:
         self.generated_tokens += other.generated_tokens
         self.overhead_s += other.overhead_s
         self.timed_rounds += other.timed_rounds
+        self.restored_tokens += other.restored_tokens
+        self.restored_from = other.restored_from or self.restored_from
+        self.restore_saved_s += other.restore_saved_s
         for name, drafter in other.by_drafter.items():
             self.by_drafter.setdefault(name, DrafterStats()).merge(drafter)
         for origin, n in other.by_origin.items():
@@ -138,6 +146,10 @@ class GenerationStats:
             self.prompt_tokens += event.prompt_tokens
             self.prefill_evaluated += event.evaluated_tokens
             self.prefill_s += event.seconds
+            if event.restored is not None:
+                self.restored_tokens += event.restored.tokens
+                self.restored_from = event.restored.tier
+                self.restore_saved_s += event.restored.saved_s
         elif isinstance(event, TokenEmitted):
             self.generated_tokens += 1
             self.by_origin[event.origin] = self.by_origin.get(event.origin, 0) + 1
@@ -190,6 +202,11 @@ class GenerationStats:
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "rounds": self.rounds,
             "prefill_s": round(self.prefill_s, 6),
+            "prompt_cache": {
+                "restored_tokens": self.restored_tokens,
+                "from": self.restored_from,
+                "saved_s": round(self.restore_saved_s, 3),
+            },
             "decode_s": round(self.decode_s, 6),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
             "overhead_s": round(self.overhead_s, 6) if self.timed_rounds else None,

@@ -48,3 +48,8 @@ def conversations_dir() -> Path:
 def ensure_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def prompt_cache_dir() -> Path:
+    """Saved prompt states (storage/prompt_cache.py), one folder per pair and recipe."""
+    return cache_root() / "prompt-cache"

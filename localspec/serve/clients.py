@@ -2,7 +2,9 @@
 
 ``keep_apart(history)`` is the worker's ``on_client`` (serve/worker.py). Before the first
 job of a client other than the last one's it empties both models' caches (no prompt's
-prefix is reused for another client, so ``cache_n`` says nothing of what others asked),
+prefix is reused for another client, so ``cache_n`` says nothing of what others asked;
+what they held goes to the prompt cache's memory as the last client's own, restored only
+for that client's prompts),
 starts the drafters again from what the session restored at start (nothing learned from
 another client's answers carries over), and gives the client its own history of answers
 when the server keeps them (``--history``): ``history/<fingerprint>-<client>`` in the
@@ -23,7 +25,7 @@ KEYLESS = "local"  # the history's name for the clients of a server without keys
 
 def keep_apart(history: bool) -> OnClient:
     def begin_client(session: Session, client: str) -> None:
-        session.forget_context()
+        session.forget_context(client or "")
         session.restart_learning()
         shared = [answers for answers in session.answers if not answers.client]
         own = []

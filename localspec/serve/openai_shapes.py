@@ -163,13 +163,17 @@ def stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
     return bool(stream), bool(include)
 
 
-def usage(stats: GenerationStats, predicted: tuple[int, int] | None = None) -> dict[str, Any]:
-    """OpenAI's usage; ``predicted``: the request's ``prediction_counts``, if it had one."""
+def usage(
+    stats: GenerationStats, predicted: tuple[int, int] | None = None, n_prompts: int = 1
+) -> dict[str, Any]:
+    """OpenAI's usage; ``predicted``: the request's ``prediction_counts``, if it had one.
+    ``cached_tokens``: the prompt's tokens not evaluated, as ``timings``' ``cache_n``."""
     prompt, completion = stats.prompt_tokens, stats.generated_tokens
     shown: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": _cached(stats, n_prompts)},
     }
     if predicted is not None:
         accepted, rejected = predicted
@@ -180,15 +184,20 @@ def usage(stats: GenerationStats, predicted: tuple[int, int] | None = None) -> d
     return shown
 
 
+def _cached(stats: GenerationStats, n_prompts: int) -> int:
+    """The prompts' tokens taken from a cache (a lane's, or the prompt cache's)."""
+    # The prefill evaluates all of a prompt but its last token, which its first round
+    # evaluates: that one is never taken from the cache, so a prompt nothing of which was
+    # cached reads 0, as in llama.cpp's server.
+    return stats.prompt_tokens - min(stats.prefill_evaluated + n_prompts, stats.prompt_tokens)
+
+
 def timings(stats: GenerationStats, n_prompts: int = 1) -> dict[str, Any]:
     """llama.cpp-server's names where they exist, then localspec's own. ``stats`` may sum
     ``n_prompts`` generations."""
     prompt_ms = stats.prefill_s * 1000
     predicted_ms = stats.decode_s * 1000
-    # The prefill evaluates all of a prompt but its last token, which its first round
-    # evaluates: that one is never taken from the cache, so a prompt nothing of which was
-    # cached reads cache_n 0, as in llama.cpp's server.
-    evaluated = min(stats.prefill_evaluated + n_prompts, stats.prompt_tokens)
+    evaluated = stats.prompt_tokens - _cached(stats, n_prompts)
     predicted = stats.generated_tokens
     return {
         "cache_n": stats.prompt_tokens - evaluated,

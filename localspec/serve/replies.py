@@ -168,7 +168,7 @@ async def whole_answer(
         **head,
         "object": "chat.completion" if asked.chat else "text_completion",
         "choices": choices,
-        "usage": usage(stats, _predicted(asked)),
+        "usage": usage(stats, _predicted(asked), len(finished)),
     }
     if with_timings:
         answer["timings"] = timings(stats, len(finished))
@@ -234,7 +234,7 @@ async def streamed_answer(
                     if asked.include_usage:
                         last["usage"] = None
                         yield _sse(last)
-                        shown = usage(stats, _predicted(asked))
+                        shown = usage(stats, _predicted(asked), len(finished))
                         last = {**head, "object": kind, "choices": [], "usage": shown}
                     if with_timings:
                         last["timings"] = timings(stats, len(finished))

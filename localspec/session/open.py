@@ -97,6 +97,7 @@ def open_session(
     target, slot, costs, costs_file = _load_pair(
         options, placement, rpc, target_path, draft_path, decision, measuring, on_progress
     )
+    from localspec.session.prompt_state import open_prompt_state
     from localspec.session.session import Session
 
     learning: tuple[LearningStore, str] | None = None
@@ -105,9 +106,13 @@ def open_session(
         draft = slot.model if slot is not None else None
         paths = (target_path, draft_path)
         learning, restored = _learned(target, draft, costs, placement, paths, on_progress)
+    prompt_state = open_prompt_state(
+        options.prompt_cache_tiers, options.prompt_cache_size, target, draft_path,
+        costs.plain_s if costs is not None else None,
+    )  # fmt: skip
     session = Session(
         target, None, costs, costs_file, learning, rpc=rpc, placement=placement, slot=slot,
-        derived=options.draft == SELF_DRAFT, restored=restored,
+        derived=options.draft == SELF_DRAFT, restored=restored, prompt_state=prompt_state,
     )  # fmt: skip
     try:
         _open_stores(session, options, on_progress)

@@ -55,6 +55,7 @@ from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import UsageError, validation_problem
 from localspec.session.pair import SELF_DRAFT, ModelOptions
 from localspec.session.placement import parse_layers
+from localspec.session.sizes import PROMPT_CACHE_SIZE_ENV, size_in_bytes
 
 
 @dataclass(frozen=True)
@@ -378,6 +379,45 @@ class StoreChoice:
             raise UsageError(f"{store} and {no_store} contradict each other", "give one of them")
         stores = () if self.no_store else (tuple(self.store) if self.store else None)
         return {"stores": stores, "history": not self.no_history}
+
+
+def parse_size(value: Any, name: str) -> int | None:
+    """A size as people write it (``64MB``, ``2GB``, ``512KiB``, a number of bytes) in
+    bytes; None stays None (the default)."""
+    if value is None:
+        return None
+    size = size_in_bytes(str(value))
+    if size is None:
+        raise UsageError(f"{name} {value!r} is not a size", "give e.g. 64MB, 2GB or 0 (off)")
+    return size
+
+
+@dataclass(frozen=True)
+class PromptCacheChoice:
+    """Whether prompts computed once are kept (session/prompt_state.py), and how much."""
+
+    prompt_cache_size: Annotated[
+        str | None,
+        Option(
+            "--prompt-cache-size",
+            metavar="SIZE",
+            help="bound of each prompt cache tier, e.g. 64MB or 2GB (default: "
+            f"${PROMPT_CACHE_SIZE_ENV}, else from this machine's memory and free disk)",
+            read=parse_size,
+        ),
+    ] = None
+    no_prompt_cache: Annotated[
+        bool, Option("--no-prompt-cache", help="neither restore nor save prompt states")
+    ] = False
+
+    def fields(self, tiers: tuple[str, ...], spelling: Spelling = COMMAND_LINE) -> dict[str, Any]:
+        """The ``ModelOptions`` fields they set, for a front end that keeps ``tiers``."""
+        size = parse_size(self.prompt_cache_size, spelling.option("prompt_cache_size"))
+        if size is None:
+            env = os.environ.get(PROMPT_CACHE_SIZE_ENV)
+            size = parse_size(env, PROMPT_CACHE_SIZE_ENV) if env else None
+        off = self.no_prompt_cache or size == 0
+        return {"prompt_cache_tiers": () if off else tiers, "prompt_cache_size": size}
 
 
 @dataclass(frozen=True)

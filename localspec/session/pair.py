@@ -61,6 +61,11 @@ class ModelOptions(BaseModel):
     stores: tuple[str, ...] | None = None
     history: bool = True  # add each finished answer to the history store (if it is on)
     show_download_progress: bool = True
+    # The prompt cache's tiers (session/prompt_state.py): "memory" for a running process,
+    # "disk" for what outlives it; () keeps none. Each bounded by prompt_cache_size bytes
+    # (None: from this machine's memory and free disk).
+    prompt_cache_tiers: tuple[str, ...] = ()
+    prompt_cache_size: int | None = Field(None, ge=0)
 
 
 def resolve_pair(

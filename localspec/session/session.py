@@ -27,6 +27,7 @@ they were restored at start), and gives each client its own ``answers``.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,13 +38,14 @@ from localspec.backend.llama import LlamaModel
 from localspec.backend.rpc import RpcLink
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
-from localspec.core.events import EngineWarning, Event, Finished, FinishReason
+from localspec.core.events import EngineWarning, Event, Finished, FinishReason, PrefillDone
 from localspec.core.params import GenerationParams, Policy
 from localspec.core.planner import planner_key
 from localspec.session.loading import DraftSlot, LaneSlot
 from localspec.session.pair import SELF_DRAFT
 from localspec.session.placement import Placement
 from localspec.session.preflight import PairFacts, check_request
+from localspec.session.prompt_state import PromptState
 from localspec.session.prompts import Prompts
 from localspec.storage.answers import KeptAnswers
 from localspec.storage.learning import LearningStore
@@ -51,6 +53,8 @@ from localspec.storage.library import HISTORY
 
 HISTORY_MIN_TOKENS = 16  # shorter answers are not worth keeping
 HISTORY_PROMPT_TOKENS = 64  # of the prompt, kept before each answer in the history
+# A prefill of fewer tokens is too short to time a token's evaluation by.
+MEASURED_PREFILL = 16
 
 
 class Session:
@@ -67,12 +71,15 @@ class Session:
         *,
         derived: bool = False,
         restored: dict | None = None,
+        prompt_state: PromptState | None = None,
     ) -> None:
         """``draft``: a loaded draft model; or ``slot``: the pair's draft model, loaded at
         once, in the background or when needed (session/loading.py). ``derived``: that draft
         model was derived from the target's own layers (``--draft self``): its drafts are
         labelled as the target's own, and the ``self`` drafter drafts with it. ``restored``:
-        what ``auto`` learned in earlier sessions (``learning``), to start from."""
+        what ``auto`` learned in earlier sessions (``learning``), to start from.
+        ``prompt_state``: the prompt cache this session restores prompts from and keeps
+        its answers in (session/prompt_state.py); None keeps none."""
         self.target = target
         self.rpc = rpc  # the workers the target runs on, if any
         self.placement = placement  # where each model runs, and why
@@ -91,6 +98,7 @@ class Session:
             draft_name=SELF_DRAFT if self.derived else "model", restored=restored,
         )  # fmt: skip
         self._restored = restored
+        self.prompt_state = prompt_state
         self._lanes_run = False  # rounds ran beside other lanes' (see forget_stale_costs)
         self.lane_of: Session | None = None  # the session whose pair a lane's session shares
         self.learning = learning  # where the auto controller's evidence is kept, and its key
@@ -193,6 +201,7 @@ class Session:
         lane = Session(
             self.target.lane(i), draft, self.costs, None, self.learning,
             placement=self.placement, slot=slot, derived=self.derived, restored=self._restored,
+            prompt_state=dataclasses.replace(self.prompt_state) if self.prompt_state else None,
         )  # fmt: skip
         lane.lane_of = self
         lane.decoder.planners.home = self.decoder.planners.home
@@ -218,8 +227,14 @@ class Session:
 
     # -- clients of a server ----------------------------------------------------------------
 
-    def forget_context(self) -> None:
-        """Empty both models' caches: the next prompt is evaluated whole."""
+    def forget_context(self, client: str | None = None) -> None:
+        """Empty both models' caches: the next prompt is evaluated whole, or restored from
+        what ``client`` (a server's client; None: the same owner) saved before. What they
+        held is kept in the prompt cache's memory first, for its own client."""
+        if self.prompt_state is not None:
+            self.prompt_state.stash(self.target, self.draft)
+            if client is not None:
+                self.prompt_state.owner = client
         self.target.reset()
         draft = self.draft
         if draft is not None:
@@ -272,7 +287,12 @@ class Session:
             earlier = self._earlier_answer(tokens, params.max_tokens)
             if earlier:
                 params = params.model_copy(update={"prediction": earlier})
-        events = self.decoder.generate(tokens, params, cancel)
+        restored = None
+        if self.prompt_state is not None:
+            restored = self.prompt_state.restore(self.target, self.draft, tokens, problems)
+        events = self.decoder.generate(tokens, params, cancel, restored)
+        if self.prompt_state is not None:
+            events = self._keeping_prompt(events, self.prompt_state)
         if problems:
             events = self._warned(events, problems)
         if any(answers.keep for answers in self.answers):
@@ -295,6 +315,20 @@ class Session:
             if runs:
                 return runs[0][0]
         return ()
+
+    def _keeping_prompt(self, events: Iterator[Event], state: PromptState) -> Iterator[Event]:
+        """Pass the events through; as the answer finishes (before ``Finished`` is handed
+        on: a consumer may stop reading there), keep the models' state in the prompt cache,
+        at the prefill rate this answer measured."""
+        prefill_s = 0.0
+        for event in events:
+            if isinstance(event, PrefillDone) and event.evaluated_tokens >= MEASURED_PREFILL:
+                restore_s = event.restored.seconds if event.restored is not None else 0.0
+                prefill_s = max(0.0, event.seconds - restore_s) / event.evaluated_tokens
+            elif isinstance(event, Finished):
+                problem = state.keep(self.target, self.draft, prefill_s)
+                yield from self._warnings([problem] if problem else [])
+            yield event
 
     def _warned(self, events: Iterator[Event], problems: list[str]) -> Iterator[Event]:
         """The events, the problems met as the answer began said after its first
