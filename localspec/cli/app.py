@@ -57,6 +57,11 @@ COMMANDS = {
         "datastore_app",
         "index your files and keep your answers to draft from",
     ),
+    "prompt-cache": Command(
+        "localspec.cli.prompt_cache",
+        "prompt_cache_app",
+        "list or clear the prompts kept on disk",
+    ),
 }
 
 

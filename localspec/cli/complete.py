@@ -119,6 +119,11 @@ def human_stats(stats: GenerationStats, reason: str) -> str:
         f"(acceptance {stats.acceptance_rate:.0%}); {stats.rounds} target passes, "
         f"{stats.mean_accepted_length:.2f} tokens per pass",
     ]
+    if stats.restored_tokens:
+        lines.append(
+            f"prompt cache: {stats.restored_tokens} tokens restored from {stats.restored_from}, "
+            f"about {stats.restore_saved_s:.1f}s of evaluation spared"
+        )
     origins = sorted(stats.by_origin.items())
     lines.append("tokens by origin: " + ", ".join(f"{k} {v}" for k, v in origins))
     for name, d in sorted(stats.by_drafter.items()):

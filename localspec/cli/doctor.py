@@ -70,6 +70,13 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"costs measured   {when}: plain step {profile['plain_step_ms']} ms ({profile['file']})"
         )
+    cache = report.get("prompt_cache")
+    if cache:
+        lines.append(
+            f"prompt cache     {cache['entries']} saved prompt(s), {_gib(cache['bytes'])} of "
+            f"{_gib(cache['default_disk_bound'])} on disk ({cache['folder']}); memory tier "
+            f"{_gib(cache['default_memory_bound'])} (defaults: --prompt-cache-size sets both)"
+        )
     lines += [f"note: {note}" for note in report.get("notes", [])]
     lines += [f"problem: {problem}" for problem in report.get("problems", [])]
     lines.append("localspec can run here" if report["ok"] else "localspec cannot run here")

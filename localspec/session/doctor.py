@@ -33,6 +33,7 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     verification: dict[str, Any] = field(default_factory=dict)
     suggestion: dict[str, Any] | None = None
+    prompt_cache: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -51,6 +52,7 @@ class Diagnosis:
             "cost_profiles": self.cost_profiles,
             "verification": self.verification,
             "suggestion": self.suggestion,
+            "prompt_cache": self.prompt_cache,
         }
 
 
@@ -70,7 +72,24 @@ def diagnose(options: Any) -> Diagnosis:
     _suggestion(report, options)
     _models(report)
     _cost_profiles(report, home / "calibration")
+    _prompt_cache(report)
     return report
+
+
+def _prompt_cache(report: Diagnosis) -> None:
+    """The prompt cache on disk: its folder, what it holds, and its bounds."""
+    from localspec.models.paths import prompt_cache_dir
+    from localspec.session.sizes import default_bounds
+    from localspec.storage.prompt_cache import DiskTier
+
+    root = prompt_cache_dir()
+    memory, disk = default_bounds(root)
+    listed = DiskTier(root, disk).listing()
+    report.prompt_cache = {
+        "folder": str(root), "entries": len(listed),
+        "bytes": sum(item.nbytes for item in listed),
+        "default_disk_bound": disk, "default_memory_bound": memory,
+    }  # fmt: skip
 
 
 def _writable(home: Path) -> str | None:

@@ -173,6 +173,18 @@ class _Header:
     tokens: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
 
 
+@dataclass(frozen=True)
+class Listed:
+    """One file of the disk tier, as ``localspec prompt-cache list`` shows it."""
+
+    path: Path
+    tokens: int
+    draft_tokens: int
+    nbytes: int
+    used: float  # the last use, seconds since the epoch
+    owner: str
+
+
 class DiskTier:
     """Entries under ``root``, up to ``limit`` bytes (see the module docstring)."""
 
@@ -251,6 +263,21 @@ class DiskTier:
             total -= size
             removed += 1
         return removed
+
+    def listing(self) -> list[Listed]:
+        """Every entry's summary, the most recently used first (damaged files skipped)."""
+        listed: list[Listed] = []
+        for path in self.files():
+            head = self._header(path, [], with_tokens=False)
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            if head is not None:
+                listed.append(
+                    Listed(path, head.n_target, head.n_draft, st.st_size, st.st_mtime, head.owner)
+                )
+        return sorted(listed, key=lambda item: -item.used)
 
     def clear(self) -> int:
         removed = 0
