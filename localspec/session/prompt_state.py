@@ -46,7 +46,6 @@ from localspec.storage.prompt_cache import (
     MEMORY,
     DiskTier,
     Entry,
-    Found,
     MemoryTier,
     PromptCache,
     Saved,
@@ -92,8 +91,13 @@ class PromptState:
         if len(head) - held < MIN_GAIN:
             return None
         t0 = time.perf_counter()
-        found = self.cache.find(self.key, self.owner, head, warnings)
-        if found is None or found.common - held < MIN_GAIN or not self._pays(found, held):
+
+        def pays(common: int, nbytes: int, prefill_s: float) -> bool:
+            cost = prefill_s or self.fallback_prefill_s
+            return (common - held) * cost >= nbytes / self.cache.io_rate
+
+        found = self.cache.find(self.key, self.owner, head, warnings, pays)
+        if found is None or found.common - held < MIN_GAIN:
             return None
         self.stash(target, draft)
         entry = found.entry
@@ -108,12 +112,6 @@ class PromptState:
         cost = entry.prefill_s or self.fallback_prefill_s
         return Restored(restored, found.tier, seconds, max(0.0, restored * cost - seconds))
 
-    def _pays(self, found: Found, held: int) -> bool:
-        if found.tier == MEMORY:
-            return True
-        cost = found.entry.prefill_s or self.fallback_prefill_s
-        return (found.common - held) * cost >= found.entry.nbytes / self.cache.io_rate
-
     def keep(self, target: LlamaModel, draft: LlamaModel | None, prefill_s: float) -> str:
         """Save what the models hold after an answer (see the module docstring); "" or why
         it could not be saved."""
@@ -121,8 +119,7 @@ class PromptState:
         if len(tokens) < MIN_TOKENS or not (self.disk or self.memory):
             return ""
         prefill_s = prefill_s or self.fallback_prefill_s
-        found = self.cache.find(self.key, self.owner, tokens, [])
-        known = found.common if found is not None else 0
+        known = self.cache.known(self.key, self.owner, tokens)
         if known == len(tokens):
             return ""  # saved already
         state = target.sequence_state()
@@ -139,8 +136,8 @@ class PromptState:
         tokens = list(target.cached)
         if not self.memory or len(tokens) < MIN_TOKENS:
             return
-        found = self.cache.find(self.key, self.owner, tokens, [])
-        if found is not None and found.tier == MEMORY and found.common == len(tokens):
+        memory = self.cache.memory
+        if memory is not None and memory.holds(self.key, self.owner, as_tokens(tokens)):
             return
         entry = Entry(
             self.key, Saved(as_tokens(tokens), target.sequence_state()),

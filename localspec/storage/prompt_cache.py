@@ -37,7 +37,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,6 +134,15 @@ class MemoryTier:
             self._entries.move_to_end((key, owner, best[0].digest()))
         return best
 
+    def holds(self, key: str, owner: str, tokens: np.ndarray) -> bool:
+        """Whether an entry holds all of ``tokens`` already."""
+        return any(
+            e.key == key
+            and e.owner == owner
+            and common_length(e.target.tokens, tokens) == len(tokens)
+            for e in self._entries.values()
+        )
+
     def save(self, entry: Entry) -> None:
         if entry.nbytes > self.limit:
             return
@@ -202,9 +211,11 @@ class DiskTier:
     def nbytes(self) -> int:
         return sum(_size(p) for p in self.files())
 
-    def best(
+    def longest(
         self, key: str, owner: str, tokens: np.ndarray, warnings: list[str]
-    ) -> tuple[Entry, int] | None:
+    ) -> tuple[_Header, int] | None:
+        """The header of the entry sharing the longest prefix with ``tokens``, and its
+        length; only headers and tokens are read."""
         best: tuple[_Header, int] | None = None
         for path in self._folder(key).glob(f"*{SUFFIX}"):
             head = self._header(path, warnings, with_tokens=True)
@@ -213,10 +224,16 @@ class DiskTier:
             common = common_length(head.tokens, tokens)
             if common and (best is None or common > best[1]):
                 best = (head, common)
-        if best is None:
+        return best
+
+    def best(
+        self, key: str, owner: str, tokens: np.ndarray, warnings: list[str]
+    ) -> tuple[Entry, int] | None:
+        found = self.longest(key, owner, tokens, warnings)
+        if found is None:
             return None
-        entry = self._load(best[0], warnings)
-        return (entry, best[1]) if entry is not None else None
+        entry = self._load(found[0], warnings)
+        return (entry, found[1]) if entry is not None else None
 
     def save(self, entry: Entry) -> str:
         """Write ``entry`` (replacing those it extends, then evicting); "" or why not."""
@@ -421,16 +438,39 @@ class PromptCache:
         self._lock = threading.Lock()
         self.io_rate = DEFAULT_IO_RATE  # bytes a second of the last disk write, measured
 
-    def find(self, key: str, owner: str, tokens: object, warnings: list[str]) -> Found | None:
+    def find(
+        self,
+        key: str,
+        owner: str,
+        tokens: object,
+        warnings: list[str],
+        pays: Callable[[int, int, float], bool] | None = None,
+    ) -> Found | None:
+        """The entry sharing the longest prefix with ``tokens``. One on disk is read only
+        where ``pays(common, nbytes, prefill_s)`` says that reading it is worth it."""
         wanted = as_tokens(tokens)
         with self._lock:
             found = self.memory.best(key, owner, wanted) if self.memory is not None else None
             best = Found(found[0], MEMORY, found[1]) if found is not None else None
-            if self.disk is not None:
-                on_disk = self.disk.best(key, owner, wanted, warnings)
-                if on_disk is not None and (best is None or on_disk[1] > best.common):
-                    best = Found(on_disk[0], DISK, on_disk[1])
-            return best
+            if self.disk is None:
+                return best
+            head = self.disk.longest(key, owner, wanted, warnings)
+            if head is None or (best is not None and head[1] <= best.common):
+                return best
+            size = head[0].target_bytes + head[0].draft_bytes
+            if pays is not None and not pays(head[1], size, head[0].prefill_s):
+                return best
+            entry = self.disk._load(head[0], warnings)
+            return Found(entry, DISK, head[1]) if entry is not None else best
+
+    def known(self, key: str, owner: str, tokens: object) -> int:
+        """How long a prefix of ``tokens`` some entry holds already (nothing read but the
+        entries' tokens)."""
+        wanted = as_tokens(tokens)
+        with self._lock:
+            found = self.memory.best(key, owner, wanted) if self.memory is not None else None
+            head = self.disk.longest(key, owner, wanted, []) if self.disk is not None else None
+            return max(found[1] if found else 0, head[1] if head else 0)
 
     def save(self, entry: Entry, *, memory: bool, disk: bool) -> str:
         """Keep ``entry`` in the tiers asked for that are on; "" or why it was not saved."""
