@@ -38,7 +38,7 @@ fi
 # CPU backend without them, as scripts/setup.sh does for llama-cpp-python.
 cmake -S "$SRC" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
     -DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__
-cmake --build "$DIR/build" --target llama-speculative-simple llama-bench llama-simple llama-server -j"$JOBS"
+cmake --build "$DIR/build" --target llama-speculative-simple llama-bench llama-simple llama-server llama-completion -j"$JOBS"
 
 BIN="$DIR/build/bin/llama-speculative-simple"
 BENCH="$DIR/build/bin/llama-bench"

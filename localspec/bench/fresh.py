@@ -137,7 +137,9 @@ class FreshRunner:
         seed: int | None,
         prediction: Path | None,
     ) -> list[str]:
-        cmd = [sys.executable, "-m", "localspec", "complete", "--json"]
+        # Each mode evaluates its prompt as a first run does: none restores what another
+        # mode's process saved of the same prompt.
+        cmd = [sys.executable, "-m", "localspec", "complete", "--json", "--no-prompt-cache"]
         if mode != AGAIN_MODE:  # the history keeps no answer of the others
             cmd.append("--no-history")
         cmd += ["--drafter", mode.drafter.value, "--max-tokens", str(max_tokens)]
