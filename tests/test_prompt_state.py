@@ -136,3 +136,41 @@ def test_one_lane_serving_a_b_a_restores_a(tiny_pair):
         assert prefill.restored is not None and prefill.restored.tokens == len(PROMPT) - 1
     finally:
         session.close()
+
+
+def test_a_resumed_conversation_restores_its_earlier_turns(tiny_pair):
+    target, _, _ = tiny_pair
+    question = " ".join(f"the cat number {i} sat on the mat" for i in range(8))
+    params = GenerationParams(max_tokens=8, drafter=DrafterMode.NGRAM)
+    first = open_session(options(target))
+    try:
+        messages = [{"role": "user", "content": question}]
+        done = list(first.chat(messages, params))[-1]
+        assert isinstance(done, Finished)
+    finally:
+        first.close()
+    resumed = open_session(options(target))  # as `localspec chat --resume` opens it
+    try:
+        messages += [{"role": "assistant", "content": done.text},
+                     {"role": "user", "content": "and the dog?"}]  # fmt: skip
+        events = list(resumed.chat(messages, params))
+        prefill = next(e for e in events if isinstance(e, PrefillDone))
+        assert prefill.restored is not None and prefill.restored.tier == DISK
+        asked = len(resumed.chat_tokens(messages[:1]))
+        assert prefill.restored.tokens >= asked  # the first question at least
+    finally:
+        resumed.close()
+
+
+def test_the_api_takes_the_prompt_cache_options(tiny_pair):
+    import localspec
+
+    target, _, _ = tiny_pair
+    with localspec.load(target, drafter="none", ctx=512, prompt_cache_size="64MB") as pair:
+        state = pair._session.prompt_state
+        assert state is not None and state.cache.disk is not None
+        assert state.cache.disk.limit == 64_000_000 and state.cache.memory is not None
+    with localspec.load(target, drafter="none", ctx=512, prompt_cache=False) as pair:
+        assert pair._session.prompt_state is None
+    with pytest.raises(localspec.UsageError, match="prompt_cache_size"):
+        localspec.load(target, drafter="none", ctx=512, prompt_cache_size="lots")
