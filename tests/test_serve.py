@@ -144,8 +144,11 @@ def test_usage_and_timings_of_a_request_with_two_prompts():
     first = _stats(10, 4, [("model", 4, 3, 4), (None, 0, 0, 1)])
     second = _stats(6, 6, [("ngram", 8, 8, 9)])
     both = GenerationStats.merged([first, second])
-    assert usage(both) == {"prompt_tokens": 16, "completion_tokens": 14, "total_tokens": 30}
     # Each prompt's last token is evaluated by its first round, never taken from the cache.
+    assert usage(both, n_prompts=2) == {
+        "prompt_tokens": 16, "completion_tokens": 14, "total_tokens": 30,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }  # fmt: skip
     assert timings(both, n_prompts=2) == {
         "cache_n": 4,
         "prompt_n": 12,
