@@ -1,7 +1,7 @@
 """The prompt cache on the real default pair (slow), in fresh ``localspec complete``
 processes: with ``--exact`` an answer after a restored prompt is token for token the cold
 one's, the prompt restored whole or a file's prefix before another question; the folder
-stays within ``LOCALSPEC_PROMPT_CACHE_SIZE``."""
+stays within ```LOCALSPEC_PROMPT_CACHE_SIZE``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-FILE = inspect.getsource(textwrap)[:6000]  # a module of the standard library: ~1,400 tokens
+SOURCE = inspect.getsource(textwrap)  # a module of the standard library
+FILE = SOURCE[:3000]  # about 700 tokens
 FIRST = FILE + "\n\nWhat does dedent do? Answer in one sentence."
 SECOND = FILE + "\n\nWhich functions wrap text? Name them."
 
@@ -59,7 +60,7 @@ def test_exact_answers_after_a_restored_prompt_are_the_cold_ones(tmp_path, real_
     assert other_cold["stats"]["prompt_cache"]["restored_tokens"] == 0
     other_warm = _complete(home, SECOND, "--exact")
     restored = other_warm["stats"]["prompt_cache"]["restored_tokens"]
-    assert restored > 1000 and other_warm["stats"]["prefill_evaluated_tokens"] > 0
+    assert restored > 500 and other_warm["stats"]["prefill_evaluated_tokens"] > 0
     assert other_warm["token_ids"] == other_cold["token_ids"]
     # A state made without --exact is not restored in exact mode, nor the other way.
     plain = _complete(home, FIRST)
@@ -68,9 +69,9 @@ def test_exact_answers_after_a_restored_prompt_are_the_cold_ones(tmp_path, real_
 
 def test_the_folder_stays_within_its_bound(tmp_path, real_pair_home):
     home = _home(tmp_path, real_pair_home)
-    bound = 64 << 20
-    for question in ("What does dedent do?", "What does fill do?", "What is TextWrapper?"):
-        _complete(home, FILE[: 4000 + 600 * len(question) % 1500] + question, size="64MiB")
+    bound = 40 << 20  # one or two of these prompts' states (28 KB a token)
+    for i, question in enumerate(("What does dedent do?", "What does fill do?", "Why?")):
+        _complete(home, SOURCE[: 3000 + 1000 * i] + question, size="40MiB")
         files = list((home / "prompt-cache").rglob("*.state"))
         assert sum(p.stat().st_size for p in files) <= bound
-    assert files  # at least the latest is kept
+        assert files  # the latest at least is kept

@@ -174,3 +174,28 @@ def test_the_api_takes_the_prompt_cache_options(tiny_pair):
         assert pair._session.prompt_state is None
     with pytest.raises(localspec.UsageError, match="prompt_cache_size"):
         localspec.load(target, drafter="none", ctx=512, prompt_cache_size="lots")
+
+
+def test_the_draft_models_state_comes_back_with_the_targets(tiny_pair):
+    target, draft, _ = tiny_pair
+    params = GenerationParams(max_tokens=8, drafter=DrafterMode.MODEL)
+    with_draft = options(target, (DISK,)).model_copy(update={"draft": str(draft),
+                                                             "use_draft": True})  # fmt: skip
+    first = open_session(with_draft)
+    try:
+        cold = list(first.generate(PROMPT, params))[-1]
+    finally:
+        first.close()
+    second = open_session(with_draft)
+    try:
+        model = second.draft
+        assert model is not None
+        before = model.evaluated_tokens
+        events = list(second.generate(PROMPT, params))
+        prefill = next(e for e in events if isinstance(e, PrefillDone))
+        assert prefill.restored is not None and prefill.evaluated_tokens == 0
+        # The draft model caught up from its restored state: far fewer than the prompt.
+        assert model.evaluated_tokens - before < len(PROMPT) // 2
+        assert events[-1].token_ids == cold.token_ids
+    finally:
+        second.close()
