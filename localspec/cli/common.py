@@ -23,11 +23,10 @@ from localspec.errors import (
     InputError,
     LocalspecError,
     MissingDraftError,
-    UsageError,
     error_lines,
 )
 from localspec.progress import Progress, ProgressKind
-from localspec.session.options import COMMAND_LINE, command_line, invalid_value
+from localspec.session.options import COMMAND_LINE
 
 
 def worded(error: BaseException) -> BaseException:
@@ -80,11 +79,6 @@ def echo_progress(progress: Progress) -> None:
 
 def fail(error: LocalspecError) -> typer.Exit:
     return typer.Exit(echo_error(error))
-
-
-def usage_from(error: Any, command: str = "complete") -> UsageError:
-    """A pydantic ``ValidationError`` of option values as a ``UsageError``."""
-    return invalid_value(error, command_line(command))
 
 
 @contextlib.contextmanager

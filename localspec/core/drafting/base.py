@@ -20,8 +20,7 @@ generations, so what it learns carries from answer to answer, as llama.cpp keeps
 Optional capability: a drafter whose sources may disagree (the copying ones) can draft
 the competing continuations as one draft tree; it then exposes itself as ``branching``
 (a ``Branching``), and its offers price trees (``Offer.tree``). Drafters without it set
-``branching = None`` and are never planned a tree. ``Previewing`` is what a copying drafter
-shows of a draft a round passed over, for the answer to grade (``grades.Pending``).
+``branching = None`` and are never planned a tree.
 
 Optional capability ``Warns``: a drafter that drafts from something that may fail
 outside its control (a datastore on disk) keeps a ``warnings`` list; the engine yields each
@@ -128,11 +127,6 @@ class Watching(Protocol):
 class Ends(Protocol):
     def end(self) -> None:
         """The generation is over: free what only its answer needed."""
-
-
-class Previewing(Protocol):
-    def preview(self, k: int) -> list[int]:
-        """Up to ``k`` tokens ``propose`` would draft now, without drafting them."""
 
 
 class Drafter(Protocol):
