@@ -11,6 +11,11 @@ are this machine's (linked) and whose prompt cache starts empty:
 - llama.cpp cold and warm: `llama-completion -no-cnv -n 1 --prompt-cache FILE` with the file
   deleted first, then kept.
 
+With `--serve`, it measures a server instead: `localspec serve --parallel 1` started in the
+private home, then requests A, B, A (the first two prompt files as chat messages, streamed,
+one new token each); the figure is each request's time to its first token, and A's second
+over its first.
+
 Every figure is a whole process's wall time from its start to its exit (a one-token answer:
 its first token's time and its exit are a few milliseconds apart), the median of `--reps`
 runs; the ratios are warm over cold and localspec warm over llama.cpp warm. Nothing else
@@ -18,6 +23,7 @@ should run on the machine meanwhile.
 
     python experiments/prompt_cache.py PROMPT.txt [...] --native-bin DIR/build/bin \\
         [--other "Which functions does it define?"] [--reps 3] [--exact]
+    python experiments/prompt_cache.py A.txt B.txt --serve [--port 8089]
 """
 
 from __future__ import annotations
@@ -108,16 +114,66 @@ def measure(prompt_file: Path, target: Path, args: argparse.Namespace) -> dict:
     return result
 
 
+def first_token_s(url: str, text: str) -> float:
+    import httpx
+
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 1, "stream": True}
+    t0 = time.perf_counter()
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                return time.perf_counter() - t0
+    raise SystemExit(f"no token came back from {url}")
+
+
+def measure_serve(a: Path, b: Path, args: argparse.Namespace) -> dict:
+    import httpx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        home = private_home(Path(tmp))
+        env = {**os.environ, "LOCALSPEC_HOME": str(home), "LOCALSPEC_HISTORY": "0"}
+        url = f"http://127.0.0.1:{args.port}"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "localspec", "serve", "--parallel", "1", "--port",
+             str(args.port), "--threads", str(args.threads)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.time() + 600
+            while time.time() < deadline:
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ok":
+                        break
+                except (httpx.HTTPError, ValueError):
+                    pass
+                time.sleep(0.5)
+            texts = {"A": a.read_text(encoding="utf-8"), "B": b.read_text(encoding="utf-8")}
+            times = [(name, round(first_token_s(url, texts[name]), 3)) for name in "ABA"]
+        finally:
+            server.terminate()
+            server.wait(60)
+    return {"first_token_s": times, "a_again_over_a": round(times[2][1] / times[0][1], 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("prompts", nargs="+", type=Path)
-    parser.add_argument("--native-bin", required=True, help="where llama-completion is")
+    parser.add_argument("--native-bin", help="where llama-completion is")
+    parser.add_argument("--serve", action="store_true", help="time A, B, A on a server")
+    parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--other", help="another question to put after the same file")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--exact", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.serve:
+        if len(args.prompts) != 2:
+            parser.error("--serve takes two prompt files, A and B")
+        print(json.dumps(measure_serve(*args.prompts, args)))
+        return
+    if not args.native_bin:
+        parser.error("--native-bin is needed (scripts/build_native.sh DIR: DIR/build/bin)")
     target = resolve_model(None, "target", progress=False)
     results = [measure(p, target, args) for p in args.prompts]
     text = json.dumps(results, indent=1)
