@@ -8,7 +8,9 @@ request first passes ``access.Guard`` (its ``Host`` and ``Origin``); every endpo
 ``/health`` then requires ``Authorization: Bearer KEY`` when keys are set (``/health`` says
 how many requests wait only to a caller with a key), and the key names the client a job
 runs for (the worker keeps clients apart, see serve/worker.py). A POST
-body must be ``application/json`` of at most ``max_body`` bytes, read once into a typed
+body must be ``application/json`` of at most ``max_body`` bytes, sent within
+``body_timeout_s`` (a 408 after; a client that leaves while sending it is one line in the
+log, a 499), read once into a typed
 request (serve/requests.py) whose every field is checked before a job is queued, and what
 needs the loaded pair (a drafter without its draft model, a prompt the context cannot
 hold: the session's preflight) as the job starts, before its first event; every refusal
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -42,6 +45,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import Event, Finished
@@ -71,6 +75,7 @@ JSON_TYPE = "application/json"
 # A prediction longer than this many contexts cannot be copied by any answer: refused.
 PREDICTION_CONTEXTS = 4
 Parsed = TypeVar("Parsed", bound=ApiRequest)
+log = logging.getLogger("localspec.serve")
 
 
 def _with_prediction(
@@ -192,7 +197,13 @@ async def completions(request: Request) -> Any:
         return _counted(_in_turn(session, token_lists, params, cancel), asked)
 
     # A fill-in-the-middle is an editor's: someone typing waits for it (serve/worker.py).
-    job = Job(start, completion.params, client=client, interactive=bool(completion.suffix))
+    job = Job(
+        start,
+        completion.params,
+        client=client,
+        interactive=bool(completion.suffix),
+        prompts=len(completion.prompts),
+    )
     return await _answer(state, request, job, asked)
 
 
@@ -220,13 +231,15 @@ def _prompt_tokens(session: Session, completion: CompletionRequest, prompt: str 
 
 async def _answer(state: ServerState, request: Request, job: Job, asked: Asked) -> Any:
     """The job's answer: one choice per prompt, in order, as JSON or as a stream."""
-    assert state.worker is not None
+    worker = state.worker
+    assert worker is not None
+    job.events.bind(asyncio.get_running_loop())  # waited for here, on no thread
     try:
-        state.worker.submit(job)
+        worker.submit(job)
     except QueueFull:
         raise ApiError(503, "the server is busy: every queue slot is taken", type="server_error",
                        code="queue_full", headers={"Retry-After": "2"}) from None  # fmt: skip
-    watcher = asyncio.create_task(cancel_on_disconnect(request, job))
+    watcher = asyncio.create_task(cancel_on_disconnect(request, job, worker.withdraw))
     try:
         first = await next_event(job)  # waits for the turn; errors come first
         raise_for(first, asked.chat)
@@ -241,7 +254,7 @@ async def _answer(state: ServerState, request: Request, job: Job, asked: Asked) 
                                      headers={"Cache-Control": "no-cache"})  # fmt: skip
         return await whole_answer(job, first, head, asked, state.timings)
     except BaseException:
-        job.cancel.set()
+        worker.withdraw(job)
         raise
     finally:
         watcher.cancel()
@@ -277,11 +290,15 @@ async def _read_json(state: ServerState, request: Request) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > state.max_body:
         raise _too_large(state)
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > state.max_body:
-            raise _too_large(state)
+    try:
+        async with asyncio.timeout(state.body_timeout_s):  # a half-sent body is not held
+            raw = await _read_body(state, request)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {state.body_timeout_s:g} s",
+                       code="body_timeout") from None  # fmt: skip
+    except ClientDisconnect:  # nobody reads the answer: one line in the log, no traceback
+        log.warning("a client left while sending its request body (499)")
+        raise ApiError(499, "the client left while sending its body", code="cancelled") from None
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, long integers
@@ -297,6 +314,15 @@ async def _read_json(state: ServerState, request: Request) -> dict[str, Any]:
         raise ApiError(400, "the request body must be a JSON object", code="bad_json")
     _require_loaded(state)
     return body
+
+
+async def _read_body(state: ServerState, request: Request) -> bytearray:
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > state.max_body:
+            raise _too_large(state)
+    return raw
 
 
 def _require_loaded(state: ServerState) -> None:
