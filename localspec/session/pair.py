@@ -18,6 +18,10 @@ from localspec.backend.rpc import DEFAULT_TIMEOUT
 from localspec.progress import OnProgress, tell
 
 MAX_LANES = 64  # generations at once, at most
+MAX_THREADS = 512  # llama.cpp's own limit (GGML_MAX_N_THREADS): past it, it crashes
+# A context past any model's trained one: a larger --ctx is a mistake, not a wish (the input
+# a context can hold is read into memory before the model loads).
+MAX_CTX = 1 << 21
 AUTO_LANES_GPU = 4  # with the target on a GPU, where one batch verifies several rounds
 AUTO_LANES_CPU = 2  # on the CPU, whose cores one generation fills: an editor and a chat
 
@@ -33,8 +37,8 @@ class ModelOptions(BaseModel):
     # True where the drafter may draft without the draft model (auto): it is loaded only
     # where this machine's costs say it may pay, or once a drafter needs it (loading.py).
     draft_on_demand: bool = False
-    threads: int | None = Field(None, ge=1)
-    n_ctx: int = Field(4096, ge=64)
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS)
+    n_ctx: int = Field(4096, ge=64, le=MAX_CTX)
     # Generations the pair runs at once (a server's --parallel): a context of n_ctx tokens
     # each, in one cache per model (backend/lanes.py); 0: as suits where the target runs.
     lanes: int = Field(1, ge=0, le=MAX_LANES)
