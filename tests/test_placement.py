@@ -427,3 +427,35 @@ def test_a_target_file_of_the_default_drafts_tokenizer_gets_the_default_draft(
         "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2"})  # fmt: skip
     pair_module.resolve_pair(pair_module.ModelOptions(target=str(target)))
     assert resolved[-1] == (None, "draft")  # Qwen2's tokenizer: the default draft fits
+
+
+@pytest.mark.parametrize("value", [float("inf"), 100_000])
+def test_doctor_blames_a_damaged_header_cache_not_a_sound_model_file(monkeypatch, tiny_pair, value):
+    """A block count the header cache (headers.json) holds that no model has: the model is
+    not reported as damaged, and the cache holds the file's own values again (an infinite
+    count is never taken from it; a count past llama.cpp's is read again from the file, and
+    a note says the damage was the cache's)."""
+    from typer.testing import CliRunner
+
+    from localspec.cli.app import app
+    from localspec.models import gguf
+
+    target, draft, _ = tiny_pair
+    monkeypatch.setattr(gguf, "_READ_CACHE", {})
+    real = gguf.read_metadata(target)  # kept in this home's headers.json
+    key = f"{real['general.architecture']}.block_count"
+    cache = gguf._cache_file()
+    kept = json.loads(cache.read_text())
+    kept[str(target.resolve())]["values"][key] = value
+    cache.write_text(json.dumps(kept))
+    monkeypatch.setattr(gguf, "_READ_CACHE", {})  # a new process
+    _fake_devices(monkeypatch, [])
+    result = CliRunner().invoke(
+        app, ["doctor", "--json", "--target", str(target), "--draft", str(draft)]
+    )
+    report = json.loads(result.output)
+    assert report["problems"] == [], report["problems"]
+    noted = [n for n in report["notes"] if "header cache" in n]
+    assert bool(noted) is (value != float("inf")), report["notes"]
+    fixed = json.loads(cache.read_text())[str(target.resolve())]["values"]
+    assert fixed[key] == real[key]
