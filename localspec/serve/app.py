@@ -20,6 +20,7 @@ as server-sent events; the first event (or error) is awaited before the response
 a request that cannot run gets a proper status. A client that disconnects, streamed or not,
 cancels its job; the engine stops after its current round. ``timings`` (llama.cpp-server's
 figures, with the drafts and the cache reuse) are left out when ``state.timings`` is off.
+``/metrics`` is what the worker counted (serve/metrics.py) in Prometheus' text format.
 The endpoints are the functions named after them below, which read the ``ServerState``
 from the app; serve/replies.py turns a job's events into the answer.
 
@@ -43,7 +44,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -72,6 +73,7 @@ from localspec.serve.worker import Job, QueueFull
 from localspec.session.session import Session
 
 JSON_TYPE = "application/json"
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text format
 # A prediction longer than this many contexts cannot be copied by any answer: refused.
 PREDICTION_CONTEXTS = 4
 Parsed = TypeVar("Parsed", bound=ApiRequest)
@@ -122,6 +124,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.exception_handler(Exception)(internal_error)
     app.get("/health")(health)
     app.get("/v1/models")(models)
+    app.get("/metrics")(metrics)
     app.post("/v1/chat/completions")(chat_completions)
     app.post("/v1/completions")(completions)
     return app
@@ -163,6 +166,18 @@ async def health(request: Request) -> JSONResponse:
     worker = state.worker
     return JSONResponse({"status": "ok", "waiting": worker.waiting, "running": worker.running,
                          "parallel": worker.lanes})  # fmt: skip
+
+
+async def metrics(request: Request) -> PlainTextResponse:
+    """What the server has done, in Prometheus' text format (serve/metrics.py); its key
+    is required as for every endpoint but ``/health``."""
+    state = _state(request)
+    client_of(state.access, request.headers.get("authorization"))
+    _require_loaded(state)
+    worker = state.worker
+    assert worker is not None
+    text = worker.metrics.render(worker.waiting, worker.running, worker.lanes)
+    return PlainTextResponse(text, media_type=METRICS_TYPE)
 
 
 async def models(request: Request) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from typing import Any
 from localspec.backend.lanes import LaneClock, Turns, gather_pays, joining_slows
 from localspec.core.events import EngineWarning, Event, PrefillDone, RoundCompleted
 from localspec.core.params import GenerationParams
+from localspec.serve.metrics import Metrics
 from localspec.session.session import Session
 
 log = logging.getLogger("localspec.serve")
@@ -131,6 +132,7 @@ class Job:
     order: int = 0
     since: float = 0.0
     passes: int = 0
+    outcome: str | None = None  # how it ended (serve/metrics.py's OUTCOMES), once it has
 
     @property
     def work(self) -> int:
@@ -198,6 +200,7 @@ class GenerationWorker:
         ]
         self.served = 0
         self.submitted = 0  # jobs accepted into the queue so far
+        self.metrics = Metrics()
 
     @property
     def lanes(self) -> int:
@@ -217,6 +220,7 @@ class GenerationWorker:
     def submit(self, job: Job) -> Job:
         with self._cond:
             if self._stopping or len(self._waiting) >= self.max_queue:
+                self._count_end(job, "queue_full")
                 raise QueueFull
             job.order, job.since, job.passes = next(self._order), time.monotonic(), 0
             self._waiting.append(job)
@@ -234,6 +238,7 @@ class GenerationWorker:
         while free and self._waiting:
             job = self._take_next()
             if job.cancel.is_set():  # its client left while it waited
+                self._count_end(job, "stopped" if job.stopped else "cancelled")
                 job.events.put(None)
                 continue
             lane = _lane_for(job, free)
@@ -257,6 +262,12 @@ class GenerationWorker:
                 job.passes += 1
         return chosen
 
+    def _count_end(self, job: Job, outcome: str) -> None:
+        """Count how ``job`` ended, once (the first word on it stands)."""
+        if job.outcome is None:
+            job.outcome = outcome
+            self.metrics.ended(job, outcome)
+
     def withdraw(self, job: Job) -> None:
         """Its client has gone: cancel it, and a waiting job leaves the queue at once (its
         slot free for the next request); its reader is told it is over."""
@@ -264,6 +275,7 @@ class GenerationWorker:
         with self._cond:
             if job in self._waiting:
                 self._waiting.remove(job)
+                self._count_end(job, "cancelled")
         job.events.put(None)
 
     def cancel_all(self) -> None:
@@ -274,6 +286,7 @@ class GenerationWorker:
             for job in self._waiting:
                 job.stopped = True
                 job.cancel.set()
+                self._count_end(job, "stopped")
                 job.events.put(None)
             self._waiting.clear()
             for lane in self._lanes:
@@ -329,12 +342,16 @@ class GenerationWorker:
                 for event in job.start(lane.session, job.cancel):
                     if isinstance(event, EngineWarning):  # the server's operator reads its log
                         log.warning("%s", event.message)
+                    self.metrics.observe(job, event, time.monotonic())
                     job.events.put(event)
                     if turns is not None and isinstance(event, ROUND_ENDS):
                         turns.pass_on()  # the next event begins a round
         except BaseException as err:  # handed to the request, which renders it
+            self._count_end(job, "failed")
             job.events.put(err)
         finally:
+            cut = job.stopped and "stopped" or job.cancel.is_set() and "cancelled"
+            self._count_end(job, cut or "completed")
             job.events.put(None)
 
 
