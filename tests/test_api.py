@@ -368,3 +368,71 @@ def test_a_script_drafts_from_none_of_the_users_stores_unless_asked(tiny_pair, i
         assert [name for name, _ in pair._session.store_corpora] == ["notes"]
     with load_tiny(tiny_pair, stores=("notes",)) as pair:
         assert [name for name, _ in pair._session.store_corpora] == ["notes"]
+
+
+CLOSE_WHILE_READING_SCRIPT = """
+import sys, threading, time
+import localspec
+from localspec.errors import UsageError
+
+pair = localspec.load(sys.argv[1], sys.argv[2], ctx=512, threads=1, calibrate=False)
+session = pair._session
+plain = session.text_tokens
+began = threading.Event()
+
+def slow(*args, **kwargs):  # a prompt that takes a while to tokenize
+    began.set()
+    time.sleep(0.5)
+    return plain(*args, **kwargs)
+
+session.text_tokens = slow
+said = []
+
+def call():
+    try:
+        said.append(pair.complete("the cat sat on the mat", max_tokens=4).finish_reason.value)
+    except UsageError as err:
+        said.append("refused")
+
+thread = threading.Thread(target=call)
+thread.start()
+began.wait(10)
+pair.close()  # while the other thread is still reading its prompt
+thread.join(30)
+try:
+    pair.complete("the dog")
+except UsageError as err:
+    said.append(err.message)
+print("said:", said)
+"""
+
+
+def test_a_pair_closed_while_another_thread_reads_its_prompt(tiny_pair):
+    """``close`` waits for the prompt being read (the models are never freed under the
+    tokenizer), the call ends cleanly, and the next call is refused."""
+    target, draft, _ = tiny_pair
+    proc = subprocess.run(
+        [sys.executable, "-c", CLOSE_WHILE_READING_SCRIPT, str(target), str(draft)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    said = proc.stdout.split("said: ", 1)[1]
+    assert said.startswith(("['refused',", "['cancelled',", "['length',")), said
+    assert "this pair is closed" in said
+
+
+def test_a_prompt_larger_than_a_context_can_hold_is_refused_before_tokenizing(pair, monkeypatch):
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("tokenized")
+
+    for method in ("text_tokens", "chat_tokens", "plain_tokens"):
+        monkeypatch.setattr(pair._session, method, no_tokenizing)
+    huge = "the cat " * (1 << 18)  # 2 MiB, past a 512-token context's 1 MiB
+    with pytest.raises(InputError, match="larger than 1,048,576 bytes"):
+        pair.complete(huge)
+    with pytest.raises(InputError, match="the conversation is larger"):
+        pair.chat([{"role": "user", "content": huge}])
+    with pytest.raises(InputError, match="the prediction is larger"):
+        pair.complete("the cat", prediction=huge)
+    with pytest.raises(InputError, match="the prompt is larger"):
+        pair.complete("the cat", raw=False, system=huge)

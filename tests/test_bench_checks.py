@@ -359,3 +359,119 @@ def test_bench_replay_replays_a_bench_run_of_the_tiny_pair(tiny_pair, tmp_path):
     as_json = CliRunner().invoke(build_app("bench"), ["bench", "replay", str(out), *pair, "--json"])
     rows = json.loads(as_json.stdout)["this run"]["answers"]
     assert rows[0]["category"] == "math" and rows[0]["tokens"] >= 1 and "model" in rows[0]
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _line(**changes) -> dict:
+    return {"category": "math", "prompt_id": "apples", "mode": "none", "repeat": 0,
+            "token_ids": [1, 2, 3], **changes}  # fmt: skip
+
+
+# What a damaged or crafted run folder holds: (summary.json's text, records.jsonl's lines,
+# --costs file's text or None, what the message says).
+DAMAGED = {
+    "a record that is a number": ('{"meta": {}}', ["5"], None, "line 1: not a JSON object"),
+    "a record that is a list": ('{"meta": {}}', ["[1]"], None, "line 1: not a JSON object"),
+    "a missing category": (
+        '{"meta": {}}',
+        [json.dumps({k: v for k, v in _line().items() if k != "category"})],
+        None,
+        "its category is missing",
+    ),  # fmt: skip
+    "a prompt id that is a number": (
+        '{"meta": {}}',
+        [json.dumps(_line(prompt_id=3))],
+        None,
+        "its prompt_id",
+    ),  # fmt: skip
+    "token ids that are text": (
+        '{"meta": {}}',
+        [json.dumps(_line(token_ids=["a"]))],
+        None,
+        "not a list of token ids",
+    ),  # fmt: skip
+    "token ids that are negative": (
+        '{"meta": {}}',
+        [json.dumps(_line(token_ids=[-1]))],
+        None,
+        "not a list of token ids",
+    ),  # fmt: skip
+    "token ids past the vocabulary": (
+        '{"meta": {}}',
+        [json.dumps(_line(token_ids=[10**9]))],
+        None,
+        "past",
+    ),  # fmt: skip
+    "a record nested 100k deep": ('{"meta": {}}', [_deep(100_000)], None, "nested too deep"),
+    "meta a list": ('{"meta": []}', [json.dumps(_line())], None, "meta is not a JSON object"),
+    "a summary that is a list": ("[1]", [json.dumps(_line())], None, "meta is not a JSON"),
+    "costs nested 100k deep": (
+        '{"meta": {"costs": ' + _deep(100_000) + "}}",
+        [json.dumps(_line())],
+        None,
+        "nested too deep",
+    ),  # fmt: skip
+    "costs that are no profile": (
+        '{"meta": {"costs": {"plain_s": -1}}}',
+        [json.dumps(_line())],
+        None,
+        "not a cost profile",
+    ),  # fmt: skip
+    "max_tokens that is text": (
+        '{"meta": {"max_tokens": "many"}}',
+        [json.dumps(_line())],
+        None,
+        "max_tokens",
+    ),  # fmt: skip
+    "a prompt file that is a number": (
+        '{"meta": {"prompt_file": 5}}',
+        [json.dumps(_line())],
+        None,
+        "prompt_file",
+    ),  # fmt: skip
+    "a temperature that is text": (
+        '{"meta": {"temperature": "hot"}}',
+        [json.dumps(_line())],
+        None,
+        "temperature",
+    ),  # fmt: skip
+    "a --costs file that is a list": (
+        '{"meta": {}}',
+        [json.dumps(_line())],
+        "[1, 2]",
+        "holds no cost profile",
+    ),  # fmt: skip
+    "a --costs file nested deep": (
+        '{"meta": {}}',
+        [json.dumps(_line())],
+        _deep(100_000),
+        "nested too deep",
+    ),  # fmt: skip
+    "a --costs file of pairs that are text": (
+        '{"meta": {}}',
+        [json.dumps(_line())],
+        '{"pairs": "x"}',
+        "holds no cost profile",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_bench_replay_of_a_damaged_run_says_what_is_wrong(tiny_pair, tmp_path, case):
+    """A sentence naming the file and a usage or input exit code, never an internal error."""
+    summary, lines, costs, said = DAMAGED[case]
+    target, draft, _ = tiny_pair
+    (tmp_path / "summary.json").write_text(summary)
+    (tmp_path / "records.jsonl").write_text("".join(line + "\n" for line in lines))
+    extra = []
+    if costs is not None:
+        (tmp_path / "costs.json").write_text(costs)
+        extra = ["--costs", str(tmp_path / "costs.json")]
+    pair = ["--target", str(target), "--draft", str(draft), "--threads", "1", "--ctx", "512"]
+    result = CliRunner().invoke(build_app("bench"), ["bench", "replay", str(tmp_path), *pair,
+                                                     *extra])  # fmt: skip
+    assert result.exit_code in (1, 2), (result.exit_code, result.output, result.exception)
+    assert said in result.output and "internal error" not in result.output, result.output

@@ -253,6 +253,8 @@ def test_sampling_and_drafting_become_generation_params():
         ("calibrate", ["--rpc-split", "a,b"], "invalid --rpc-split"),
         ("doctor", ["--gpu-layers", "most"], "--gpu-layers"),
         ("doctor", ["--ctx", "8"], "invalid --ctx"),
+        ("doctor", ["--ctx", "99999999999"], "invalid --ctx"),
+        ("calibrate", ["--threads", "100000"], "invalid --threads"),
     ],
 )
 def test_a_bad_model_value_is_refused_before_anything_loads(command, args, needle):
@@ -269,3 +271,27 @@ def test_doctor_takes_no_rpc_or_exact_option():
     for option in ("--rpc", "--exact"):
         result = CliRunner().invoke(app, ["doctor", option, "x"])
         assert result.exit_code == 2 and "No such option" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [(["--ctx", "99999999999"], "invalid --ctx"), (["--threads", "100000"], "invalid --threads")],
+)
+def test_complete_refuses_a_context_or_threads_past_their_bounds(tiny_pair, tmp_path, args,
+                                                                 needle):  # fmt: skip
+    """Not a MemoryError reading the input a context that large would hold, nor llama.cpp
+    crashing on more threads than it has room for: a sentence and exit code 2."""
+    import os
+    import subprocess
+    import sys
+
+    target, draft, _ = tiny_pair
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.cli.app", "complete", "--target", str(target),
+         "--draft", str(draft), "--max-tokens", "4", *args],
+        input=b"the cat", capture_output=True, timeout=60,
+        env={**os.environ, "LOCALSPEC_HOME": str(tmp_path)},
+    )  # fmt: skip
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 2, stderr
+    assert needle in stderr and "internal error" not in stderr and "loading" not in stderr

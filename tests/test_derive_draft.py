@@ -604,3 +604,30 @@ def test_a_disk_that_fills_up_while_the_draft_is_written_is_a_disk_full_error(
     assert result.exit_code == 1 and "the disk is full" in result.stderr, result.output
     assert "internal error" not in result.output
     assert leftovers(derived_dir(tiny4).parent.parent) == []
+
+
+def test_a_target_swapped_in_place_with_its_mtime_put_back_gets_a_folder_of_its_own(tmp_path):
+    """Same size, same mtime (restored), another file: its inode and change time differ,
+    as the GGUF header cache's stamp sees them."""
+    target = write_tiny_llama(tmp_path / "t.gguf", n_layer=4)
+    derived_draft(target, threads=1, layers=[0, 1])
+    assert cached_derived(target) is not None
+    before, st = derived_dir(target), target.stat()
+    swapped = write_tiny_llama(tmp_path / "other.gguf", n_layer=4, seed=5)
+    assert swapped.stat().st_size == st.st_size
+    os.replace(swapped, target)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert derived_dir(target) != before and cached_derived(target) is None
+
+
+def test_cost_profiles_of_a_model_swapped_in_place_are_its_own(tmp_path):
+    from localspec.session.calibrate import file_identity
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"a" * 64)
+    before, st = file_identity(model), model.stat()
+    (tmp_path / "new.gguf").write_bytes(b"b" * 64)
+    os.replace(tmp_path / "new.gguf", model)
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert model.stat().st_size == st.st_size and model.stat().st_mtime_ns == st.st_mtime_ns
+    assert file_identity(model) != before

@@ -7,6 +7,7 @@ its boundary: the target still loads for real, a tiny model the tests write)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -226,3 +227,64 @@ def test_without_measured_costs_auto_loads_the_draft_at_once(monkeypatch, tiny_p
         assert session.draft is not None and session.draft_status()["plan"] == "now"
     finally:
         session.close()
+
+
+def test_a_closed_slot_still_says_its_model_was_loaded():
+    """``complete --json`` and ``--stats`` read the slot after the session closed it."""
+    slot = DraftSlot(__file__, DraftDecision(DraftPlan.ON_DEMAND, "why"), lambda abort: Loaded())
+    slot.wait()
+    slot.close()
+    assert slot.to_dict()["state"] == "loaded"
+    assert slot.summary().startswith(f"draft model {slot.path.name}: loaded;")
+    unused = DraftSlot(__file__, DraftDecision(DraftPlan.ON_DEMAND, "why"), lambda abort: Loaded())
+    unused.close()
+    assert unused.to_dict()["state"] == "not loaded"
+
+
+def test_complete_json_says_the_draft_model_it_drafted_with_was_loaded(tiny_pair, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    target, draft, _ = tiny_pair
+    proc = subprocess.run(
+        [sys.executable, "-m", "localspec.cli.app", "complete", "--json", "--stats",
+         "--max-tokens", "8", "--drafter", "model", "--target", str(target), "--draft",
+         str(draft), "--ctx", "256", "--threads", "1"],
+        input=b"the cat sat on the mat", capture_output=True, timeout=120,
+        env={**os.environ, "LOCALSPEC_HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stdout)["stats"]
+    assert stats["draft_model"]["state"] == "loaded", stats["draft_model"]
+    assert f"draft model {draft.name}: loaded;" in proc.stderr.decode()
+
+
+def test_loads_that_overlap_in_threads_leave_the_switch_interval_as_it_was():
+    from localspec.session.loading import LOADING_SWITCH_S, Loading
+
+    before = sys.getswitchinterval()
+    go_a, go_b = threading.Event(), threading.Event()
+    a = Loading(lambda: go_a.wait(5))
+    b = Loading(lambda: go_b.wait(5))  # begins while a runs: a's short interval is current
+    assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_S)
+    go_a.set()
+    a.result()
+    assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_S)  # b still loads
+    go_b.set()
+    b.result()
+    assert sys.getswitchinterval() == pytest.approx(before)
+
+
+def test_a_load_whose_result_nobody_asks_for_restores_the_switch_interval():
+    from localspec.session.loading import Loading
+
+    before = sys.getswitchinterval()
+    done = threading.Event()
+    Loading(done.set)
+    assert done.wait(5)
+    deadline = time.monotonic() + 5
+    while sys.getswitchinterval() != pytest.approx(before) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sys.getswitchinterval() == pytest.approx(before)

@@ -377,3 +377,85 @@ def test_doctor_reports_missing_truncated_and_crafted_models_and_survives_its_ca
     assert "plain step 50.0 ms" in result.output
     ignored = [line for line in result.output.splitlines() if "ignoring cached step" in line]
     assert len(ignored) == 4, result.output
+
+
+def test_a_target_file_of_another_tokenizer_never_fetches_the_default_draft(monkeypatch, tiny_pair):
+    """Its header says the catalog's default draft cannot draft for it: no download only to
+    refuse it; auto answers without a draft model, and the user is told why."""
+    from localspec.models import fetch
+    from localspec.session import pair as pair_module
+
+    def no_fetch(*args, **kwargs):
+        raise AssertionError("the default draft was fetched")
+
+    monkeypatch.setattr(fetch, "pull", no_fetch)
+    target, _, _ = tiny_pair  # a SentencePiece ("llama") tokenizer, not Qwen2's
+    said: list = []
+    path, draft = pair_module.resolve_pair(pair_module.ModelOptions(target=str(target)),
+                                           said.append)  # fmt: skip
+    assert path == target and draft is None
+    assert any("does not share" in getattr(p, "text", str(p)) for p in said), said
+
+    from localspec.core.params import GenerationParams
+    from localspec.session.open import open_session
+
+    session = open_session(pair_module.ModelOptions(target=str(target), threads=1, n_ctx=256))
+    try:
+        assert session.draft_path is None
+        events = list(session.complete("the cat", GenerationParams(max_tokens=4)))
+        assert events[-1].token_ids
+    finally:
+        session.close()
+
+
+def test_a_target_file_of_the_default_drafts_tokenizer_gets_the_default_draft(
+    monkeypatch, tiny_pair
+):
+    from localspec.models import catalog, gguf
+    from localspec.session import pair as pair_module
+
+    target, _, _ = tiny_pair
+    resolved: list = []
+
+    def fake_resolve(ref, role, **_):
+        resolved.append((ref, role))
+        return target
+
+    monkeypatch.setattr(catalog, "resolve_model", fake_resolve)
+    monkeypatch.setattr(catalog, "locate_model", lambda ref, role="target": None)
+    monkeypatch.setattr(gguf, "read_metadata", lambda path, wanted=None: {
+        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2"})  # fmt: skip
+    pair_module.resolve_pair(pair_module.ModelOptions(target=str(target)))
+    assert resolved[-1] == (None, "draft")  # Qwen2's tokenizer: the default draft fits
+
+
+@pytest.mark.parametrize("value", [float("inf"), 100_000])
+def test_doctor_blames_a_damaged_header_cache_not_a_sound_model_file(monkeypatch, tiny_pair, value):
+    """A block count the header cache (headers.json) holds that no model has: the model is
+    not reported as damaged, and the cache holds the file's own values again (an infinite
+    count is never taken from it; a count past llama.cpp's is read again from the file, and
+    a note says the damage was the cache's)."""
+    from typer.testing import CliRunner
+
+    from localspec.cli.app import app
+    from localspec.models import gguf
+
+    target, draft, _ = tiny_pair
+    monkeypatch.setattr(gguf, "_READ_CACHE", {})
+    real = gguf.read_metadata(target)  # kept in this home's headers.json
+    key = f"{real['general.architecture']}.block_count"
+    cache = gguf._cache_file()
+    kept = json.loads(cache.read_text())
+    kept[str(target.resolve())]["values"][key] = value
+    cache.write_text(json.dumps(kept))
+    monkeypatch.setattr(gguf, "_READ_CACHE", {})  # a new process
+    _fake_devices(monkeypatch, [])
+    result = CliRunner().invoke(
+        app, ["doctor", "--json", "--target", str(target), "--draft", str(draft)]
+    )
+    report = json.loads(result.output)
+    assert report["problems"] == [], report["problems"]
+    noted = [n for n in report["notes"] if "header cache" in n]
+    assert bool(noted) is (value != float("inf")), report["notes"]
+    fixed = json.loads(cache.read_text())[str(target.resolve())]["values"]
+    assert fixed[key] == real[key]

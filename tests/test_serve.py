@@ -163,9 +163,30 @@ def test_usage_and_timings_of_a_request_with_two_prompts():
         "tokens_per_target_pass": 4.6667,
         "target_passes": 3,
         "by_drafter": {
-            "model": {"rounds": 1, "drafted": 4, "accepted": 3, "acceptance_rate": 0.75},
-            "ngram": {"rounds": 1, "drafted": 8, "accepted": 8, "acceptance_rate": 1.0},
-            "none": {"rounds": 1, "drafted": 0, "accepted": 0, "acceptance_rate": 0.0},
+            "model": {
+                "rounds": 1,
+                "drafted": 4,
+                "accepted": 3,
+                "acceptance_rate": 0.75,
+                "drafted_at": [1, 1, 1, 1],
+                "accepted_at": [1, 1, 1, 0],
+            },
+            "ngram": {
+                "rounds": 1,
+                "drafted": 8,
+                "accepted": 8,
+                "acceptance_rate": 1.0,
+                "drafted_at": [1] * 8,
+                "accepted_at": [1] * 8,
+            },
+            "none": {
+                "rounds": 1,
+                "drafted": 0,
+                "accepted": 0,
+                "acceptance_rate": 0.0,
+                "drafted_at": [],
+                "accepted_at": [],
+            },
         },
     }
     assert timings(first)["by_drafter"]["model"]["acceptance_rate"] == 0.75

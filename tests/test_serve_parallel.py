@@ -7,6 +7,7 @@ lanes, driven with the real HTTP client."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from dataclasses import replace
@@ -282,3 +283,90 @@ def test_bad_parallel_settings_are_said_before_anything_loads(tiny_pair, tmp_pat
     assert proc.returncode == 2, proc.stderr
     assert said in proc.stderr and "Traceback" not in proc.stderr
     assert "loading target" not in proc.stderr
+
+
+def test_a_long_request_is_not_starved_by_short_ones(session, slow):
+    """Four clients loop short requests on two lanes, so some always wait: a long request
+    sent meanwhile still gets a lane (its wait ages, serve/worker.py) while they go on."""
+    with serving(session, defaults=GenerationParams(max_tokens=8, drafter="auto")) as served:
+        slow(0.01)
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                httpx.post(served.url + CHAT, json=ask("a b c", max_tokens=8), timeout=60)
+
+        loops = [threading.Thread(target=loop, daemon=True) for _ in range(4)]
+        for thread in loops:
+            thread.start()
+        try:
+            wait_for(lambda: served.worker.waiting >= 1 and served.worker.running == 2)
+            long = Stream(served.url, ask("one two three", max_tokens=200), stop_after=1)
+            long.start()
+            long.join(30)
+            assert long.stamps, "the long request got no token while short ones kept coming"
+        finally:
+            stop.set()
+            for thread in loops:
+                thread.join(60)
+
+
+def test_a_request_that_leaves_while_waiting_frees_its_queue_slot(session, slow):
+    params = GenerationParams(max_tokens=400, drafter="auto")
+    with serving(session, defaults=params) as served:
+        slow(0.03)
+        busy = [Stream(served.url, ask(PROMPT)) for _ in range(2)]  # until the server stops
+        for stream in busy:
+            stream.start()
+        wait_for(lambda: served.worker.running == 2)
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up while it waits
+            httpx.post(served.url + CHAT, json=ask("a b c"), timeout=0.5)
+        wait_for(lambda: served.worker.waiting == 0, timeout=2)
+        assert served.worker.running == 2  # the lanes are still busy: it left the queue
+        assert httpx.get(served.url + "/health").json()["waiting"] == 0
+    for stream in busy:
+        assert stream.done().errors == ["server_stopping"]
+
+
+def raw_post(port: int, body: bytes, declared: int) -> socket.socket:
+    """A connection that sends the headers of a JSON POST of ``declared`` bytes, then only
+    ``body``."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    head = (f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json"
+            f"\r\nContent-Length: {declared}\r\n\r\n")  # fmt: skip
+    conn.sendall(head.encode() + body)
+    return conn
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408(session):
+    with serving(session, body_timeout_s=0.5) as served:
+        with raw_post(served.port, b'{"messages": [', declared=100) as conn:
+            conn.settimeout(10)
+            status = conn.recv(4096).split(b"\r\n")[0]
+        assert b" 408 " in status, status
+        assert served.worker.submitted == 0
+
+
+def test_a_client_that_leaves_mid_body_is_one_line_in_the_log(session):
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    loggers = [logging.getLogger(name) for name in ("localspec", "uvicorn")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with serving(session) as served:
+            for _ in range(3):
+                raw_post(served.port, b'{"messages": [', declared=100).close()
+            wait_for(lambda: len(records) >= 3, timeout=10)
+            time.sleep(0.3)  # anything more it would log
+            assert httpx.post(served.url + CHAT, json=ask("a b c")).status_code == 200
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == [
+        "a client left while sending its request body (499)"
+    ] * 3
+    assert not any(r.exc_info for r in records)

@@ -3,10 +3,13 @@
 Contract: each call checks its keywords (``GenerationParams``' fields, ``prediction`` as
 text, and the prompt's own options: ``raw``, ``system``, ``parse_special``) and its prompt
 before anything runs, raising ``UsageError`` or ``InputError``; a prompt the context cannot
-hold is a ``ContextOverflowError``. Starting a generation ends the stream before it; while
-another thread reads that stream, starting one is a ``UsageError``. ``close()`` may come from
-any thread: it cancels the stream, waits for its round, then frees the models. See the
-package's docstring for the whole API.
+hold is a ``ContextOverflowError``, and a text past ``input_limit(n_ctx)`` bytes (more than a
+context could hold) an ``InputError`` before it is tokenized. Starting a generation ends the
+stream before it; while another thread reads that stream, starting one is a ``UsageError``.
+``close()`` may come from any thread at any moment: a call still reading its prompt or
+starting its stream finishes that first (the models are never freed under it), a call that
+begins once ``close`` has is a ``UsageError``, then the stream is cancelled, its round waited
+for, and the models freed. See the package's docstring for the whole API.
 """
 
 from __future__ import annotations
@@ -38,6 +41,15 @@ CALL = Spelling("", "_", "see help(localspec.Speculator.complete)")
 # Options of a generation besides GenerationParams' fields, per method.
 COMPLETE_OPTIONS = frozenset({"raw", "system", "parse_special"})
 CHAT_OPTIONS = frozenset({"parse_special"})
+# A text longer than this many UTF-8 bytes per context token (at least MIN_INPUT_BYTES) holds
+# more tokens than the context: refused before the tokenizer reads it.
+BYTES_PER_CONTEXT_TOKEN = 16
+MIN_INPUT_BYTES = 1 << 20
+
+
+def input_limit(n_ctx: int) -> int:
+    """The most bytes of text a call reads for a context of ``n_ctx`` tokens."""
+    return max(BYTES_PER_CONTEXT_TOKEN * n_ctx, MIN_INPUT_BYTES)
 
 
 class Speculator:
@@ -54,6 +66,11 @@ class Speculator:
         self._load_warnings = warnings
         self._said: list[str] = []  # the warnings among its generations' events
         self._stream: Stream | None = None
+        # Calls using the session outside a stream (reading a prompt, starting a stream):
+        # ``close`` waits for them, and once it has begun no call begins.
+        self._lock = threading.Condition()
+        self._users = 0
+        self._closing = False
 
     def __repr__(self) -> str:
         state = " closed" if self._session is None else ""
@@ -88,19 +105,19 @@ class Speculator:
         ``auto``; ``raw``: send the prompt as is, without the chat template; ``system``: a
         system prompt before it; ``parse_special``: let control tokens in the text act as
         such."""
-        with _api_words():
-            session = self._open()
-            prompt_options, params = self._parse(options, COMPLETE_OPTIONS)
+        with _api_words(), self._using() as session:
+            prompt_options, params = self._parse(session, options, COMPLETE_OPTIONS)
             text = _prompt_text(prompt)
             raw = bool(prompt_options.get("raw", False))
             system = prompt_options.get("system")
+            self._bound("the prompt", [text, system if isinstance(system, str) else ""])
             tokens = session.text_tokens(
                 text,
                 raw=raw,
                 parse_special=bool(prompt_options.get("parse_special", False)),
                 system=system if system and system.strip() else None,
             )
-            return self._start(tokens, params)
+            return self._start(session, tokens, params)
 
     def chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Completion:
         """The assistant's next message; see ``stream_chat``."""
@@ -111,16 +128,32 @@ class Speculator:
         "system" | "user" | "assistant", "content": text}``), through the target's chat
         template, as it comes. Options: as ``stream_complete``'s, but ``parse_special``
         only (no ``raw``, no ``system``: a system message says it)."""
-        with _api_words():
-            session = self._open()
-            prompt_options, params = self._parse(options, CHAT_OPTIONS)
+        with _api_words(), self._using() as session:
+            prompt_options, params = self._parse(session, options, CHAT_OPTIONS)
+            listed = _messages(messages)
+            self._bound("the conversation", [m.get("content") for m in listed])
             tokens = session.chat_tokens(
-                _messages(messages), parse_special=bool(prompt_options.get("parse_special", False))
+                listed, parse_special=bool(prompt_options.get("parse_special", False))
             )
-            return self._start(tokens, params)
+            return self._start(session, tokens, params)
+
+    def _bound(self, what: str, texts: Sequence[Any]) -> None:
+        """An ``InputError`` when ``texts`` hold more bytes than a context could hold
+        tokens (``input_limit``), before any tokenizer reads them."""
+        limit = input_limit(self.n_ctx)
+        size = 0
+        for text in texts:
+            if isinstance(text, str):
+                size += len(text) if len(text) > limit else len(text.encode("utf-8", "replace"))
+            if size > limit:
+                raise InputError(
+                    f"{what} is larger than {limit:,} bytes, more than a context of "
+                    f"{self.n_ctx:,} tokens can hold",
+                    "give a shorter text, or load with a larger ctx",
+                )
 
     def _parse(
-        self, options: dict[str, Any], prompt_names: frozenset[str]
+        self, session: Session, options: dict[str, Any], prompt_names: frozenset[str]
     ) -> tuple[dict[str, Any], GenerationParams]:
         """``(the prompt's options, the generation's params)`` of a call's keywords."""
         known = set(GenerationParams.model_fields) | prompt_names
@@ -139,11 +172,11 @@ class Speculator:
         raw = bool(prompt.get("raw", False))
         check_options(params, raw=raw, system=system, prediction=prediction is not None)
         if prediction is not None:
-            params = params.model_copy(update={"prediction": self._prediction(prediction)})
+            prediction = self._prediction(session, prediction)
+            params = params.model_copy(update={"prediction": prediction})
         return prompt, params
 
-    def _prediction(self, text: Any) -> tuple[int, ...]:
-        assert self._session is not None
+    def _prediction(self, session: Session, text: Any) -> tuple[int, ...]:
         if not isinstance(text, str):
             raise UsageError(
                 f"prediction must be text, not {type(text).__name__}",
@@ -151,10 +184,10 @@ class Speculator:
             )
         if not text.strip():
             raise InputError("the prediction is empty", "give the text the answer will mostly copy")
-        return tuple(self._session.plain_tokens(text))
+        self._bound("the prediction", [text])
+        return tuple(session.plain_tokens(text))
 
-    def _start(self, tokens: list[int], params: GenerationParams) -> Stream:
-        session = self._open()
+    def _start(self, session: Session, tokens: list[int], params: GenerationParams) -> Stream:
         self._check_thread()
         self._end_stream()
         # The session's preflight runs here: a request it cannot run fails at the call.
@@ -179,23 +212,40 @@ class Speculator:
                 "thread a pair of its own",
             )
 
-    def _open(self) -> Session:
-        if self._session is None:
-            raise UsageError("this pair is closed", "load it again with localspec.load()")
-        return self._session
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[Session]:
+        """The session, held open while inside (``close`` waits for it)."""
+        with self._lock:
+            if self._session is None or self._closing:
+                raise UsageError("this pair is closed", "load it again with localspec.load()")
+            self._users += 1
+            session = self._session
+        try:
+            yield session
+        finally:
+            with self._lock:
+                self._users -= 1
+                self._lock.notify_all()
 
     # -- closing --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free both models (an unfinished stream ends first, after the round another
-        thread may be running). Harmless when closed."""
-        if self._session is None:
-            return
+        """Free both models, from any thread: a call reading its prompt or starting its
+        stream finishes that first, then an unfinished stream ends (after the round another
+        thread may be running). Harmless when closed, or closing in another thread."""
+        with self._lock:
+            if self._session is None or self._closing:
+                return
+            self._closing = True  # no call begins from now on
+            while self._users:
+                self._lock.wait()
         try:
             self._end_stream()
         finally:
-            session, self._session = self._session, None
-            session.close()
+            with self._lock:
+                session, self._session = self._session, None
+            if session is not None:
+                session.close()
 
     def __enter__(self) -> Speculator:
         return self

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from localspec.core.events import EngineWarning, Event, Finished, FinishReason, TokenEmitted
 from localspec.core.stats import GenerationStats
+from localspec.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,12 @@ class Stream:
         """Read the rest of the events; the ``Completion``."""
         for _ in self:
             pass
-        assert self.result is not None  # the engine always ends with Finished
+        if self.result is None:  # closed before it began (the engine always ends with Finished)
+            raise UsageError(
+                "the generation was closed before it began (its pair was closed, or another "
+                "generation started)",
+                "read a stream before closing its pair",
+            )
         return self.result
 
     def close(self) -> None:

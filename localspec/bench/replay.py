@@ -75,23 +75,78 @@ class Answer:
     draft: DraftChoices | None = None
 
 
+def _loads(text: str, where: str) -> Any:
+    """JSON, or an ``InputError`` naming ``where`` (nesting too deep included)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InputError(f"{where} is not JSON a replay reads: it is nested too deep", RUN_HINT
+                         ) from None  # fmt: skip
+    except ValueError:
+        raise InputError(f"{where} is not JSON", RUN_HINT) from None
+
+
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise InputError(f"cannot read {path}: {err.strerror}", RUN_HINT) from None
-    except ValueError:
+    except ValueError:  # bad UTF-8
         raise InputError(f"{path} is not JSON", RUN_HINT) from None
+    return _loads(text, str(path))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _damaged(where: str, what: str) -> InputError:
+    return InputError(f"{where}: {what}", RUN_HINT)
+
+
+def _meta(path: Path) -> dict[str, Any]:
+    """``summary.json``'s meta, each field a replay reads of the type the bench writes."""
+    summary = _read_json(path)
+    meta = summary.get("meta", {}) if isinstance(summary, dict) else None
+    if not isinstance(meta, dict):
+        raise _damaged(str(path), "its meta is not a JSON object")
+    kinds = {"temperature": (int, float), "max_tokens": (int,), "prompt_file": (str,),
+             "target": (str,), "costs": (dict,)}  # fmt: skip
+    for key, types in kinds.items():
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise _damaged(str(path), f"its meta's {key} is {json.dumps(value)[:40]}")
+    return meta
+
+
+def _answer_record(record: Any, where: str) -> dict[str, Any] | None:
+    """``record`` if it is an answer to replay (the first of mode ``none``), None if it is
+    another; an ``InputError`` if it is not a record the bench writes."""
+    if not isinstance(record, dict):
+        raise _damaged(where, "not a JSON object")
+    first = record.get("repeat") in (None, 0)
+    if not (record.get("mode") == BASELINE and first and record.get("token_ids")):
+        return None
+    for key in ("category", "prompt_id"):
+        if not isinstance(record.get(key), str):
+            raise _damaged(where, f"its {key} is missing or not a string")
+    tokens = record["token_ids"]
+    if not isinstance(tokens, list) or not all(_is_int(t) and t >= 0 for t in tokens):
+        raise _damaged(where, "its token_ids are not a list of token ids")
+    return record
 
 
 def read_run(directory: Path) -> Run:
-    """The first greedy answer of mode ``none`` to every prompt of the run in ``directory``."""
+    """The first greedy answer of mode ``none`` to every prompt of the run in ``directory``;
+    an ``InputError`` naming the file (and line) of anything the bench would not write."""
     records = directory / "records.jsonl"
     try:
         lines = records.read_text(encoding="utf-8").splitlines()
     except OSError as err:
         raise InputError(f"cannot read {records}: {err.strerror}", RUN_HINT) from None
-    meta = _read_json(directory / "summary.json").get("meta", {})
+    except ValueError:  # bad UTF-8
+        raise InputError(f"{records} is not JSON lines", RUN_HINT) from None
+    meta = _meta(directory / "summary.json")
     if meta.get("temperature", 0.0) != 0.0:
         raise UsageError(
             f"{directory} holds sampled answers (temperature {meta['temperature']}): a replay "
@@ -100,12 +155,9 @@ def read_run(directory: Path) -> Run:
         )
     answers = []
     for n, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            raise InputError(f"{records}, line {n}: not JSON", RUN_HINT) from None
-        first = record.get("repeat") in (None, 0)
-        if record.get("mode") == BASELINE and first and record.get("token_ids"):
+        where = f"{records}, line {n}"
+        record = _answer_record(_loads(line, where), where)
+        if record is not None:
             answers.append(record)
     if not answers:
         raise InputError(f"{records} holds no answer of mode none", RUN_HINT)
@@ -147,13 +199,17 @@ def profiles(run: Run, costs: Path | None, measured: CostProfile | None) -> dict
                     name: CostProfile.from_dict(p["costs"]) for name, p in data["pairs"].items()
                 }
             return {costs.stem: CostProfile.from_dict(data)}
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             raise InputError(
                 f"{costs} holds no cost profile",
                 "pass a CostProfile's JSON, or the device check's device_check.json",
             ) from None
     if run.meta.get("costs"):
-        return {"this run": CostProfile.from_dict(run.meta["costs"])}
+        try:
+            return {"this run": CostProfile.from_dict(run.meta["costs"])}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise _damaged(f"{run.directory / 'summary.json'}", "its meta's costs are not a "
+                           "cost profile") from None  # fmt: skip
     if measured is None:
         raise UsageError(f"{run.directory} records no costs", "pass --costs FILE")
     return {"this machine": measured}
@@ -258,6 +314,12 @@ def _answers(run: Run, texts: dict[tuple[str, str], str], session: Any) -> list[
             continue
         prompt = session.text_tokens(text, raw=raw)
         tokens = list(record["token_ids"])
+        if any(t >= session.target.n_vocab for t in tokens):  # not this target's answer
+            raise UsageError(
+                f"{record['category']} {record['prompt_id']}'s answer holds token ids past "
+                f"{session.target_label}'s vocabulary of {session.target.n_vocab}",
+                "pass the --target the bench ran with",
+            )
         choices = None
         if draft is not None:
             choices = draft_choices(draft, prompt, tokens, session.target.n_vocab)

@@ -2,8 +2,8 @@
 
 Contract:
 
-- ``derived_dir(target)`` is ``cache_root()/derived/<target stem>-<hash of its size and
-  mtime>``: a changed target gets a folder of its own. ``private_dir`` makes it (0700).
+- ``derived_dir(target)`` is ``cache_root()/derived/<target stem>-<hash of its size, mtime,
+  ctime and inode>``: a changed target gets a folder of its own. ``private_dir`` makes it (0700).
 - ``locked(directory, on_progress)`` holds the folder's lock (waiting, and saying so, while
   another process derives there). Under it, ``remove_leftovers`` deletes what an
   interrupted derivation left (a candidate or the draft being written, a record being
@@ -13,8 +13,8 @@ Contract:
   long) fails as one of ``CRAFTED_ERRORS``, the errors ``storage.store`` names for state
   files (this layer is below storage).
 - ``derived_folders()`` lists every folder with its target as recorded, its size and its
-  ``state``: ``current``, ``target changed`` (the target's size or time differ: its drafts
-  are derived again), ``target gone``, or ``unfinished`` (no record: an interrupted first
+  ``state``: ``current``, ``target changed`` (the target's size, times or inode differ: its
+  drafts are derived again), ``target gone``, or ``unfinished`` (no record: an interrupted first
   derivation). ``remove_derived(name)`` deletes one folder, under its lock;
   ``ModelNotFoundError`` when there is no such folder, ``UsageError`` while it is in use.
 """
@@ -53,7 +53,10 @@ def derived_root() -> Path:
 def derived_dir(target: Path) -> Path:
     """The cache folder of ``target``'s derived drafts (it may not exist yet)."""
     st = Path(target).stat()
-    digest = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    # As the header cache's stamp: a file swapped in place with its mtime put back still
+    # has another inode or change time.
+    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    digest = hashlib.sha256(stamp.encode()).hexdigest()[:12]
     return derived_root() / f"{Path(target).stem}-{digest}"
 
 

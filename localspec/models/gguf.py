@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import mmap
 import os
 import struct
@@ -86,7 +87,9 @@ HEADER_CACHE = "headers.json"
 HEADER_CACHE_ENTRIES = 32
 
 
-def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, object]:
+def read_metadata(
+    path: Path, wanted: set[str] | None = None, *, fresh: bool = False
+) -> dict[str, object]:
     """GGUF key/value metadata, read straight from the header.
 
     Array values come back as ``None`` (per-layer arrays of numbers are kept): the
@@ -94,7 +97,9 @@ def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, objec
     150,000-token vocabulary reads in tens of milliseconds. What was read is kept, by the
     file's path, size, times and inode, for the rest of the process and on disk
     (``HEADER_CACHE`` in localspec's home) for the next ones; ``wanted`` is accepted for
-    callers that name the keys they use and changes nothing.
+    callers that name the keys they use and changes nothing. ``fresh``: read from the file
+    whatever is kept, and keep that (what reports a damaged header reads it so, lest a damaged
+    cache entry be taken for a damaged file).
     Raises ``ValueError`` on anything that is not a GGUF v2/v3 header. The header is
     untrusted: every length and count is bounded by the bytes left in the file, so a
     crafted one fails fast instead of allocating or looping without end.
@@ -105,12 +110,13 @@ def read_metadata(path: Path, wanted: set[str] | None = None) -> dict[str, objec
         name = str(path.resolve())
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         key = (name, *stamp)
-        found = _READ_CACHE.get(key)
+        found = None if fresh else _READ_CACHE.get(key)
         if found is None:
-            found = _kept(name, stamp)
+            found = None if fresh else _kept(name, stamp)
             if found is None:
                 found = _read_header(fh, st.st_size)
                 _keep(name, stamp, found)
+            _READ_CACHE.pop(key, None)
             if len(_READ_CACHE) >= _READ_CACHE_SIZE:
                 _READ_CACHE.pop(next(iter(_READ_CACHE)))
             _READ_CACHE[key] = found
@@ -143,10 +149,13 @@ def _kept(name: str, stamp: list[int]) -> dict[str, object] | None:
 
 
 def _plain(value: object) -> bool:
-    """A value the reader gives: a number, text, a truth value, None, or numbers in a list."""
+    """A value the reader gives: a finite number, text, a truth value, None, or finite
+    numbers in a list (JSON's Infinity and NaN are an edited file's, never worth keeping)."""
     if isinstance(value, list):
-        return all(isinstance(x, int | float) for x in value)
-    return value is None or isinstance(value, str | int | float | bool)
+        return all(isinstance(x, int | float) and math.isfinite(x) for x in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, str | int | bool)
 
 
 def _keep(name: str, stamp: list[int], values: dict[str, object]) -> None:

@@ -8,7 +8,9 @@ request first passes ``access.Guard`` (its ``Host`` and ``Origin``); every endpo
 ``/health`` then requires ``Authorization: Bearer KEY`` when keys are set (``/health`` says
 how many requests wait only to a caller with a key), and the key names the client a job
 runs for (the worker keeps clients apart, see serve/worker.py). A POST
-body must be ``application/json`` of at most ``max_body`` bytes, read once into a typed
+body must be ``application/json`` of at most ``max_body`` bytes, sent within
+``body_timeout_s`` (a 408 after; a client that leaves while sending it is one line in the
+log, a 499), read once into a typed
 request (serve/requests.py) whose every field is checked before a job is queued, and what
 needs the loaded pair (a drafter without its draft model, a prompt the context cannot
 hold: the session's preflight) as the job starts, before its first event; every refusal
@@ -18,6 +20,7 @@ as server-sent events; the first event (or error) is awaited before the response
 a request that cannot run gets a proper status. A client that disconnects, streamed or not,
 cancels its job; the engine stops after its current round. ``timings`` (llama.cpp-server's
 figures, with the drafts and the cache reuse) are left out when ``state.timings`` is off.
+``/metrics`` is what the worker counted (serve/metrics.py) in Prometheus' text format.
 The endpoints are the functions named after them below, which read the ``ServerState``
 from the app; serve/replies.py turns a job's events into the answer.
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -40,8 +44,9 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from localspec.core.drafting.prediction import prediction_counts
 from localspec.core.events import Event, Finished
@@ -68,9 +73,11 @@ from localspec.serve.worker import Job, QueueFull
 from localspec.session.session import Session
 
 JSON_TYPE = "application/json"
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text format
 # A prediction longer than this many contexts cannot be copied by any answer: refused.
 PREDICTION_CONTEXTS = 4
 Parsed = TypeVar("Parsed", bound=ApiRequest)
+log = logging.getLogger("localspec.serve")
 
 
 def _with_prediction(
@@ -117,6 +124,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.exception_handler(Exception)(internal_error)
     app.get("/health")(health)
     app.get("/v1/models")(models)
+    app.get("/metrics")(metrics)
     app.post("/v1/chat/completions")(chat_completions)
     app.post("/v1/completions")(completions)
     return app
@@ -160,6 +168,18 @@ async def health(request: Request) -> JSONResponse:
                          "parallel": worker.lanes})  # fmt: skip
 
 
+async def metrics(request: Request) -> PlainTextResponse:
+    """What the server has done, in Prometheus' text format (serve/metrics.py); its key
+    is required as for every endpoint but ``/health``."""
+    state = _state(request)
+    client_of(state.access, request.headers.get("authorization"))
+    _require_loaded(state)
+    worker = state.worker
+    assert worker is not None
+    text = worker.metrics.render(worker.waiting, worker.running, worker.lanes)
+    return PlainTextResponse(text, media_type=METRICS_TYPE)
+
+
 async def models(request: Request) -> dict[str, Any]:
     state = _state(request)
     client_of(state.access, request.headers.get("authorization"))
@@ -192,7 +212,13 @@ async def completions(request: Request) -> Any:
         return _counted(_in_turn(session, token_lists, params, cancel), asked)
 
     # A fill-in-the-middle is an editor's: someone typing waits for it (serve/worker.py).
-    job = Job(start, completion.params, client=client, interactive=bool(completion.suffix))
+    job = Job(
+        start,
+        completion.params,
+        client=client,
+        interactive=bool(completion.suffix),
+        prompts=len(completion.prompts),
+    )
     return await _answer(state, request, job, asked)
 
 
@@ -220,13 +246,15 @@ def _prompt_tokens(session: Session, completion: CompletionRequest, prompt: str 
 
 async def _answer(state: ServerState, request: Request, job: Job, asked: Asked) -> Any:
     """The job's answer: one choice per prompt, in order, as JSON or as a stream."""
-    assert state.worker is not None
+    worker = state.worker
+    assert worker is not None
+    job.events.bind(asyncio.get_running_loop())  # waited for here, on no thread
     try:
-        state.worker.submit(job)
+        worker.submit(job)
     except QueueFull:
         raise ApiError(503, "the server is busy: every queue slot is taken", type="server_error",
                        code="queue_full", headers={"Retry-After": "2"}) from None  # fmt: skip
-    watcher = asyncio.create_task(cancel_on_disconnect(request, job))
+    watcher = asyncio.create_task(cancel_on_disconnect(request, job, worker.withdraw))
     try:
         first = await next_event(job)  # waits for the turn; errors come first
         raise_for(first, asked.chat)
@@ -241,7 +269,7 @@ async def _answer(state: ServerState, request: Request, job: Job, asked: Asked) 
                                      headers={"Cache-Control": "no-cache"})  # fmt: skip
         return await whole_answer(job, first, head, asked, state.timings)
     except BaseException:
-        job.cancel.set()
+        worker.withdraw(job)
         raise
     finally:
         watcher.cancel()
@@ -277,11 +305,15 @@ async def _read_json(state: ServerState, request: Request) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > state.max_body:
         raise _too_large(state)
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > state.max_body:
-            raise _too_large(state)
+    try:
+        async with asyncio.timeout(state.body_timeout_s):  # a half-sent body is not held
+            raw = await _read_body(state, request)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {state.body_timeout_s:g} s",
+                       code="body_timeout") from None  # fmt: skip
+    except ClientDisconnect:  # nobody reads the answer: one line in the log, no traceback
+        log.warning("a client left while sending its request body (499)")
+        raise ApiError(499, "the client left while sending its body", code="cancelled") from None
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, bad UTF-8, long integers
@@ -297,6 +329,15 @@ async def _read_json(state: ServerState, request: Request) -> dict[str, Any]:
         raise ApiError(400, "the request body must be a JSON object", code="bad_json")
     _require_loaded(state)
     return body
+
+
+async def _read_body(state: ServerState, request: Request) -> bytearray:
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > state.max_body:
+            raise _too_large(state)
+    return raw
 
 
 def _require_loaded(state: ServerState) -> None:

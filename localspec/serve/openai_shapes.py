@@ -218,6 +218,9 @@ def timings(stats: GenerationStats, n_prompts: int = 1) -> dict[str, Any]:
                 "drafted": d.drafted,
                 "accepted": d.accepted,
                 "acceptance_rate": round(d.acceptance_rate, 4),
+                # Per draft position from 1: rounds that drafted that far, and accepted it.
+                "drafted_at": list(d.drafted_at),
+                "accepted_at": list(d.accepted_at),
             }
             for name, d in sorted(stats.by_drafter.items())
         },

@@ -1,10 +1,10 @@
 """A job's events as OpenAI's answers: one JSON object, or server-sent events.
 
-Contract: ``next_event`` waits for a job's next event without blocking the event loop (None
-once the job is over or cancelled); ``cancel_on_disconnect`` cancels the job when its client
-goes away; ``raise_for`` turns an event that is an error into the ``ApiError`` to answer
-with (a typed error: a 400, a request's refusal worded by ``refusal``; anything else:
-``internal``, a 500 that names only a logged id).
+Contract: ``next_event`` waits for a job's next event on the event loop, on an asyncio queue
+the worker feeds (None once the job is over or cancelled); ``cancel_on_disconnect``
+withdraws the job when its client goes away; ``raise_for`` turns an event that is an error
+into the ``ApiError`` to answer with (a typed error: a 400, a request's refusal worded by
+``refusal``; anything else: ``internal``, a 500 that names only a logged id).
 ``whole_answer`` gathers every event into one answer; ``streamed_answer`` sends each as it
 comes and cancels the job when the client stops reading. Both give one choice per prompt,
 in order, ``usage`` summed over them, and ``timings`` only ``with_timings``. An answer the
@@ -15,12 +15,10 @@ answer. ``Asked`` is what the request asked for besides its prompts.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import queue
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +37,6 @@ from localspec.serve.errors import ApiError
 from localspec.serve.openai_shapes import finish_reason, timings, usage
 from localspec.serve.worker import Job
 
-POLL_S = 0.1  # how often a request waiting on its job's events checks that it still wants them
 log = logging.getLogger("localspec.serve")
 
 
@@ -75,22 +72,22 @@ def stopping() -> ApiError:
 
 
 async def next_event(job: Job) -> Any:
-    """The job's next event, or None once it is over (or cancelled: nobody waits for it)."""
-    while not job.cancel.is_set():
-        try:
-            return await asyncio.to_thread(job.events.get, True, POLL_S)
-        except queue.Empty:
-            continue
-    return None
+    """The job's next event, or None once it is over (or cancelled: nobody waits for it).
+    Its events must be bound to the running loop (``Events.bind``)."""
+    if job.cancel.is_set():
+        return None
+    return await job.events.next()
 
 
-async def cancel_on_disconnect(request: Request, job: Job) -> None:
-    """Cancel the job when the client goes away. Its body is read by then, so the next
-    message the server sends is the disconnect (or the end of the response)."""
+async def cancel_on_disconnect(request: Request, job: Job, withdraw: Callable[[Job], None]
+                               ) -> None:  # fmt: skip
+    """Withdraw the job (``GenerationWorker.withdraw``) when the client goes away. Its body
+    is read by then, so the next message the server sends is the disconnect (or the end of
+    the response)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            job.cancel.set()
+            withdraw(job)
             return
 
 

@@ -26,6 +26,7 @@ class ServerState:
     defaults: GenerationParams
     access: Access = field(default_factory=Access)
     max_body: int = 1 << 20
+    body_timeout_s: float = 30.0  # for a request's whole body to arrive
     max_tokens_limit: int | None = None  # the most new tokens a request may ask for
     speculative_overrides: bool = True  # a request may set speculative.* (within limits)
     timings: bool = True  # False (--no-timings): answers carry no ``timings`` object

@@ -1,13 +1,18 @@
 """Generations over one loaded pair: as many at once as the pair has lanes, the others
-queued, short ones first.
+queued, short ones first but none starved.
 
 ``GenerationWorker`` runs a thread per lane of the session's pair (``Session.lanes``; one
 lane is the server of one generation at a time). ``submit`` queues a ``Job`` (``QueueFull``
 when ``max_queue`` jobs wait already); a free lane takes the waiting job that goes first
-(an interactive one, ``Job.interactive`` or at most ``INTERACTIVE_TOKENS`` new tokens, before
-the others, then in arrival order), and pushes each engine event onto the job's own queue,
-then ``None`` when the job is over; an ``EngineWarning`` (a failed history or learning save
-among them) is written to the server's log as it passes, as an answer has no place for it.
+(``_take_next``: while other clients wait, none of a client that holds a lane already; then
+a job passed over ``AGE_PASSES`` times or waiting ``AGE_S`` seconds; then an interactive one,
+whose whole work, prompts times ``max_tokens``, is at most ``INTERACTIVE_TOKENS`` new tokens,
+``FIM_TOKENS`` for a fill-in-the-middle; then in arrival order), and puts each engine event
+into the job's ``Events``, then ``None`` when the job is over: a request on the event loop
+waits for them on an ``asyncio`` queue, never on a thread. ``withdraw`` takes a job whose
+client left out of the queue at once. An ``EngineWarning`` (a failed history or learning
+save among them) is written to the server's log as it passes, as an answer has no place for
+it.
 With several lanes their threads take turns round by round (backend/lanes.py), so a new
 request starts within a round of the ones running and none waits for another to end (on a
 CPU an interactive one takes most rounds while it runs, each other at least one in eight);
@@ -36,8 +41,8 @@ use freed memory).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import heapq
 import itertools
 import logging
 import queue
@@ -45,26 +50,73 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from localspec.backend.lanes import LaneClock, Turns, gather_pays, joining_slows
 from localspec.core.events import EngineWarning, Event, PrefillDone, RoundCompleted
 from localspec.core.params import GenerationParams
+from localspec.serve.metrics import Metrics
 from localspec.session.session import Session
 
 log = logging.getLogger("localspec.serve")
 # The events after which a generation's next step is a round of its own: where a lane
 # passes the turn on (the events of a round's tokens come without evaluating anything).
 ROUND_ENDS = (PrefillDone, RoundCompleted)
-# A request for at most this many new tokens is interactive (an editor's completion): it
-# goes before longer ones waiting for a lane.
+# A request whose whole work (its prompts times its max_tokens) is at most this many new
+# tokens is interactive: it goes before longer ones waiting for a lane. A fill-in-the-middle
+# (someone typing waits for it) is interactive up to FIM_TOKENS.
 INTERACTIVE_TOKENS = 128
+FIM_TOKENS = 512
+# A waiting job passed over this many times (later jobs given a lane before it), or waiting
+# this many seconds, goes next: short requests arriving without end cannot starve it.
+AGE_PASSES = 4
+AGE_S = 5.0
 
 
 class QueueFull(Exception):
     """Every waiting slot is taken."""
 
 
-@dataclass
+class Events:
+    """A job's events (``Event``, ``BaseException``, then ``None``), put by the worker's
+    threads for one reader: a thread (``get``) or, once ``bind`` has tied them to an event
+    loop, a coroutine (``next``) waiting on an ``asyncio.Queue`` that ``put`` feeds with
+    ``call_soon_threadsafe``, so that no thread waits for a reader that is waiting."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._plain: queue.Queue[Any] = queue.Queue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[Any] | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hand every event from now on to ``loop`` (called on its thread)."""
+        with self._lock:
+            self._queue = asyncio.Queue()
+            self._loop = loop
+            while not self._plain.empty():  # what came before, in order
+                self._queue.put_nowait(self._plain.get_nowait())
+
+    def put(self, item: Any) -> None:
+        with self._lock:
+            loop, into = self._loop, self._queue
+            if loop is None or into is None:
+                self._plain.put(item)
+                return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody reads them
+            loop.call_soon_threadsafe(into.put_nowait, item)
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The next event, for a reader on a thread (never bound)."""
+        return self._plain.get(timeout=timeout)
+
+    async def next(self) -> Any:
+        """The next event, on the loop they are bound to."""
+        assert self._queue is not None, "bind the events to the loop first"
+        return await self._queue.get()
+
+
+@dataclass(eq=False)
 class Job:
     """``start(session, cancel)`` returns the event iterator (it may raise a typed error)."""
 
@@ -72,14 +124,29 @@ class Job:
     params: GenerationParams
     client: str = ""  # whose job this is ("" when the server has no key)
     interactive: bool = False  # a fill-in-the-middle: someone is typing and waits for it
+    prompts: int = 1  # generations it runs, one after another (each up to max_tokens)
     cancel: threading.Event = field(default_factory=threading.Event)
     stopped: bool = False  # cancelled because the server is stopping (not by its client)
-    events: queue.Queue = field(default_factory=queue.Queue)  # Event | BaseException | None
+    events: Events = field(default_factory=Events)
+    # Its place in the queue, kept by the worker: arrival, and times passed over.
+    order: int = 0
+    since: float = 0.0
+    passes: int = 0
+    outcome: str | None = None  # how it ended (serve/metrics.py's OUTCOMES), once it has
+
+    @property
+    def work(self) -> int:
+        """The most new tokens it may generate in all."""
+        return max(1, self.prompts) * self.params.max_tokens
 
     @property
     def first(self) -> bool:
         """Whether it goes before the jobs that are not (see the module docstring)."""
-        return self.interactive or self.params.max_tokens <= INTERACTIVE_TOKENS
+        return self.work <= (FIM_TOKENS if self.interactive else INTERACTIVE_TOKENS)
+
+    def aged(self, now: float) -> bool:
+        """Whether it has waited long enough to go next (``AGE_PASSES``, ``AGE_S``)."""
+        return self.passes >= AGE_PASSES or now - self.since >= AGE_S
 
 
 OnClient = Callable[[Session, str], None]
@@ -120,7 +187,7 @@ class GenerationWorker:
             for lane in self._lanes:
                 lane.session.run_lanes(self.turns, lane.clock.now)
         self._cond = threading.Condition()
-        self._waiting: list[tuple[bool, int, Job]] = []  # a heap: first ones, then in order
+        self._waiting: list[Job] = []  # in arrival order (``_take_next`` picks)
         self._order = itertools.count()
         self._started = False  # lanes take jobs once their threads run
         self._stopping = False
@@ -133,6 +200,7 @@ class GenerationWorker:
         ]
         self.served = 0
         self.submitted = 0  # jobs accepted into the queue so far
+        self.metrics = Metrics()
 
     @property
     def lanes(self) -> int:
@@ -152,8 +220,10 @@ class GenerationWorker:
     def submit(self, job: Job) -> Job:
         with self._cond:
             if self._stopping or len(self._waiting) >= self.max_queue:
+                self._count_end(job, "queue_full")
                 raise QueueFull
-            heapq.heappush(self._waiting, (not job.first, next(self._order), job))
+            job.order, job.since, job.passes = next(self._order), time.monotonic(), 0
+            self._waiting.append(job)
             self.submitted += 1
             self._dispatch()
         return job
@@ -166,8 +236,9 @@ class GenerationWorker:
         """Give waiting jobs to free lanes (the condition held)."""
         free = [lane for lane in self._lanes if lane.job is None] if self._started else []
         while free and self._waiting:
-            job = heapq.heappop(self._waiting)[2]
+            job = self._take_next()
             if job.cancel.is_set():  # its client left while it waited
+                self._count_end(job, "stopped" if job.stopped else "cancelled")
                 job.events.put(None)
                 continue
             lane = _lane_for(job, free)
@@ -175,14 +246,47 @@ class GenerationWorker:
             lane.job = job
         self._cond.notify_all()
 
+    def _take_next(self) -> Job:
+        """Take the waiting job that goes next (the condition held, some waiting): among
+        the clients that hold no lane, where some wait (one lane per client while others
+        wait), one aged (``Job.aged``), else an interactive one, else the first to come;
+        the jobs that came before it count one more pass."""
+        busy = {lane.job.client for lane in self._lanes if lane.job is not None}
+        pool = [job for job in self._waiting if job.client not in busy] or self._waiting
+        now = time.monotonic()
+        aged = [job for job in pool if job.aged(now)]
+        chosen = aged[0] if aged else min(pool, key=lambda job: (not job.first, job.order))
+        self._waiting.remove(chosen)
+        for job in self._waiting:
+            if job.order < chosen.order:
+                job.passes += 1
+        return chosen
+
+    def _count_end(self, job: Job, outcome: str) -> None:
+        """Count how ``job`` ended, once (the first word on it stands)."""
+        if job.outcome is None:
+            job.outcome = outcome
+            self.metrics.ended(job, outcome)
+
+    def withdraw(self, job: Job) -> None:
+        """Its client has gone: cancel it, and a waiting job leaves the queue at once (its
+        slot free for the next request); its reader is told it is over."""
+        job.cancel.set()
+        with self._cond:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self._count_end(job, "cancelled")
+        job.events.put(None)
+
     def cancel_all(self) -> None:
         """Take no more jobs; cancel the waiting ones and the running ones (each ends after
         its current round). What a server does as soon as it is told to stop."""
         with self._cond:
             self._stopping = True
-            for _, _, job in self._waiting:
+            for job in self._waiting:
                 job.stopped = True
                 job.cancel.set()
+                self._count_end(job, "stopped")
                 job.events.put(None)
             self._waiting.clear()
             for lane in self._lanes:
@@ -238,12 +342,16 @@ class GenerationWorker:
                 for event in job.start(lane.session, job.cancel):
                     if isinstance(event, EngineWarning):  # the server's operator reads its log
                         log.warning("%s", event.message)
+                    self.metrics.observe(job, event, time.monotonic())
                     job.events.put(event)
                     if turns is not None and isinstance(event, ROUND_ENDS):
                         turns.pass_on()  # the next event begins a round
         except BaseException as err:  # handed to the request, which renders it
+            self._count_end(job, "failed")
             job.events.put(err)
         finally:
+            cut = job.stopped and "stopped" or job.cancel.is_set() and "cancelled"
+            self._count_end(job, cut or "completed")
             job.events.put(None)
 
 

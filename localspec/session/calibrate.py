@@ -125,10 +125,12 @@ def machine_key(*parts: object) -> str:
 
 
 def file_identity(path: Path | None) -> str:
+    """The file as its path, size, times and inode (as the header cache's stamp): a model
+    swapped in place, its mtime put back, is another file with costs of its own."""
     if path is None:
         return "none"
     st = path.stat()
-    return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}"
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
 
 
 class CostCache:

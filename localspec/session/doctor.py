@@ -145,8 +145,8 @@ def _pair(report: Diagnosis, options: Any) -> None:
             path = locate_model(ref, role)
             if path is None and ref and looks_like_path(ref):  # nothing fetches it
                 raise ModelFileError(f"model file not found: {ref}", "check the path")
-            if path is not None:
-                model_problem(path)
+            if path is not None and (note := model_problem(path)):
+                report.notes.append(note)
         except LocalspecError as err:
             report.problems.append(f"{role}: {_said(err)}")
             path = None
@@ -227,11 +227,13 @@ def _models(report: Diagnosis) -> None:
             )  # fmt: skip
 
 
-def model_problem(path: Path) -> None:
+def model_problem(path: Path) -> str | None:
     """A ``ModelFileError`` unless ``path``'s header reads whole, its block count is one
-    llama.cpp loads and the file is as long as its tensors need (not truncated)."""
+    llama.cpp loads and the file is as long as its tensors need (not truncated). A block
+    count the header cache gave is read again from the file before the file is blamed: if
+    the file's own is sound, the damage was the cache's (now replaced), and a note says so."""
     from localspec.models.derive import checked_block_count
-    from localspec.models.gguf import check_gguf, data_end, read_metadata
+    from localspec.models.gguf import HEADER_CACHE, check_gguf, data_end, read_metadata
 
     check_gguf(path)
     try:
@@ -244,8 +246,16 @@ def model_problem(path: Path) -> None:
         raise ModelFileError(f"{path} is truncated: {size} bytes of the {needed} its tensors "
                              "need", "download it again")  # fmt: skip
     count = meta.get(f"{meta.get('general.architecture')}.block_count")
-    if count is not None:
+    if count is None:
+        return None
+    try:
         checked_block_count(path, count)
+    except ModelFileError:
+        meta = read_metadata(path, fresh=True)  # the file's own, kept in the cache's place
+        checked_block_count(path, meta.get(f"{meta.get('general.architecture')}.block_count"))
+        return (f"the header cache ({HEADER_CACHE} in localspec's home) held damaged values "
+                f"for {path}; they were read again from the file, which is sound")  # fmt: skip
+    return None
 
 
 def _cost_profiles(report: Diagnosis, directory: Path) -> None:

@@ -4,7 +4,8 @@ drafter needs it (``DraftSlot``).
 
 ``Loading(load)`` runs ``load()`` in a thread and ``result()`` waits for it (raising its
 error): llama.cpp's load runs without Python's lock, so the imports and set-up that do not
-need the model go on beside it.
+need the model go on beside it. While any load runs the interpreter switches threads more
+often (``LOADING_SWITCH_S``), and once the last one ends, as it was before the first.
 
 A draft model costs a second load (about a second for a 0.5B model on a small CPU) and,
 where no draft of it can pay, buys nothing. ``plan_draft`` decides from the drafter asked
@@ -22,7 +23,8 @@ for and this machine's cached costs for the pair (``DraftPlan``):
 
 ``DraftSlot`` holds the model through that life: ``model`` (loaded or None, never
 waiting), ``wait()`` (loads it now if it was left for later), ``summary()`` and
-``to_dict()`` (what was loaded and why, for ``--stats`` and ``--json``). A background load
+``to_dict()`` (what was loaded and why, for ``--stats`` and ``--json``; still so once the
+slot is closed). A background load
 still running when the slot closes is aborted (``abort()`` is the loader's progress test),
 so a short answer does not wait for it; the model is freed at ``close``.
 """
@@ -44,6 +46,33 @@ from localspec.core.drafting.model import could_pay_at
 LOADING_SWITCH_S = 0.0002  # the interpreter's switch interval while a load runs beside
 
 
+class _FastSwitching:
+    """The short switch interval while at least one ``Loading`` runs, in any thread: the
+    first to begin saves the process's own interval, the last to end puts it back (loads
+    that overlap would otherwise save each other's short one and leave it for good)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._saved = 0.0
+
+    def begin(self) -> None:
+        with self._lock:
+            if self._running == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(LOADING_SWITCH_S)
+            self._running += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_SWITCHING = _FastSwitching()
+
+
 class Loading:
     """``load()`` running in a daemon thread (see the module docstring)."""
 
@@ -53,20 +82,24 @@ class Loading:
         # llama.cpp reports each step of a load through a Python callback, which must take
         # the interpreter's lock from the thread importing beside it: a short switch
         # interval hands it over at once instead of after the default 5 ms.
-        self._interval = sys.getswitchinterval()
-        sys.setswitchinterval(LOADING_SWITCH_S)
+        _SWITCHING.begin()
         self._thread = threading.Thread(target=self._run, args=(load,), name="load", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            _SWITCHING.end()
+            raise
 
     def _run(self, load: Callable[[], Any]) -> None:
         try:
             self._value = load()
         except BaseException as err:  # handed to the caller of result()
             self._error = err
+        finally:  # as soon as the load ends, whether or not anyone asks for its result
+            _SWITCHING.end()
 
     def result(self) -> Any:
         self._thread.join()
-        sys.setswitchinterval(self._interval)
         if self._error is not None:
             raise self._error
         return self._value
@@ -150,6 +183,7 @@ class DraftSlot:
         self.turns: Any = None  # the lanes' turns the model is used under, once loaded
         self.load_s: float | None = None  # how long the load took, once it has run
         self.ready_after_s: float | None = None  # since the slot opened, once loaded
+        self._loaded = model is not None  # it was loaded (still so once closed and freed)
         if model is not None:
             self._done.set()
 
@@ -218,14 +252,15 @@ class DraftSlot:
             if self._closing.is_set():  # loaded after all, but nobody will draft with it
                 model.close()
             else:
-                self._model = model
+                self._model, self._loaded = model, True
                 self.load_s = self._clock() - started
                 self.ready_after_s = self._clock() - self._opened
         finally:
             self._done.set()
 
     def state(self) -> str:
-        if self._model is not None:
+        """What became of it: read after ``close`` too (a record of the answer it served)."""
+        if self._loaded:
             return "loaded"
         if self._error is not None:
             return "failed"

@@ -3,7 +3,8 @@
 
 ``resolve_pair(options, on_progress)`` resolves paths, catalog names and Hub references (the
 default pair when none is given; fetched on first use), picks the draft a catalog target
-is paired with when no ``--draft`` is given (``NO_DRAFT`` where its family has none), and
+is paired with when no ``--draft`` is given (``NO_DRAFT`` where its family has none, or where
+a target file's header names another tokenizer than the default draft's), and
 derives the target's own draft for ``SELF_DRAFT`` (once per target, then cached). Nothing
 is loaded here.
 """
@@ -15,9 +16,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.backend.rpc import DEFAULT_TIMEOUT
-from localspec.progress import OnProgress, tell
+from localspec.progress import OnProgress, ProgressKind, tell
 
 MAX_LANES = 64  # generations at once, at most
+MAX_THREADS = 512  # llama.cpp's own limit (GGML_MAX_N_THREADS): past it, it crashes
+# A context past any model's trained one: a larger --ctx is a mistake, not a wish (the input
+# a context can hold is read into memory before the model loads).
+MAX_CTX = 1 << 21
 AUTO_LANES_GPU = 4  # with the target on a GPU, where one batch verifies several rounds
 AUTO_LANES_CPU = 2  # on the CPU, whose cores one generation fills: an editor and a chat
 
@@ -33,8 +38,8 @@ class ModelOptions(BaseModel):
     # True where the drafter may draft without the draft model (auto): it is loaded only
     # where this machine's costs say it may pay, or once a drafter needs it (loading.py).
     draft_on_demand: bool = False
-    threads: int | None = Field(None, ge=1)
-    n_ctx: int = Field(4096, ge=64)
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS)
+    n_ctx: int = Field(4096, ge=64, le=MAX_CTX)
     # Generations the pair runs at once (a server's --parallel): a context of n_ctx tokens
     # each, in one cache per model (backend/lanes.py); 0: as suits where the target runs.
     lanes: int = Field(1, ge=0, le=MAX_LANES)
@@ -80,6 +85,8 @@ def resolve_pair(
     draft = None
     if options.use_draft:
         ref = options.draft if options.draft else _paired_draft(options.target)
+        if ref is None and options.target:  # a file or Hub reference: the default draft?
+            ref = _default_draft_for(target, on_progress)
         if ref == SELF_DRAFT:
             return target, _self_draft(target, options, on_progress)
         if ref is not NO_DRAFT:
@@ -100,6 +107,38 @@ def _self_draft(target: Path, options: ModelOptions, on_progress: OnProgress | N
         tell(on_progress, "deriving a draft from the target's own layers (once per target; "
              "measures which layers to keep, about two minutes)")  # fmt: skip
     return derived_draft(target, threads=options.threads, on_progress=on_progress).path
+
+
+# The tokenizer (GGUF ``tokenizer.ggml.model`` and ``.pre``) of each catalog family's models,
+# as llama.cpp's converter writes it: a target's header says whether the default draft fits.
+FAMILY_TOKENIZERS = {"qwen2": ("gpt2", "qwen2"), "llama3": ("gpt2", "llama-bpe"),
+                     "smollm2": ("gpt2", "smollm")}  # fmt: skip
+
+
+def _default_draft_for(target: Path, on_progress: OnProgress | None) -> str | None:
+    """None (the catalog's default draft) for a target file or Hub reference whose header
+    names the default draft's tokenizer, or where that draft is on this machine already (its
+    load checks the vocabularies); ``NO_DRAFT`` where the header says it cannot fit, so that
+    it is never downloaded only to be refused (auto drafts by copying without it)."""
+    from localspec.models.catalog import default_name, load_catalog, locate_model
+    from localspec.models.gguf import read_metadata
+
+    name = default_name("draft")
+    entry = load_catalog().get(name)
+    wanted = FAMILY_TOKENIZERS.get(entry.family) if entry is not None else None
+    if wanted is None or locate_model(name, "draft") is not None:
+        return None
+    try:
+        header = read_metadata(target)
+    except (OSError, ValueError):  # the target's load says what is wrong with it
+        return None
+    found = (header.get("tokenizer.ggml.model"), header.get("tokenizer.ggml.pre"))
+    if found == wanted:
+        return None
+    tell(on_progress, f"no draft model: the default draft {name} does not share "
+         f"{target.name}'s tokenizer (auto drafts by copying; --draft names one that does)",
+         ProgressKind.WARNING)  # fmt: skip
+    return NO_DRAFT
 
 
 def _paired_draft(target: str | None) -> str | None:

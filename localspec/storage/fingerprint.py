@@ -7,8 +7,9 @@ turn text into the same ids and ids into the same text.
 
 Hashing a 150k-token vocabulary takes about half a second and happens at every session
 start that records or drafts from a store, so the result is cached per model file (resolved
-path, size, modification time) in a small JSON file: a hit costs a ``stat`` and reading that
-file. ``cached_fingerprint(path)`` answers from the cache alone (None when not there).
+path, size, modification and change times, inode) in a small JSON file: a hit costs a
+``stat`` and reading that file. ``cached_fingerprint(path)`` answers from the cache alone
+(None when not there).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _file_key(path: Path) -> tuple[str, list[int]] | None:
         info = os.stat(resolved)
     except OSError:
         return None
-    return str(resolved), [info.st_size, info.st_mtime_ns]
+    return str(resolved), [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
 
 
 def _read(cache: Path) -> dict[str, Any]:
