@@ -49,6 +49,8 @@ def test_a_b_a_on_one_lane_restores_a(session):
         again = ask(served.url, LONG)
         assert cached(again) >= first["usage"]["prompt_tokens"] - 2
         assert again["choices"][0]["message"] == first["choices"][0]["message"]
+        metrics = httpx.get(f"{served.url}/metrics", timeout=10).text.splitlines()
+        assert "localspec_prompt_cache_hits_total 1" in metrics
 
 
 def test_a_prompt_is_restored_for_its_own_key_only(session):

@@ -53,6 +53,8 @@ class Metrics:
         self.prompt_tokens = 0  # tokens in the prompts
         self.evaluated_tokens = 0  # of them, evaluated (not found in a lane's cache)
         self.generated_tokens = 0
+        self.restored_tokens = 0  # of the prompts, restored from the prompt cache
+        self.restores = 0  # answers whose prompt was restored
         self.rounds = 0  # target passes
         self.drafted: Counter[str] = Counter()  # by drafter
         self.accepted: Counter[str] = Counter()
@@ -86,6 +88,9 @@ class Metrics:
         # As the answer's timings count them (its prompt_n): see openai_shapes.timings.
         self.evaluated_tokens += min(stats.prefill_evaluated + 1, stats.prompt_tokens)
         self.generated_tokens += stats.generated_tokens
+        if stats.restored_tokens:
+            self.restores += 1
+            self.restored_tokens += stats.restored_tokens
         self.rounds += stats.rounds
         for name, by in stats.by_drafter.items():
             self.drafted[name] += by.drafted
@@ -112,6 +117,11 @@ class Metrics:
                     "from a lane's cache), as timings.prompt_n.",
                     [({}, self.evaluated_tokens)])  # fmt: skip
             counter("generated_tokens_total", "Tokens generated.", [({}, self.generated_tokens)])
+            counter("prompt_cache_hits_total", "Answers whose prompt's prefix was restored "
+                    "from the prompt cache.", [({}, self.restores)])  # fmt: skip
+            counter("prompt_cache_restored_tokens_total", "Prompt tokens restored from the "
+                    "prompt cache (part of those not evaluated).",
+                    [({}, self.restored_tokens)])  # fmt: skip
             counter("target_passes_total", "Target evaluations of the answers' rounds.",
                     [({}, self.rounds)])  # fmt: skip
             names = sorted(self.drafted)
