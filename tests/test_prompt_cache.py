@@ -184,3 +184,25 @@ def test_sizes_as_people_write_them(text, size):
 @pytest.mark.parametrize("text", ["", "MB", "-1MB", "10 parsecs", "1e9", "10MB5"])
 def test_what_is_not_a_size(text):
     assert size_in_bytes(text) is None
+
+
+def test_two_writers_at_once_leave_whole_files(tmp_path):
+    import threading
+
+    tiers = [disk(tmp_path), disk(tmp_path)]  # two processes' views of one folder
+    same = entry(list(range(300)), b"s" * 200_000)
+
+    def write(tier: DiskTier) -> None:
+        for _ in range(5):
+            assert tier.save(same) == ""
+
+    threads = [threading.Thread(target=write, args=(tier,)) for tier in tiers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    warnings: list[str] = []
+    found = tiers[0].best(KEY, "", as_tokens(range(300)), warnings)
+    assert found is not None and found[0].target.state == same.target.state
+    assert warnings == [] and len(tiers[0].files()) == 1
+    assert not list(tiers[0].root.rglob("*.tmp"))
