@@ -107,3 +107,28 @@ def test_bench_fresh_runs_complete_processes_on_the_tiny_pair(tiny_pair, tmp_pat
     summary = json.loads((out / "summary.json").read_text())
     assert summary["meta"]["fresh"] is True
     assert summary["overall"]["auto"]["wall_to_none"] > 0
+
+
+def test_auto_warm_runs_each_prompt_twice_and_records_the_second(tiny_pair, tmp_path):
+    target, draft, _ = tiny_pair
+    out = tmp_path / "results"
+    args = ["bench", "--target", str(target), "--draft", str(draft), "--categories", "math",
+            "--limit", "1", "--max-tokens", "8", "--modes", "none,auto-warm", "--fresh",
+            "--out", str(out), "--threads", "1", "--ctx", "512", "--no-chart"]  # fmt: skip
+    result = CliRunner().invoke(cli_app(), args)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    none, warm = records
+    assert none["restored_tokens"] == 0 and "cold_first_token_s" not in none
+    assert warm["mode"] == "auto-warm" and warm["cold_first_token_s"] > 0
+    assert warm["same_as_cold"] is True
+    # The tiny pair's state is a few bytes a token: worth saving, and restored whole (but
+    # for the last token, which the first round evaluates).
+    assert warm["restored_tokens"] == warm["prompt_tokens"] - 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["overall"]["auto-warm"]["warm_to_cold_first_token"] > 0
+
+
+def test_auto_warm_needs_fresh_processes():
+    with pytest.raises(UsageError, match="auto-warm"):
+        check_modes((BenchMode("none"), BenchMode("auto-warm")), fresh=False)

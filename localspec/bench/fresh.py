@@ -13,7 +13,10 @@ The processes share a private home (``private_home``): this machine's calibratio
 so none measures it again, and nothing else of the user's: no history, no datastores, no
 learned state. Cold (the default) empties the learned state before every run, as a first
 ``localspec complete`` on a machine meets it; warm lets each process start from what the
-previous one saved, as a user's successive calls do. Mode ``auto-again`` runs two processes
+previous one saved, as a user's successive calls do. No process restores a prompt another
+saved (``--no-prompt-cache``) but in mode ``auto-warm``, which runs two processes with the
+prompt cache on and emptied before the first: the second, recorded, restores the prompt the
+first evaluated (its ``restored_tokens``). Mode ``auto-again`` runs two processes
 with the history on, emptied before the first: the first answers the prompt's ``first``
 question (else the prompt itself), the second, recorded, asks the prompt, so the history
 drafts from the first answer; ``same_as_first`` says whether the two answers to the same
@@ -42,11 +45,13 @@ from localspec.bench.modes import (
     PREDICTION_MODE,
     SELF_MODE,
     STORE_MODE,
+    TWICE_MODES,
+    WARM_MODE,
     BenchMode,
 )
 from localspec.bench.records import ENGINE
 from localspec.errors import BackendError, UsageError
-from localspec.models.paths import ENV_HOME, cache_root
+from localspec.models.paths import ENV_HOME, cache_root, prompt_cache_dir
 from localspec.session.pair import ModelOptions
 from localspec.storage.library import HISTORY, HISTORY_ENV, datastores_dir
 
@@ -59,12 +64,13 @@ TIMEOUT_S = 3600.0
 def check_modes(modes: Sequence[BenchMode], *, fresh: bool) -> None:
     """Refuse what the runner cannot run: with ``fresh``, modes that need the user's stores
     or derived drafts and ``auto-without-DRAFTER`` (``complete`` drafts with every drafter
-    of auto); without, ``auto-again`` (a question asked again by another process)."""
+    of auto); without, ``auto-again`` and ``auto-warm`` (each asks its question again in
+    another process)."""
     if not fresh:
-        if AGAIN_MODE in modes:
+        twice = [m for m in TWICE_MODES if m in modes]
+        if twice:
             raise UsageError(
-                f"mode {AGAIN_MODE} asks each question again in a fresh process, the "
-                "history holding its first answer",
+                f"mode {twice[0]} asks each question again in a fresh process",
                 "add --fresh",
             )
         return
@@ -139,7 +145,9 @@ class FreshRunner:
     ) -> list[str]:
         # Each mode evaluates its prompt as a first run does: none restores what another
         # mode's process saved of the same prompt.
-        cmd = [sys.executable, "-m", "localspec", "complete", "--json", "--no-prompt-cache"]
+        cmd = [sys.executable, "-m", "localspec", "complete", "--json"]
+        if mode != WARM_MODE:
+            cmd.append("--no-prompt-cache")
         if mode != AGAIN_MODE:  # the history keeps no answer of the others
             cmd.append("--no-history")
         cmd += ["--drafter", mode.drafter.value, "--max-tokens", str(max_tokens)]
@@ -173,6 +181,8 @@ class FreshRunner:
             predicted = self.home / "prediction.txt"
             predicted.write_text(prediction, encoding="utf-8")
         cmd = self.command(mode, max_tokens, temperature, seed, predicted)
+        if mode == WARM_MODE:
+            return self._warm(cmd, prompt, mode)
         if mode != AGAIN_MODE:
             return self._process(cmd, prompt, mode)
         self._forget_history()
@@ -183,6 +193,20 @@ class FreshRunner:
             self._forget_history()
         if first is None or first == prompt:
             record["same_as_first"] = record["token_ids"] == earlier["token_ids"]
+        return record
+
+    def _warm(self, cmd: list[str], prompt: str, mode: BenchMode) -> dict[str, Any]:
+        """The prompt evaluated by one process, then answered by a second that restores it:
+        the second's record, with the first's first token beside it."""
+        cache = self.home / prompt_cache_dir().relative_to(cache_root())
+        shutil.rmtree(cache, ignore_errors=True)
+        try:
+            cold = self._process(cmd, prompt, mode)
+            record = self._process(cmd, prompt, mode)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        record["cold_first_token_s"] = cold["first_token_s"]
+        record["same_as_cold"] = record["token_ids"] == cold["token_ids"]
         return record
 
     def _forget_history(self) -> None:
@@ -225,6 +249,7 @@ class FreshRunner:
             "wall_s": round(wall, 4),
             "first_token_s": None if first is None else round(first - spawned, 4),
             "load_s": timing.get("load_s"),
+            "restored_tokens": (stats.get("prompt_cache") or {}).get("restored_tokens", 0),
             "fresh": True,
         }
         if self.trace:

@@ -40,6 +40,9 @@ NAMES = (
     # auto asked each question again in a fresh process, the history holding its first
     # answer (or the answer to the prompt's ``first`` question)
     "auto-again",
+    # auto after an earlier process evaluated the same prompt (the prompt cache on): the
+    # first process evaluates it cold and keeps it, the second, recorded, restores it
+    "auto-warm",
     # llama-speculative-simple's speculative types; "best native" is the fastest of them all.
     "native-draft",  # llama.cpp with the draft model
     "native-ngram",
@@ -114,8 +117,11 @@ STORE_MODE = BenchMode("auto-store")
 CHAINS_MODE = BenchMode("auto-chains")
 PREDICTION_MODE = BenchMode("auto-prediction")
 AGAIN_MODE = BenchMode("auto-again")
+WARM_MODE = BenchMode("auto-warm")
+# Modes a fresh process runs twice, the second recorded.
+TWICE_MODES = (AGAIN_MODE, WARM_MODE)
 # The cost model's, beside auto-without-DRAFTER.
-AUTO_MODES = (AUTO, STORE_MODE, CHAINS_MODE, PREDICTION_MODE, AGAIN_MODE)
+AUTO_MODES = (AUTO, STORE_MODE, CHAINS_MODE, PREDICTION_MODE, AGAIN_MODE, WARM_MODE)
 NATIVE_DRAFT = BenchMode("native-draft")
 NATIVE_SPEC_MODES = (
     NATIVE_DRAFT, *map(BenchMode, ("native-ngram", "native-ngram-map-k", "native-ngram-mod")),

@@ -5,8 +5,8 @@ mode, its place in the run order (``run``, ``repeat``) and start ``time``, the e
 ran it (``localspec`` or ``llama.cpp``), and the stats of that run. ``to_dict`` gives the
 JSON object written as a line of ``records.jsonl`` (the keys and their order as the bench
 has always written them: an engine run's and a native run's have their own keys, and
-``trace``, ``samples_tokens_per_s``, ``overshoot``, ``same_as_first`` and the timings of what
-a user waits for appear only when set);
+``trace``, ``samples_tokens_per_s``, ``overshoot``, ``same_as_first``, the prompt cache's
+figures and the timings of what a user waits for appear only when set);
 ``from_dict`` reads such an object back (records of earlier bench results, or the smaller
 objects scripts and tests build), leaving what it lacks as None and what it does not know
 out.
@@ -28,7 +28,7 @@ ENGINE_KEYS = (
     "decode_tokens_per_s", "prefill_s", "drafted", "accepted", "rounds", "acceptance_rate",
     "mean_accepted_length", "by_drafter", "tokens_by_origin", "trace", "compute_s",
     "outside_share", "plain_steps", "plain_step_s", "token_ids", "wall_s", "first_token_s",
-    "load_s", "fresh", "same_as_first",
+    "load_s", "fresh", "same_as_first", "restored_tokens", "cold_first_token_s", "same_as_cold",
 )  # fmt: skip
 # The keys of a native run's record: ``NativeResult.to_record``'s, then the bench's own.
 NATIVE_KEYS = (
@@ -40,7 +40,7 @@ NATIVE_KEYS = (
 # Written only when the run has them.
 OPTIONAL_KEYS = frozenset(
     {"trace", "samples_tokens_per_s", "overshoot", "wall_s", "first_token_s", "load_s", "fresh",
-     "same_as_first"}
+     "same_as_first", "restored_tokens", "cold_first_token_s", "same_as_cold"}
 )  # fmt: skip
 
 
@@ -85,6 +85,11 @@ class RunRecord:
     fresh: bool | None = None  # an engine run in a fresh ``localspec complete`` process
     # auto-again: whether the answer is the one the same question got the first time.
     same_as_first: bool | None = None
+    # Of the prompt, restored from the prompt cache; auto-warm: the first token of the cold
+    # process before it, and whether the warm answer is the cold one.
+    restored_tokens: int | None = None
+    cold_first_token_s: float | None = None
+    same_as_cold: bool | None = None
     # Native runs only.
     draft_max: int | None = None
     samples_tokens_per_s: list[float] | None = None  # llama-bench's, one per repetition

@@ -88,6 +88,12 @@ WAIT_COLUMNS: dict[str, Column] = {
         "wall / first native",
         lambda g: _ratio(g.get("wall_to_first_native")),
     ),
+    # auto-warm: the first token after a restored prompt against the cold one's
+    "warm_to_cold_first_token": (
+        "first token warm / cold",
+        lambda g: _ratio(g.get("warm_to_cold_first_token")),
+    ),
+    "same_as_cold": ("same as cold", lambda g: _fmt(g.get("same_as_cold"), ".0%")),
 }
 
 

@@ -17,8 +17,11 @@ per-prompt ratio to ``none`` and the same ratios timed by each run's own plain s
 so (``wall_s`` and ``first_token_s``, their means; ``wall_to_none``; for fresh processes
 ``wall_to_first_native``, against the speculative llama.cpp process that ended first on
 the same prompt: geometric means of per-prompt wall-time ratios, below 1 sooner), for
-``auto-again`` the share of second answers that were the first one (``same_as_first``), and
-the list of native runs that overshot.
+``auto-again`` the share of second answers that were the first one (``same_as_first``), for
+``auto-warm`` the first token of the process that restored the prompt against that of the
+one that evaluated it (``warm_to_cold_first_token``, a geometric mean) and the share of warm
+answers that were the cold one (``same_as_cold``), and the list of native runs that
+overshot.
 Repeated runs of a prompt and mode count once, by their median run. The result is plain
 JSON data; nothing is printed.
 """
@@ -215,6 +218,11 @@ def _waiting(mode: str, records: list[RunRecord], refs: _References) -> dict[str
     fresh = [r for r in records if r.fresh]
     if mode not in NATIVE_MODES and fresh and refs.first_native:
         out["wall_to_first_native"] = _wall_ratio(fresh, refs.first_native)
+    warm = [r for r in records if r.first_token_s and r.cold_first_token_s]
+    if warm:  # auto-warm: the prompt restored against evaluated, in the same run
+        ratios = [r.first_token_s / r.cold_first_token_s for r in warm]  # type: ignore[operator]
+        out["warm_to_cold_first_token"] = _round(geometric_mean(ratios), 4)
+        out["same_as_cold"] = sum(bool(r.same_as_cold) for r in warm) / len(warm)
     return out
 
 
