@@ -55,7 +55,7 @@ def predictions(name: str) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def test_the_profiles_and_answers_are_there():
-    assert {"zen3", "avx512", "gpu-like"} <= set(PROFILES)
+    assert {"zen3", "avx512", "gpu-like", "dev-busy"} <= set(PROFILES)
     kinds = {answer(n)["kind"] for n in ANSWERS}
     assert kinds >= {"edit"}
     for name in PROFILES:
