@@ -250,10 +250,18 @@ def test_a_prediction_the_prompt_holds_is_one_copy_with_prompt_lookup():
         committed.append(token)
         for d in drafters.values():
             d.observe(committed, NOT_CHOSEN)
-    both = {n: d.offer(committed, 64) for n, d in drafters.items()}
-    assert set(both) == {"ngram", "prediction"}  # each could draft the rest of the file
+    both = {n: d.offer(committed, 16) for n, d in drafters.items()}
+    assert set(both) == {"ngram", "prediction"}  # each could draft 16 tokens of the file
     assert pred.offered.evidence is not Evidence.START
     assert list(one_copy(both, drafters)) == ["ngram"]
+    for _ in range(3):  # the answer's copies of the prediction bear out its odds better
+        pred.pricing.copies.grade(1.0, 0.5)
+    assert pred.proven > ngram.proven
+    assert list(one_copy(both, drafters)) == ["prediction"]
+    # Past the file's end the prompt goes on, the prediction does not: two copies.
+    longer = {n: d.offer(committed, 64) for n, d in drafters.items()}
+    assert ngram.preview(30)[24] != pred.preview(30)[24]
+    assert one_copy(longer, drafters) == longer
     # A prediction that goes on otherwise than the prompt's text: both are weighed.
     other = prediction_drafter()
     other.begin(prompt, GenerationParams(prediction=(*text[:6], 88, 89, 87)))

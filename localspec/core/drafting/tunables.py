@@ -85,10 +85,6 @@ PREDICTION_COPY_ODDS = 1.0  # twice prompt lookup's: the caller vouches for the 
 # it: an edit interrupted it, and where the answer comes back it is priced as at the start.
 RESUME_AFTER = 16
 
-# Two copying drafters whose next tokens agree this far read one copy: one offer is weighed
-# (``copying.one_copy``).
-AGREE_DEPTH = 16
-
 # -- the datastores ------------------------------------------------------------------------
 
 EXAMINED = 32  # occurrences of a match whose continuations are read (spread over all)
