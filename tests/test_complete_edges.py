@@ -169,6 +169,16 @@ def test_a_prediction_is_drafted_from_and_changes_nothing_in_the_answer(tiny_pai
         used["accepted_prediction_tokens"] + used["rejected_prediction_tokens"] == (used["tokens"])
     )
     assert "prediction" not in plain
+    # What the answer made of it: the tokens it copied, and those of them drafted.
+    origins = predicted["stats"]["tokens_by_origin"]
+    assert used["used_tokens"] >= len(plain["token_ids"]) - 8
+    assert used["drafted_tokens"] <= sum(n for o, n in origins.items() if o != "target")
+    assert used["drafted_by_prediction"] <= origins.get("prediction", 0)
+    stats = localspec(*args[:-2], "--raw", "--stats", "--prediction", str(tmp_path / "old.txt"),
+                      stdin=prompt)  # fmt: skip
+    assert stats.returncode == 0, stats.stderr.decode()
+    line = f"prediction: {used['tokens']} tokens; the answer copied {used['used_tokens']} of them"
+    assert line in stats.stderr.decode()
 
 
 @pytest.mark.parametrize(

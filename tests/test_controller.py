@@ -7,7 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from localspec.core.controller import LOSS_BUDGET, LOSS_HORIZON, Choice, Controller
+from localspec.core.controller import (
+    LOSS_BUDGET,
+    LOSS_HORIZON,
+    REACH_DRAFT,
+    REACH_SHARE,
+    Choice,
+    Controller,
+)
 from localspec.core.costs import CostProfile
 from localspec.core.drafting.base import Offer
 from localspec.core.drafting.evidence import CopyOffer, Evidence, match_bucket
@@ -344,6 +351,45 @@ def test_drafts_that_lost_time_raise_the_bar_until_the_answer_is_ahead_again():
         c.observe(bet, long_match, bet.k, 0)
     assert c.required_margin > c.margin
     c.new_generation()  # a new answer starts even
+    assert c.required_margin == c.margin
+
+
+# A machine where verifying is dear (a 2-core CPU without AVX-512): a failed draft costs 1.6
+# plain steps, a long one tens of them, so no draft can run much past 2x a plain step.
+STEEP = CostProfile(
+    plain_s=0.0507,
+    verify_s={1: 0.0832, 4: 0.167, 8: 0.274, 16: 0.477, 32: 0.862, 64: 1.622},
+)
+
+
+def test_a_deep_deficit_never_raises_the_bar_past_what_a_draft_can_reach():
+    """One long draft that parted at once, where it cost 30 plain steps: the bar rises, but
+    a copy under way that holds can still clear it, so drafting does not end for the rest
+    of the answer (only drafting rounds move the balance)."""
+    p = Pair(STEEP)
+    c = p.c
+    c.new_generation()
+    copy = p.ngram(64, match=32, under_way=True)
+    plan = Choice(NGRAM, 64, 0.0, "a long draft of a copy under way")
+    c.observe(plan, copy, plan.k, 0)  # parted at its first token
+    best = max((k + 1) * STEEP.plain_s / STEEP.verify(k) for k in range(1, REACH_DRAFT + 1))
+    assert c.reach() == pytest.approx(REACH_SHARE * best)
+    deficit = STEEP.verify(plan.k) - STEEP.plain_s
+    budget = LOSS_BUDGET * STEEP.plain_s * LOSS_HORIZON
+    assert c.margin * (1 + deficit / budget) > best  # uncapped, out of any draft's reach
+    assert c.required_margin == pytest.approx(c.reach())
+    for _ in range(4):  # the copy's estimate learns that it holds (drafts passed over)
+        p.copies.grade(Grade.DRAFTED, CopyOffer(64, 32, Evidence.UNDER_WAY), 32, 32)
+    assert p.choose(copy).drafter == NGRAM
+    assert p.choose(p.ngram(40, match=4)).drafter is None  # weak evidence still waits
+
+
+def test_the_bar_in_deficit_is_never_below_the_plain_margin():
+    flat = CostProfile(plain_s=1.0, verify_s={1: 1.9, 64: 120.0})  # no draft can pay
+    c = Controller(flat)
+    c.new_generation()
+    c.observe(Choice(NGRAM, 1, 0.0, ""), Offer(NGRAM, 1, lambda k: [0.0] * k), 1, 0)
+    assert c.reach() < c.margin
     assert c.required_margin == c.margin
 
 

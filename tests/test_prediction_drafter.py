@@ -223,3 +223,50 @@ def test_a_copy_that_parted_after_a_long_run_is_resumed_as_at_the_start():
     offer = d.copy_offer(committed, 64)
     assert offer.evidence is Evidence.START
     assert propose(d, committed, 3) == PREDICTION[22:25]
+
+
+def test_a_prediction_the_prompt_holds_is_one_copy_with_prompt_lookup():
+    """Where prompt lookup and the prediction would draft the same tokens, one offer is
+    weighed: prompt lookup's (as without the prediction), but for the prediction's start,
+    which only it knows. Where they differ, both are weighed."""
+    from localspec.core.drafting.copying import one_copy
+    from localspec.core.drafting.ngram import ngram_drafter
+
+    text = PREDICTION[:30]
+    prompt = [90, 91, *text, 92]
+    ngram, pred = ngram_drafter(), prediction_drafter()
+    drafters = {"ngram": ngram, "prediction": pred}
+    params = GenerationParams(prediction=tuple(text))
+    for d in drafters.values():
+        d.begin(prompt, params)
+    committed = list(prompt)
+
+    def offered() -> dict:
+        made = {n: d.offer(committed, 64) for n, d in drafters.items()}
+        return one_copy({n: o for n, o in made.items() if o is not None}, drafters)
+
+    assert list(offered()) == ["prediction"]  # its start: prompt lookup has no match yet
+    for token in text[:6]:  # the answer copies the file
+        committed.append(token)
+        for d in drafters.values():
+            d.observe(committed, NOT_CHOSEN)
+    both = {n: d.offer(committed, 16) for n, d in drafters.items()}
+    assert set(both) == {"ngram", "prediction"}  # each could draft 16 tokens of the file
+    assert pred.offered.evidence is not Evidence.START
+    assert list(one_copy(both, drafters)) == ["ngram"]
+    for _ in range(3):  # the answer's copies of the prediction bear out its odds better
+        pred.pricing.copies.grade(1.0, 0.5)
+    assert pred.proven > ngram.proven
+    assert list(one_copy(both, drafters)) == ["prediction"]
+    # Past the file's end the prompt goes on, the prediction does not: two copies.
+    longer = {n: d.offer(committed, 64) for n, d in drafters.items()}
+    assert ngram.preview(30)[24] != pred.preview(30)[24]
+    assert one_copy(longer, drafters) == longer
+    # A prediction that goes on otherwise than the prompt's text: both are weighed.
+    other = prediction_drafter()
+    other.begin(prompt, GenerationParams(prediction=(*text[:6], 88, 89, 87)))
+    other.observe(committed, NOT_CHOSEN)
+    drafters["prediction"] = other
+    made = {n: d.offer(committed, 64) for n, d in drafters.items()}
+    assert other.preview(3) == [88, 89, 87] and ngram.preview(3) == text[6:9]
+    assert one_copy(made, drafters) == made

@@ -69,3 +69,31 @@ def test_the_trace_is_in_the_json_only_when_kept():
     assert "trace" not in stats.to_dict()
     stats.trace = [{"round": 0}]
     assert stats.to_dict()["trace"] == [{"round": 0}]
+
+
+def test_prediction_use_counts_the_copied_stretches_and_who_drafted_them():
+    from localspec.core.stats import USE_RUN, prediction_use
+
+    prediction = list(range(100, 140))
+    # An edit: 12 tokens copied, 3 written anew, 20 copied, then 6 of the answer's own.
+    answer = [*prediction[:12], 7, 8, 9, *prediction[15:35], 1, 2, 3, 4, 5, 6]
+    origins = (
+        ["ngram"] * 8 + [TARGET] * 4 + [TARGET] * 3 + ["prediction"] * 19 + [TARGET] + [TARGET] * 6
+    )
+    use = prediction_use(prediction, answer, origins)
+    assert (use.tokens, use.used, use.drafted, use.by_prediction) == (40, 32, 27, 19)
+    assert use.to_dict() == {
+        "used_tokens": 32,
+        "drafted_tokens": 27,
+        "drafted_by_prediction": 19,
+    }
+    line = use.summary()
+    assert "copied 32" in line and "27 drafted (84%)" in line and "5 written by the target" in line
+    # A stretch shorter than USE_RUN is not a copy; stats gathered from events agree.
+    short = prediction_use(prediction, prediction[: USE_RUN - 1], [TARGET] * (USE_RUN - 1))
+    assert short.used == 0
+    s = GenerationStats()
+    for i, origin in enumerate(origins):
+        s.observe(TokenEmitted(answer[i], "x", origin, i))
+    assert s.origins == origins
+    assert prediction_use(prediction, answer, s.origins) == use

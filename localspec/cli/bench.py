@@ -4,7 +4,9 @@
 command's options into a ``BenchArgs`` and hands them to ``localspec.bench.run.run_bench``,
 which runs the whole bench (see there: the protocol, the files written, what goes to stdout
 and stderr). ``replay_command`` replays a bench run's greedy answers at a machine's costs
-(``localspec.bench.replay``) and prints the table, or with ``--json`` every answer's row.
+(``localspec.bench.replay``) and prints the table, or with ``--json`` every answer's row;
+``costs_command`` measures this machine's costs and writes them as a cost profile
+(``localspec.bench.costs``).
 Errors become ``error:`` / ``hint:`` lines and their exit codes; Ctrl-C during a run still
 summarises what was measured.
 """
@@ -20,6 +22,7 @@ import typer
 from localspec.bench.args import BenchArgs
 from localspec.cli.common import cli_errors, echo_progress
 from localspec.cli.groups import option_groups
+from localspec.errors import InputError
 from localspec.session.options import ModelChoice, Temperature, command_line
 
 
@@ -174,6 +177,37 @@ def replay_command(
     typer.echo(json.dumps(result, indent=1) if as_json else render(result))
 
 
+@option_groups
+def costs_command(
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="write the profile to this file (what bench replay --costs reads); "
+            "default: print it"
+        ),
+    ] = None,
+    *,
+    model: ModelChoice,
+) -> None:
+    """Measure this machine's costs for the pair now and keep them as a cost profile."""
+    from localspec.bench.costs import capture
+
+    with cli_errors():
+        if out is not None and not out.parent.is_dir():  # before minutes of measuring
+            raise InputError(f"cannot write {out}: no folder {out.parent}", "pass --out FILE")
+        profile = capture(model.options(spelling=command_line("bench")), echo_progress)
+        text = json.dumps(profile, indent=1) + "\n"
+        if out is None:
+            typer.echo(text, nl=False)
+            return
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as err:
+            raise InputError(f"cannot write {out}: {err.strerror}", "pass --out FILE") from None
+    typer.echo(f"wrote {out}: {profile['machine']}", err=True)
+
+
 bench_app = typer.Typer(add_completion=False)
 bench_app.callback(invoke_without_command=True)(bench_command)
 bench_app.command("replay")(replay_command)
+bench_app.command("costs")(costs_command)

@@ -25,7 +25,7 @@ from localspec.cli.common import SystemOpt, cli_errors, echo_progress, read_syst
 from localspec.cli.groups import option_groups
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
-from localspec.core.stats import GenerationStats
+from localspec.core.stats import GenerationStats, PredictionUse, prediction_use
 from localspec.errors import EXIT_CANCELLED, InputError, WorkersLostError, exit_with
 from localspec.progress import Progress, ProgressKind
 from localspec.session.options import (
@@ -244,13 +244,19 @@ def run_complete(
         if slot is not None:
             record["stats"]["draft_model"] = slot.to_dict()
         record["stats"]["verification"] = verification
-        if params.prediction:  # as OpenAI's usage counts it
-            record["prediction"] = _prediction_usage(params.prediction, record["token_ids"])
+        if params.prediction:  # as OpenAI's usage counts it, and what the answer made of it
+            record["prediction"] = {
+                **_prediction_usage(params.prediction, record["token_ids"]),
+                **_prediction_use(params.prediction, record["token_ids"], totals).to_dict(),
+            }
         sys.stdout.write(json.dumps(record) + "\n")
     else:
         _write_tail(finished)
     if stats:
         typer.echo(human_stats(totals, reason), err=True)
+        if params.prediction:
+            ids = list(finished.token_ids) if finished else running.token_ids
+            typer.echo(_prediction_use(params.prediction, ids, totals).summary(), err=True)
         typer.echo(running.timing_line(), err=True)
         if placement:
             typer.echo(f"{placement.summary()} ({placement.reason})", err=True)
@@ -299,6 +305,12 @@ def _record(
             **({"placement": placement.to_dict()} if placement else {}),
         },
     }
+
+
+def _prediction_use(
+    prediction: tuple[int, ...], token_ids: list[int], totals: GenerationStats
+) -> PredictionUse:
+    return prediction_use(prediction, token_ids, totals.origins)
 
 
 def _prediction_usage(prediction: tuple[int, ...], token_ids: list[int]) -> dict[str, int]:

@@ -52,6 +52,13 @@ SPECULATE_MARGIN = 1.1
 # otherwise keep paying for them. Once ahead, the plain margin applies again.
 LOSS_BUDGET = 0.05
 LOSS_HORIZON = 200
+# However deep the deficit, the bar stays within reach: at most this share of the fastest a
+# draft could run on this machine (every token of the longest draft accepted, in plain steps'
+# rates). Only drafting rounds move the balance, so a bar above what any draft can reach
+# (one long draft that parted early, on a machine where a long verify costs tens of plain
+# steps) would end drafting for the rest of the answer, copies and predictions included.
+REACH_SHARE = 0.75
+REACH_DRAFT = 64  # the longest draft the reach is measured over
 
 
 @dataclass(frozen=True)
@@ -135,8 +142,17 @@ class Controller:
         """How many times a plain step's rate a draft must be expected to reach: ``margin``,
         raised while this answer's drafts have lost time (see ``LOSS_BUDGET``)."""
         deficit = max(0.0, -self._balance)
+        if deficit == 0.0:
+            return self.margin
         budget = LOSS_BUDGET * self.costs.plain_s * max(self._tokens, LOSS_HORIZON)
-        return self.margin * (1.0 + deficit / budget)
+        return min(self.margin * (1.0 + deficit / budget), max(self.margin, self.reach()))
+
+    def reach(self) -> float:
+        """``REACH_SHARE`` of the fastest any draft could run at these costs, as a multiple
+        of a plain step's rate: every token of a draft of the best length accepted."""
+        plain = self.costs.plain_s
+        best = max((k + 1) * plain / self.costs.verify(k) for k in range(1, REACH_DRAFT + 1))
+        return REACH_SHARE * best
 
     def _seconds(self, offer: Offer, k: int) -> float:
         """Draft and verify time of a k-token draft from ``offer``."""

@@ -25,6 +25,7 @@ import numpy as np
 from localspec.core.cached_model import TargetModel, greedy_ids
 from localspec.core.controller import Choice, Controller
 from localspec.core.drafting.base import PLAIN, Draft, Drafter, Offer, Watching
+from localspec.core.drafting.copying import one_copy
 from localspec.core.events import TARGET, Event, FinishReason, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.text import TextAssembler
@@ -84,13 +85,14 @@ def watchers(run: Run) -> list[Watching]:
 
 
 def offers(run: Run, remaining: int) -> dict[str, Offer]:
-    """What every drafter could draft this round, up to its limit."""
+    """What every drafter could draft this round, up to its limit: one offer per copy
+    (``copying.one_copy``)."""
     made: dict[str, Offer] = {}
     for name, drafter in run.drafters.items():
         offer = drafter.offer(run.committed, min(drafter.limit, remaining))
         if offer is not None:
             made[name] = offer
-    return made
+    return one_copy(made, run.drafters)
 
 
 def chain_round(run: Run, choice: Choice) -> Verified:

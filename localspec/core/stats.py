@@ -12,6 +12,12 @@
   drafting by lookup, verification, bookkeeping, events), over the rounds whose models count
   their compute time (``RoundCompleted.compute_seconds``); ``None`` when none does.
 
+- prediction use (``prediction_use``): of a prediction's tokens, how many the answer used
+  (answer tokens inside a stretch of at least ``USE_RUN`` tokens the prediction also holds)
+  and how many of those were drafted (by any drafter: prompt lookup drafts a prediction's
+  text the prompt also holds) rather than written by the target; a prediction the answer
+  follows but that drafted little shows here without a trace.
+
 ``GenerationStats`` is fed the engine's events and is pure arithmetic: no clocks, no I/O.
 It is what ``Finished.stats`` carries; ``merge`` adds another generation's (the choices of
 one request, the answers of a conversation), and ``to_dict`` gives the JSON the front ends
@@ -20,9 +26,11 @@ print or send. ``trace`` holds every round's choice when the generation was aske
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from localspec.core.drafting.prediction import NAME as PREDICTION
 from localspec.core.events import TARGET, PrefillDone, RoundCompleted, TokenEmitted
 
 
@@ -90,6 +98,52 @@ class DrafterStats:
 
 
 PLAIN = "none"  # key of plain target steps in by_drafter
+USE_RUN = 4  # answer tokens count as copying a prediction in stretches at least this long
+
+
+@dataclass(frozen=True)
+class PredictionUse:
+    """What an answer made of its prediction (module docstring)."""
+
+    tokens: int  # the prediction's
+    used: int  # answer tokens copying it
+    drafted: int  # of those, drafted and accepted
+    by_prediction: int  # answer tokens the prediction's own drafts gave
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "used_tokens": self.used,
+            "drafted_tokens": self.drafted,
+            "drafted_by_prediction": self.by_prediction,
+        }
+
+    def summary(self) -> str:
+        share = f" ({self.drafted / self.used:.0%})" if self.used else ""
+        return (
+            f"prediction: {self.tokens} tokens; the answer copied {self.used} of them, "
+            f"{self.drafted} drafted{share} ({self.by_prediction} by the prediction), "
+            f"{self.used - self.drafted} written by the target"
+        )
+
+
+def prediction_use(
+    prediction: Sequence[int], answer: Sequence[int], origins: Sequence[str]
+) -> PredictionUse:
+    """``answer``'s use of ``prediction``, given each answer token's origin (``TARGET`` or
+    the drafter whose draft it was), in time linear in their lengths: every stretch of
+    ``USE_RUN`` answer tokens that the prediction holds too marks its tokens used."""
+    n = USE_RUN
+    held = {tuple(prediction[i : i + n]) for i in range(len(prediction) - n + 1)}
+    used = [False] * len(answer)
+    for i in range(len(answer) - n + 1):
+        if tuple(answer[i : i + n]) in held:
+            used[i : i + n] = [True] * n
+    drafted = by_prediction = 0
+    for on, origin in zip(used, origins, strict=False):
+        if on and origin != TARGET:
+            drafted += 1
+            by_prediction += origin == PREDICTION
+    return PredictionUse(len(prediction), min(sum(used), len(prediction)), drafted, by_prediction)
 
 
 @dataclass
@@ -112,6 +166,7 @@ class GenerationStats:
     restored_tokens: int = 0
     restored_from: str | None = None
     restore_saved_s: float = 0.0
+    origins: list[str] = field(default_factory=list, repr=False)  # each emitted token's origin
 
     def merge(self, other: GenerationStats) -> None:
         """Add ``other``'s totals to these (rates are recomputed from the sums)."""
@@ -129,6 +184,7 @@ class GenerationStats:
             self.by_drafter.setdefault(name, DrafterStats()).merge(drafter)
         for origin, n in other.by_origin.items():
             self.by_origin[origin] = self.by_origin.get(origin, 0) + n
+        self.origins.extend(other.origins)
         if other.trace is not None:
             self.trace = [*(self.trace or []), *other.trace]
 
@@ -153,6 +209,7 @@ class GenerationStats:
         elif isinstance(event, TokenEmitted):
             self.generated_tokens += 1
             self.by_origin[event.origin] = self.by_origin.get(event.origin, 0) + 1
+            self.origins.append(event.origin)
         elif isinstance(event, RoundCompleted):
             self.decode_s += event.seconds
             if event.compute_seconds is not None:

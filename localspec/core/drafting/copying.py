@@ -16,6 +16,19 @@ occurrence of the text's suffix: free to run, with a one-hot q. They are one dra
 
 Also shared by the sources: ``vote``, the continuation most occurrences agree on, and
 ``Streak``, drafted tokens accepted whole in a row from one copy (a copy under way).
+
+One copy, one offer (``one_copy``). Where two copying drafters would draft the same tokens
+this round, as far as both can draft (a prediction of the file the prompt also holds, a
+datastore holding the prompt's text), they read one copy, and only one of their offers is
+weighed: the controller takes the best of its candidates, so two estimates of one copy would
+bet on whichever is the more optimistic (and their drafts, split between them, would build
+neither's streak). The one weighed is the first drafter's in registry order (prompt lookup),
+which is then what it is without the other, unless the other's evidence is what only it
+knows, a prediction's start (``Evidence.START``), or this text's copies of its source have
+borne out their odds better (``CopyDrafter.proven``). So a prediction whose text is in the
+prompt is never worth less than prompt lookup reading it there. Drafts that part somewhere
+(a repeat of an earlier answer, which the prompt holds only up to the answer's edits) are
+two copies, both weighed.
 """
 
 from __future__ import annotations
@@ -26,8 +39,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from localspec.core.drafting.base import NOT_CHOSEN, Branching, Draft, Offer, Outcome
-from localspec.core.drafting.evidence import CopyOffer
+from localspec.core.drafting.base import NOT_CHOSEN, Branching, Draft, Drafter, Offer, Outcome
+from localspec.core.drafting.evidence import CopyOffer, Evidence
 from localspec.core.drafting.grades import Grade, Grades, Pending
 from localspec.core.drafting.pricing import CopyPricing
 from localspec.core.drafting.tunables import COPY_DEPTH, STREAK_MIN
@@ -154,6 +167,17 @@ class CopyDrafter:
         """What the source could draft after ``committed``, on what evidence."""
         return self.source.find(committed, limit) if limit > 0 else None
 
+    @property
+    def proven(self) -> float:
+        """How far this text's copies of the source have borne out its odds: the odds
+        learned over those it started from (1 before any grade)."""
+        return self.pricing.copies.odds / self.pricing.start
+
+    @property
+    def offered(self) -> CopyOffer | None:
+        """This round's copy offer (after ``offer``), until the round is observed."""
+        return self._offered[0] if self._offered is not None else None
+
     def offer(self, committed: Sequence[int], limit: int) -> Offer | None:
         copy = self.copy_offer(committed, limit)
         self._offered = (copy, len(committed)) if copy is not None else None
@@ -208,3 +232,29 @@ class CopyDrafter:
 
     def restore(self, data: Any, keep: float) -> None:
         self.pricing.restore(data, keep)
+
+
+def one_copy(offers: dict[str, Offer], drafters: dict[str, Drafter]) -> dict[str, Offer]:
+    """``offers`` (by drafter, in registry order) with one offer per copy: of two copying
+    drafters whose drafts agree as far as both can draft, the first's, unless the second's
+    evidence is a prediction's start or its copies have borne out their odds better (module
+    docstring). The one left out learns from the round as from any round that passed it
+    over."""
+    copies = []
+    for name in offers:
+        drafter = drafters.get(name)
+        if isinstance(drafter, CopyDrafter) and drafter.offered is not None:
+            copies.append((name, drafter, drafter.offered))
+    if len(copies) < 2:
+        return offers
+    kept = dict(offers)
+    for i, (first, a, a_copy) in enumerate(copies):
+        for second, b, b_copy in copies[i + 1 :]:
+            if first not in kept or second not in kept:
+                continue
+            k = min(a_copy.available, b_copy.available)
+            if a.preview(k) != b.preview(k):
+                continue
+            start = b_copy.evidence is Evidence.START and a_copy.evidence is not Evidence.START
+            del kept[first if start or b.proven > a.proven else second]
+    return kept
