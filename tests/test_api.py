@@ -125,9 +125,9 @@ def test_a_prediction_given_as_text_reaches_the_engine_as_tokens(pair, monkeypat
     given = []
     generate = decoder.generate
 
-    def spy(tokens, params, cancel=None):
+    def spy(tokens, params, cancel=None, **kw):
         given.append(params)
-        return generate(tokens, params, cancel)
+        return generate(tokens, params, cancel, **kw)
 
     monkeypatch.setattr(decoder, "generate", spy)
     predicted = pair.complete("the cat", max_tokens=20, prediction=plain.text)

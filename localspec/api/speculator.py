@@ -27,6 +27,7 @@ from localspec.errors import (
     MissingDraftError,
     UsageError,
 )
+from localspec.session.constraints import constraint
 from localspec.session.options import Spelling, build_params, drafter_mode
 from localspec.session.placement import Placement
 from localspec.session.preflight import check_options
@@ -36,8 +37,9 @@ from localspec.session.session import Session
 CALL = Spelling("", "_", "see help(localspec.Speculator.complete)")
 
 # Options of a generation besides GenerationParams' fields, per method.
-COMPLETE_OPTIONS = frozenset({"raw", "system", "parse_special"})
-CHAT_OPTIONS = frozenset({"parse_special"})
+CONSTRAINTS = frozenset({"grammar", "json_schema"})
+COMPLETE_OPTIONS = frozenset({"raw", "system", "parse_special"}) | CONSTRAINTS
+CHAT_OPTIONS = frozenset({"parse_special"}) | CONSTRAINTS
 
 
 class Speculator:
@@ -87,7 +89,8 @@ class Speculator:
         ``trace``, ...; ``prediction``: text the answer will mostly be, drafted from by
         ``auto``; ``raw``: send the prompt as is, without the chat template; ``system``: a
         system prompt before it; ``parse_special``: let control tokens in the text act as
-        such."""
+        such; ``json_schema``: a JSON schema (a dict, or its JSON text) the answer must
+        match, or ``grammar``: a GBNF grammar (llama.cpp's) it must match."""
         with _api_words():
             session = self._open()
             prompt_options, params = self._parse(options, COMPLETE_OPTIONS)
@@ -100,7 +103,7 @@ class Speculator:
                 parse_special=bool(prompt_options.get("parse_special", False)),
                 system=system if system and system.strip() else None,
             )
-            return self._start(tokens, params)
+            return self._start(tokens, params, _constraint(prompt_options))
 
     def chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Completion:
         """The assistant's next message; see ``stream_chat``."""
@@ -117,7 +120,7 @@ class Speculator:
             tokens = session.chat_tokens(
                 _messages(messages), parse_special=bool(prompt_options.get("parse_special", False))
             )
-            return self._start(tokens, params)
+            return self._start(tokens, params, _constraint(prompt_options))
 
     def _parse(
         self, options: dict[str, Any], prompt_names: frozenset[str]
@@ -153,13 +156,15 @@ class Speculator:
             raise InputError("the prediction is empty", "give the text the answer will mostly copy")
         return tuple(self._session.plain_tokens(text))
 
-    def _start(self, tokens: list[int], params: GenerationParams) -> Stream:
+    def _start(
+        self, tokens: list[int], params: GenerationParams, grammar: str | None = None
+    ) -> Stream:
         session = self._open()
         self._check_thread()
         self._end_stream()
         # The session's preflight runs here: a request it cannot run fails at the call.
         cancel = threading.Event()
-        events = session.generate(tokens, params, cancel)
+        events = session.generate(tokens, params, cancel, grammar=grammar)
         self._stream = Stream(events, cancel, self._said.append)
         return self._stream
 
@@ -267,3 +272,10 @@ def _unknown_option(name: str, known: set[str]) -> UsageError:
     close = difflib.get_close_matches(name, sorted(known), n=1)
     hint = f"did you mean {close[0]}?" if close else f"options: {', '.join(sorted(known))}"
     return UsageError(f"unknown option {name!r}", hint)
+
+
+def _constraint(prompt_options: dict[str, Any]) -> str | None:
+    """GBNF from a call's ``grammar`` or ``json_schema``, checked before anything runs."""
+    return constraint(
+        grammar=prompt_options.get("grammar"), json_schema=prompt_options.get("json_schema")
+    )

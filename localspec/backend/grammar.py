@@ -101,6 +101,23 @@ class LlamaGrammar:
         llama_cpp.llama_sampler_accept(self._sampler, token)
 
 
+def check_grammar(text: str) -> None:
+    """``GrammarError`` unless ``text`` is GBNF that parses (no model needed: the parse
+    alone, so that a front end refuses it before anything loads)."""
+    check_size(text)
+    if not text.strip():
+        raise GrammarError("the grammar is empty")
+    sampler = llama_cpp.llama_sampler_init_grammar(None, text.encode("utf-8"), ROOT)
+    if not sampler:
+        raise GrammarError("the grammar does not parse (GBNF with a rule named root)")
+    llama_cpp.llama_sampler_free(sampler)
+
+
+def model_grammar(model: Any, text: str) -> LlamaGrammar:
+    """``compile_grammar`` for a loaded ``LlamaModel`` (its vocabulary)."""
+    return compile_grammar(model._vocab, model.n_vocab, text)
+
+
 def compile_grammar(vocab: Any, n_vocab: int, text: str) -> LlamaGrammar:
     """``text`` (GBNF, its rule ``root`` first to match) for a model's vocabulary handle
     (``LlamaModel._vocab``); ``GrammarError`` when it is too large or does not parse."""

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from localspec.backend.grammar import model_grammar
 from localspec.backend.llama import LlamaModel
 from localspec.backend.rpc import RpcLink
 from localspec.core.costs import CostProfile
@@ -259,12 +260,20 @@ class Session:
     # -- generation -----------------------------------------------------------------------
 
     def generate(
-        self, tokens: list[int], params: GenerationParams, cancel: threading.Event | None = None
+        self,
+        tokens: list[int],
+        params: GenerationParams,
+        cancel: threading.Event | None = None,
+        *,
+        grammar: str | None = None,
     ) -> Iterator[Event]:
+        """``grammar``: GBNF the answer must match (``session.constraints`` checked it),
+        compiled here for the target's vocabulary."""
         # Checked now, before the first event: a front end can offer to trim a conversation
         # that does not fit. A draft model still loading is waited for here when the drafter
         # needs it, so that a failed load is raised here too.
         check_request(self.facts, tokens, params)
+        matcher = model_grammar(self.target, grammar) if grammar is not None else None
         if params.drafter.needs_draft_model:
             self.decoder.join_draft(wait=True)
         problems = self._refresh_corpora()
@@ -272,7 +281,7 @@ class Session:
             earlier = self._earlier_answer(tokens, params.max_tokens)
             if earlier:
                 params = params.model_copy(update={"prediction": earlier})
-        events = self.decoder.generate(tokens, params, cancel)
+        events = self.decoder.generate(tokens, params, cancel, grammar=matcher)
         if problems:
             events = self._warned(events, problems)
         if any(answers.keep for answers in self.answers):
@@ -344,17 +353,20 @@ class Session:
         parse_special: bool = False,
         cancel: threading.Event | None = None,
         system: str | None = None,
+        grammar: str | None = None,
     ) -> Iterator[Event]:
         tokens = self.text_tokens(text, raw=raw, parse_special=parse_special, system=system)
-        return self.generate(tokens, params, cancel)
+        return self.generate(tokens, params, cancel, grammar=grammar)
 
     def chat(
         self,
         messages: list[dict[str, str]],
         params: GenerationParams,
         cancel: threading.Event | None = None,
+        *,
+        grammar: str | None = None,
     ) -> Iterator[Event]:
-        return self.generate(self.chat_tokens(messages), params, cancel)
+        return self.generate(self.chat_tokens(messages), params, cancel, grammar=grammar)
 
     def learn_with(self, params: GenerationParams) -> None:
         """What ``auto`` learns is saved for the pair from generations with ``params``'
