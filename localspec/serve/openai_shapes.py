@@ -62,14 +62,6 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
                 param=name,
                 code="unsupported_parameter",
             )
-    fmt = body.get("response_format")
-    if fmt not in (None, {"type": "text"}):
-        raise ApiError(
-            400,
-            "response_format other than text is not supported by localspec serve",
-            param="response_format",
-            code="unsupported_parameter",
-        )
 
 
 def generation_params(

@@ -28,6 +28,7 @@ from localspec.serve.openai_shapes import (
 )
 from localspec.serve.replies import Asked, refusal
 from localspec.serve.state import ServerState
+from localspec.serve.structured import response_grammar
 from localspec.session.preflight import check_options
 
 
@@ -39,6 +40,7 @@ class ApiRequest:
     prediction: str | None  # the answer's predicted text (read with the tokenizer in the worker)
     stream: bool
     include_usage: bool
+    grammar: str | None  # GBNF the answer must match (serve/structured.py)
 
 
 @dataclass(frozen=True)
@@ -64,15 +66,17 @@ class CompletionRequest(ApiRequest):
 def chat_request(body: dict[str, Any], state: ServerState) -> ChatRequest:
     messages = chat_messages(body)
     params, prediction, stream, include_usage = _generation(body, state)
-    return ChatRequest(params, prediction, stream, include_usage, messages)
+    grammar = response_grammar(body)
+    return ChatRequest(params, prediction, stream, include_usage, grammar, messages)
 
 
 def completion_request(body: dict[str, Any], state: ServerState) -> CompletionRequest:
     suffix = _suffix(body, state)
     prompts = completion_prompts(body, state.n_vocab, infill=bool(suffix))
     params, prediction, stream, include_usage = _generation(body, state)
+    grammar = response_grammar(body)
     return CompletionRequest(
-        params, prediction, stream, include_usage, prompts, suffix, state.parse_special
+        params, prediction, stream, include_usage, grammar, prompts, suffix, state.parse_special
     )
 
 
