@@ -126,3 +126,17 @@ def compile_grammar(vocab: Any, n_vocab: int, text: str) -> LlamaGrammar:
     if not sampler:
         raise GrammarError("the grammar does not parse (GBNF with a rule named root)")
     return LlamaGrammar(sampler, n_vocab)
+
+
+def compile_lazy(model: Any, text: str, trigger_tokens: list[int]) -> LlamaGrammar:
+    """A lazy grammar for a loaded ``LlamaModel``: text is free until one of
+    ``trigger_tokens`` comes (a tool-call tag), and from that token on (its own text
+    included) must match ``text``."""
+    check_size(text)
+    tokens = (llama_cpp.llama_token * len(trigger_tokens))(*trigger_tokens)
+    sampler = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+        model._vocab, text.encode("utf-8"), ROOT, None, 0, tokens, len(trigger_tokens)
+    )
+    if not sampler:
+        raise GrammarError("the grammar does not parse (GBNF with a rule named root)")
+    return LlamaGrammar(sampler, model.n_vocab)
