@@ -175,7 +175,8 @@ async def chat_completions(request: Request) -> Any:
 
     def start(session: Session, cancel: threading.Event) -> Iterator[Event]:
         params = _with_prediction(session, chat.params, chat.prediction, asked)
-        return _counted(session.chat(chat.messages, params, cancel, grammar=chat.grammar), asked)
+        events = session.chat(chat.messages, params, cancel, grammar=chat.grammar, tools=chat.tools)
+        return _counted(events, asked)
 
     return await _answer(state, request, Job(start, chat.params, client=client), asked)
 

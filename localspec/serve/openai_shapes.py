@@ -23,6 +23,7 @@ server's options are the defaults.
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypeGuard
 
 from pydantic import ValidationError
@@ -39,8 +40,6 @@ MAX_STOP_CHARS = 256  # characters of one stop string
 # Fields whose presence (with a value other than the neutral one) would change the answer.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     "logprobs": (None, False),
@@ -211,17 +210,19 @@ def finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise ApiError(
-                400, f"messages[{i}] needs a role of system, user or assistant", param="messages"
-            )
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise ApiError(400, f"messages[{i}] needs a role of system, user, assistant or tool",
+                           param="messages")  # fmt: skip
         content = m.get("content")
+        calls = m.get("tool_calls") if m["role"] == "assistant" else None
+        if content is None and calls:
+            content = ""  # an assistant's turn that only called tools
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
                 raise ApiError(400, f"messages[{i}]: only text content is supported",
@@ -229,7 +230,34 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be text", param="messages")
-        out.append({"role": m["role"], "content": content})
+        message: dict[str, Any] = {"role": m["role"], "content": content}
+        if calls:
+            message["tool_calls"] = _past_calls(i, calls)
+        out.append(message)
+    return out
+
+
+def _past_calls(i: int, calls: Any) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` as its template reads them: each function's
+    ``arguments`` (JSON text in OpenAI's shape) as the object it spells."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise ApiError(400, f"{where} must be a list", param="messages")
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments", "{}") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            raise ApiError(400, f'{where}: each must be {{"type": "function", "function": '
+                           '{"name": ..., "arguments": "..."}}', param="messages")  # fmt: skip
+        try:
+            parsed = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise ApiError(400, f"{where}: arguments must be JSON text",
+                           param="messages") from None  # fmt: skip
+        out.append({"type": "function", "id": call.get("id"),
+                    "function": {"name": name, "arguments": parsed}})  # fmt: skip
     return out
 
 

@@ -37,6 +37,7 @@ from localspec.errors import (
 )
 from localspec.serve.errors import ApiError
 from localspec.serve.openai_shapes import finish_reason, timings, usage
+from localspec.serve.tool_replies import TOOL_CALLS, HeldCalls, tool_message
 from localspec.serve.worker import Job
 
 POLL_S = 0.1  # how often a request waiting on its job's events checks that it still wants them
@@ -56,6 +57,7 @@ class Asked:
     n_prompts: int = 1
     predicted: list[tuple[int, ...]] = field(default_factory=list)
     counts: list[tuple[int, int]] = field(default_factory=list)
+    tools: bool = False  # functions were offered: calls are read out of the answer
 
 
 def internal(err: BaseException) -> ApiError:
@@ -153,10 +155,11 @@ async def whole_answer(
     for index, done in enumerate(finished):
         reason = finish_reason(done.reason.value)
         if asked.chat:
+            message, called = tool_message(done.text) if asked.tools else (None, None)
             choices.append({
                 "index": index,
-                "message": {"role": "assistant", "content": done.text},
-                "finish_reason": reason,
+                "message": message or {"role": "assistant", "content": done.text},
+                "finish_reason": called or reason,
                 "logprobs": None,
             })  # fmt: skip
         else:
@@ -212,6 +215,7 @@ async def streamed_answer(
         return {**head, "object": kind, "choices": [choice]}
 
     finished: list[Finished] = []
+    held = HeldCalls() if asked.tools else None  # text after a tool-call tag waits for its end
     try:
         if asked.chat:
             yield _sse(chunk(0, "", None, role=True))
@@ -221,14 +225,30 @@ async def streamed_answer(
             if isinstance(item, BaseException):
                 yield _sse(internal(item).body)
             elif isinstance(item, TokenEmitted) and item.text:
-                yield _sse(chunk(index, item.text, None))
+                text = held.piece(item.text) if held else item.text
+                if text:
+                    yield _sse(chunk(index, text, None))
             elif isinstance(item, Finished):
                 if _cut_short(item, job):
                     break  # its end is the error below, never a whole answer's last chunk
                 finished.append(item)
-                if item.tail:
-                    yield _sse(chunk(index, item.tail, None))
-                last = chunk(index, None, finish_reason(item.reason.value))
+                tail, calls = held.end() if held else ("", [])
+                if tail + item.tail:
+                    yield _sse(chunk(index, tail + item.tail, None))
+                last = chunk(index, None, TOOL_CALLS if calls else finish_reason(item.reason.value))
+                if calls:
+                    yield _sse(
+                        chunk(index, None, None)
+                        | {
+                            "choices": [
+                                {
+                                    "index": index,
+                                    "delta": {"tool_calls": calls},
+                                    "finish_reason": None,
+                                }
+                            ]
+                        }
+                    )
                 if len(finished) == asked.n_prompts:
                     stats = GenerationStats.merged([done.stats for done in finished])
                     if asked.include_usage:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localspec.core.params import GenerationParams
-from localspec.errors import ConflictingOptionsError
+from localspec.errors import ConflictingOptionsError, UsageError
 from localspec.serve.errors import ApiError
 from localspec.serve.openai_shapes import (
     chat_messages,
@@ -30,6 +30,7 @@ from localspec.serve.replies import Asked, refusal
 from localspec.serve.state import ServerState
 from localspec.serve.structured import response_grammar
 from localspec.session.preflight import check_options
+from localspec.session.tools import NONE, Tools, call_grammar, read_tools
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,12 @@ class ApiRequest:
 
 @dataclass(frozen=True)
 class ChatRequest(ApiRequest):
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
+    tools: Tools | None = None  # the functions offered (serve/tool_replies.py)
 
     def asked(self) -> Asked:
         """What its answer is shaped by (serve/replies.py)."""
-        return Asked(True, self.stream, self.include_usage)
+        return Asked(True, self.stream, self.include_usage, tools=self.tools is not None)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,29 @@ def chat_request(body: dict[str, Any], state: ServerState) -> ChatRequest:
     messages = chat_messages(body)
     params, prediction, stream, include_usage = _generation(body, state)
     grammar = response_grammar(body)
-    return ChatRequest(params, prediction, stream, include_usage, grammar, messages)
+    tools = _tools(body, state)
+    if tools is not None and grammar is not None and tools.choice != NONE:
+        raise ApiError(400, "tools and response_format are both given: give one",
+                       param="response_format")  # fmt: skip
+    return ChatRequest(params, prediction, stream, include_usage, grammar, messages, tools)
+
+
+def _tools(body: dict[str, Any], state: ServerState) -> Tools | None:
+    """The request's ``tools`` and ``tool_choice`` in OpenAI's shape, each refusal a 400
+    naming the field; the call grammar is built here too, so a function's parameters that
+    the converter cannot take are refused before anything runs."""
+    try:
+        tools = read_tools(body.get("tools"), body.get("tool_choice"))
+        if tools is not None and tools.choice != NONE:
+            call_grammar(tools)
+    except UsageError as error:
+        field = error.message.split(" ", 1)[0].rstrip(":")
+        raise ApiError(400, error.message, param=field) from None
+    if tools is not None and tools.choice != NONE and not state.tools:
+        raise ApiError(400, f"tools: the chat template of {state.model_id} has no tool calls: "
+                       "use a model whose template takes tools, such as Qwen2.5's",
+                       param="tools", code="unsupported_parameter")  # fmt: skip
+    return tools
 
 
 def completion_request(body: dict[str, Any], state: ServerState) -> CompletionRequest:

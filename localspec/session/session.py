@@ -305,6 +305,14 @@ class Session:
             return model_grammar(self.target, calls)
         return model_grammar(self.target, grammar) if grammar is not None else None
 
+    def takes_tools(self) -> bool:
+        """Whether the target's chat template takes tools (``tool_call_token``)."""
+        try:
+            self.tool_call_token()
+        except UsageError:
+            return False
+        return True
+
     def tool_call_token(self) -> int:
         """The token that opens a tool call in the target's chat template; a ``UsageError``
         when the template shows the model no tools or the vocabulary has no such token."""
