@@ -19,6 +19,7 @@ from localspec.backend.grammar import (
 from localspec.backend.llama import LlamaModel, LoadOptions
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.params import GenerationParams
+from tests.test_engine import CHEAP_VERIFY
 
 pytest.importorskip("llama_cpp")
 
@@ -81,11 +82,11 @@ def test_greedy_under_a_grammar_is_plain_decoding_under_it(pair, mode, kind):
 
 def test_forced_keys_are_drafted_by_the_grammar(pair):
     target, _ = pair
-    decoder = SpecDecoder(target)
+    decoder = SpecDecoder(target, costs=CHEAP_VERIFY)
     events = list(
         decoder.generate(
             target.tokenize("JSON:"),
-            GenerationParams(max_tokens=60, drafter="none"),
+            GenerationParams(max_tokens=60, drafter="auto", left_out=("ngram", "lookahead")),
             grammar=grammar_for(target, schema_grammar(SCHEMA)),
         )
     )

@@ -60,7 +60,9 @@ def test_forced_tokens_are_drafted_without_a_model_and_accepted():
     rule = template_grammar(TEMPLATE, EOG)
     events = list(
         SpecDecoder(target, None, CHEAP_VERIFY).generate(
-            PROMPT, GenerationParams(max_tokens=40, drafter="none"), grammar=FakeGrammar(rule)
+            PROMPT,
+            GenerationParams(max_tokens=40, drafter="auto", left_out=("ngram", "lookahead")),
+            grammar=FakeGrammar(rule),
         )
     )
     fin = events[-1]
@@ -68,6 +70,18 @@ def test_forced_tokens_are_drafted_without_a_model_and_accepted():
     rounds = [e for e in events if isinstance(e, RoundCompleted) and e.drafter == "grammar"]
     # 5 7 9 and 11 13 are forced: drafted by the grammar and accepted whole.
     assert sum(r.accepted for r in rounds) == 5 and len(rounds) == 2
+
+
+def test_plain_decoding_under_a_grammar_drafts_nothing():
+    target = FakeModel(seed=1, window=2, eog=(EOG,))
+    rule = template_grammar(TEMPLATE, EOG)
+    fin = run_to_completion(
+        SpecDecoder(target, None, CHEAP_VERIFY).generate(
+            PROMPT, GenerationParams(max_tokens=40, drafter="none"), grammar=FakeGrammar(rule)
+        )
+    )
+    assert fin.stats.drafted == 0
+    assert list(fin.token_ids) == plain_constrained(target, PROMPT, 40, rule)
 
 
 def test_a_forbidden_draft_is_cut_before_the_target_sees_it():

@@ -204,7 +204,7 @@ class SpecDecoder:
         draft model waits here for a load under way (a failed load raises its error).
         ``grammar``: what the answer must match, at its start (this answer's own: the
         engine advances it); every drafter drafts under it, and the tokens it admits alone
-        are offered by the grammar drafter as well."""
+        are offered by the grammar drafter as well (but in plain decoding, ``none``)."""
         prompt = list(prompt)
         if params.drafter.needs_draft_model:
             self.join_draft(wait=True)
@@ -222,7 +222,13 @@ class SpecDecoder:
         planner = self.planner_for(params)
         planner.controller.new_generation()
         drafters = dict(planner.drafters)
-        if grammar is not None and self.grammar_drafter.name not in params.left_out:
+        # Plain decoding (``none``) stays plain under a grammar: the baseline speculation is
+        # measured against.
+        if (
+            grammar is not None
+            and params.drafter is not DrafterMode.NONE
+            and self.grammar_drafter.name not in params.left_out
+        ):
             self.grammar_drafter.bind(grammar)
             drafters[self.grammar_drafter.name] = self.grammar_drafter
         for drafter in drafters.values():
