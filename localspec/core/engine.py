@@ -281,8 +281,11 @@ class SpecDecoder:
         if offered:
             # Each branch is an offer's length, at most ``remaining``; every node takes a cell.
             nodes = min(room, run.tree_nodes)
-            # Trees are verified unconstrained: under a grammar, chains only.
-            chains_only = not run.params.greedy or run.grammar is not None
+            # Trees are verified unconstrained, reading no rows: under a grammar, or where
+            # the target's log-probabilities are asked for, chains only.
+            chains_only = (
+                not run.params.greedy or run.grammar is not None or run.params.logprobs is not None
+            )
             choice = run.controller.choose(list(offered.values()), sampled=chains_only, nodes=nodes)
         else:  # what the controller chooses without offers, spared at every plain step
             choice = PLAIN_STEP

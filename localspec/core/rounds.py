@@ -25,10 +25,10 @@ import numpy as np
 from localspec.core.cached_model import TargetModel, greedy_ids
 from localspec.core.controller import Choice, Controller
 from localspec.core.drafting.base import PLAIN, Draft, Drafter, Offer, Watching
-from localspec.core.events import TARGET, Event, FinishReason, TokenEmitted
+from localspec.core.events import TARGET, Event, FinishReason, Logprob, TokenEmitted
 from localspec.core.grammar import Grammar, best_allowed, cut, masked
 from localspec.core.params import GenerationParams
-from localspec.core.sampling import warp
+from localspec.core.sampling import log_softmax, warp
 from localspec.core.text import TextAssembler
 from localspec.core.tree import ROOT, DraftTree
 from localspec.core.tree_round import verify_branches
@@ -59,6 +59,8 @@ class Run:
     trace: list[dict] = field(default_factory=list)
     # The answer's grammar at the state of ``generated`` (None: unconstrained).
     grammar: Grammar | None = None
+    # The log-probabilities of the round's tokens, in order, when ``params.logprobs`` asks.
+    logprobs: list[Logprob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,7 @@ def emit_tokens(run: Run, verdict: Verdict, draft: Draft) -> Generator[Event, No
         if run.target.is_eog(tok):
             return Emitted(emitted, paused, FinishReason.EOS)
         origin = drafted if i < verdict.accepted else TARGET
+        logprob = run.logprobs[i] if i < len(run.logprobs) else None
         if run.grammar is not None:
             run.grammar.accept(tok)
         piece = run.text.push(run.target.token_bytes(tok))
@@ -152,7 +155,7 @@ def emit_tokens(run: Run, verdict: Verdict, draft: Draft) -> Generator[Event, No
         run.generated.append(tok)
         emitted += 1
         t_yield = run.clock()
-        yield run.emit(TokenEmitted(tok, piece, origin, len(run.generated) - 1))
+        yield run.emit(TokenEmitted(tok, piece, origin, len(run.generated) - 1, logprob))
         paused += run.clock() - t_yield  # the consumer's time is not ours
         if run.text.stopped:
             return Emitted(emitted, paused, FinishReason.STOP)
@@ -216,6 +219,19 @@ def verify_constrained(
     return verify_sampled(target_probs, draft.tokens, draft.probs, run.rng, beyond=beyond)
 
 
+def row_logprobs(rows: np.ndarray, tokens: list[int], top: int | None) -> list[Logprob]:
+    """Each emitted token's log-probability under the row it was verified on (row i gives
+    the token after position i), with ``top`` alternatives; none unless ``top`` is set."""
+    if top is None:
+        return []
+    out = []
+    for row, token in zip(rows, tokens, strict=False):
+        logs = log_softmax(row)
+        best = np.argsort(-logs, kind="stable")[:top]
+        out.append(Logprob(float(logs[token]), tuple((int(t), float(logs[t])) for t in best)))
+    return out
+
+
 def verify_round(run: Run, draft: Draft, beyond: np.ndarray | None = None) -> Verdict:
     """Evaluate ``[last, drafts]`` in one target batch, verify, and roll the target's
     cache back so that it holds ``committed[:-1]`` of the next round. Greedy decoding
@@ -228,10 +244,16 @@ def verify_round(run: Run, draft: Draft, beyond: np.ndarray | None = None) -> Ve
     # else used it meanwhile, the whole context is compared.
     start = len(committed) - 1 if run.target_changes == target.changes else 0
     tail = batch if start else [*committed[:-1], *batch]
-    if run.grammar is not None:
+    if run.grammar is not None or run.params.logprobs is not None:
         rows = target.forward_after(start, tail, len(batch), borrow=True)
         # The rows are borrowed: consumed here, before the target evaluates anything else.
-        verdict = verify_constrained(run, rows, draft, beyond)
+        if run.grammar is not None:
+            verdict = verify_constrained(run, rows, draft, beyond)
+        elif run.params.greedy:
+            verdict = verify_greedy(greedy_ids(rows), draft.tokens)
+        else:
+            verdict = verify_rows(rows, draft.tokens, draft.probs, run.params, run.rng)
+        run.logprobs = row_logprobs(rows, verdict.tokens(draft.tokens), run.params.logprobs)
         choices = greedy_ids(rows) if watchers(run) else []
     elif run.params.greedy:
         choices = target.greedy_after(start, tail, len(batch)).ids
