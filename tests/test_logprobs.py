@@ -30,7 +30,8 @@ def test_logprobs_are_the_targets_own_at_every_token(mode, temperature):
         logits = target.logits_after(context).astype(np.float64)
         logs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
         assert e.logprob is not None and e.logprob.logprob == pytest.approx(logs[e.token_id])
-        assert [t for t, _ in e.logprob.top] == list(np.argsort(-logs, kind="stable")[:3])
+        assert [t for t, _, _ in e.logprob.top] == list(np.argsort(-logs, kind="stable")[:3])
+        assert e.logprob.piece == target.token_bytes(e.token_id)
         context.append(e.token_id)
     if temperature == 0.0:
         assert [e.token_id for e in emitted] == plain_greedy(target, PROMPT, 30)

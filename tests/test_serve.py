@@ -365,7 +365,7 @@ def test_seed_reproducibility_when_sampling(server):
 @pytest.mark.parametrize(
     "extra, param",
     [({"n": 2}, "n"), ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-     ({"logprobs": True}, "logprobs"), ({"response_format": {"type": "xml"}},
+     ({"logprobs": "yes"}, "logprobs"), ({"response_format": {"type": "xml"}},
      "response_format"), ({"temperature": -1}, "temperature")],
 )  # fmt: skip
 def test_unsupported_or_bad_fields_get_a_400_naming_them(server, extra, param):

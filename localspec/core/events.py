@@ -47,7 +47,8 @@ class Logprob:
     off the row verification read), and the most likely tokens there with theirs."""
 
     logprob: float
-    top: tuple[tuple[int, float], ...] = ()
+    piece: bytes = b""  # the token's bytes
+    top: tuple[tuple[int, bytes, float], ...] = ()  # (token, its bytes, log-probability)
 
 
 @dataclass(frozen=True)

@@ -219,7 +219,9 @@ def verify_constrained(
     return verify_sampled(target_probs, draft.tokens, draft.probs, run.rng, beyond=beyond)
 
 
-def row_logprobs(rows: np.ndarray, tokens: list[int], top: int | None) -> list[Logprob]:
+def row_logprobs(
+    rows: np.ndarray, tokens: list[int], top: int | None, pieces: Callable[[int], bytes]
+) -> list[Logprob]:
     """Each emitted token's log-probability under the row it was verified on (row i gives
     the token after position i), with ``top`` alternatives; none unless ``top`` is set."""
     if top is None:
@@ -228,7 +230,8 @@ def row_logprobs(rows: np.ndarray, tokens: list[int], top: int | None) -> list[L
     for row, token in zip(rows, tokens, strict=False):
         logs = log_softmax(row)
         best = np.argsort(-logs, kind="stable")[:top]
-        out.append(Logprob(float(logs[token]), tuple((int(t), float(logs[t])) for t in best)))
+        alternatives = tuple((int(t), pieces(int(t)), float(logs[t])) for t in best)
+        out.append(Logprob(float(logs[token]), pieces(token), alternatives))
     return out
 
 
@@ -253,7 +256,9 @@ def verify_round(run: Run, draft: Draft, beyond: np.ndarray | None = None) -> Ve
             verdict = verify_greedy(greedy_ids(rows), draft.tokens)
         else:
             verdict = verify_rows(rows, draft.tokens, draft.probs, run.params, run.rng)
-        run.logprobs = row_logprobs(rows, verdict.tokens(draft.tokens), run.params.logprobs)
+        run.logprobs = row_logprobs(
+            rows, verdict.tokens(draft.tokens), run.params.logprobs, target.token_bytes
+        )
         choices = greedy_ids(rows) if watchers(run) else []
     elif run.params.greedy:
         choices = target.greedy_after(start, tail, len(batch)).ids

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.serve.errors import ApiError, is_whole
+from localspec.serve.logprob_shapes import logprob_count
 from localspec.serve.speculation import SPECULATIVE_PARAMS, speculative_fields
 
 MAX_PROMPTS = 16  # prompts in one /v1/completions request; each is generated in turn
@@ -42,8 +43,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "best_of": (None, 1),
     "logit_bias": (None, {}),
@@ -68,6 +67,7 @@ def generation_params(
     defaults: GenerationParams,
     max_tokens_limit: int | None = None,
     overrides: bool = True,
+    chat: bool = True,
 ) -> GenerationParams:
     """The request's sampling fields over the server's defaults; ``max_tokens`` at most
     ``max_tokens_limit``; its ``speculative`` settings within the defaults' limits, or
@@ -92,6 +92,7 @@ def generation_params(
     stop = body.get("stop")
     if stop is not None:
         fields["stop"] = stop_strings(stop)
+    fields["logprobs"] = logprob_count(body, chat)
     fields.update(speculative_fields(body, defaults, overrides))
     try:
         return GenerationParams(**{**defaults.model_dump(), **fields})

@@ -36,6 +36,7 @@ from localspec.errors import (
     UnsupportedByModelError,
 )
 from localspec.serve.errors import ApiError
+from localspec.serve.logprob_shapes import chat_logprobs, completion_logprobs
 from localspec.serve.openai_shapes import finish_reason, timings, usage
 from localspec.serve.tool_replies import TOOL_CALLS, HeldCalls, tool_message
 from localspec.serve.worker import Job
@@ -141,13 +142,17 @@ async def whole_answer(
 ) -> dict[str, Any]:
     """A non-streamed answer: every event gathered, then one JSON object."""
     finished: list[Finished] = []
+    emitted: list[list[TokenEmitted]] = [[]]  # each answer's tokens, for their logprobs
     item = first
     while item is not None:
         raise_for(item, asked.chat)
+        if isinstance(item, TokenEmitted) and item.logprob is not None:
+            emitted[-1].append(item)
         if isinstance(item, Finished):
             if _cut_short(item, job):
                 raise stopping()
             finished.append(item)
+            emitted.append([])
         item = await next_event(job)
     if len(finished) < asked.n_prompts:
         raise stopping() if job.stopped else ApiError(499, "cancelled", code="cancelled")
@@ -160,11 +165,12 @@ async def whole_answer(
                 "index": index,
                 "message": message or {"role": "assistant", "content": done.text},
                 "finish_reason": called or reason,
-                "logprobs": None,
+                "logprobs": chat_logprobs(emitted[index]) if emitted[index] else None,
             })  # fmt: skip
         else:
+            shown = completion_logprobs(emitted[index]) if emitted[index] else None
             choices.append(
-                {"index": index, "text": done.text, "finish_reason": reason, "logprobs": None}
+                {"index": index, "text": done.text, "finish_reason": reason, "logprobs": shown}
             )
     stats = GenerationStats.merged([done.stats for done in finished])
     answer = {
@@ -190,6 +196,14 @@ def _predicted(asked: Asked) -> tuple[int, int] | None:
     if not asked.predicted:
         return None
     return sum(a for a, _ in asked.counts), sum(r for _, r in asked.counts)
+
+
+def _with_logprob(data: dict[str, Any], item: TokenEmitted, chat: bool) -> dict[str, Any]:
+    """A streamed chunk with its token's log-probability, where the request asked."""
+    if item.logprob is not None:
+        shown = chat_logprobs([item]) if chat else completion_logprobs([item])
+        data["choices"][0]["logprobs"] = shown
+    return data
 
 
 def _sse(data: dict[str, Any]) -> bytes:
@@ -227,7 +241,7 @@ async def streamed_answer(
             elif isinstance(item, TokenEmitted) and item.text:
                 text = held.piece(item.text) if held else item.text
                 if text:
-                    yield _sse(chunk(index, text, None))
+                    yield _sse(_with_logprob(chunk(index, text, None), item, asked.chat))
             elif isinstance(item, Finished):
                 if _cut_short(item, job):
                     break  # its end is the error below, never a whole answer's last chunk

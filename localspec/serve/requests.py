@@ -67,7 +67,7 @@ class CompletionRequest(ApiRequest):
 
 def chat_request(body: dict[str, Any], state: ServerState) -> ChatRequest:
     messages = chat_messages(body)
-    params, prediction, stream, include_usage = _generation(body, state)
+    params, prediction, stream, include_usage = _generation(body, state, chat=True)
     grammar = response_grammar(body)
     tools = _tools(body, state)
     if tools is not None and grammar is not None and tools.choice != NONE:
@@ -97,7 +97,7 @@ def _tools(body: dict[str, Any], state: ServerState) -> Tools | None:
 def completion_request(body: dict[str, Any], state: ServerState) -> CompletionRequest:
     suffix = _suffix(body, state)
     prompts = completion_prompts(body, state.n_vocab, infill=bool(suffix))
-    params, prediction, stream, include_usage = _generation(body, state)
+    params, prediction, stream, include_usage = _generation(body, state, chat=False)
     grammar = response_grammar(body)
     return CompletionRequest(
         params, prediction, stream, include_usage, grammar, prompts, suffix, state.parse_special
@@ -105,11 +105,11 @@ def completion_request(body: dict[str, Any], state: ServerState) -> CompletionRe
 
 
 def _generation(
-    body: dict[str, Any], state: ServerState
+    body: dict[str, Any], state: ServerState, *, chat: bool
 ) -> tuple[GenerationParams, str | None, bool, bool]:
     """What every request carries: its params, its prediction's text and its stream flags."""
     params = generation_params(
-        body, state.defaults, state.max_tokens_limit, state.speculative_overrides
+        body, state.defaults, state.max_tokens_limit, state.speculative_overrides, chat
     )
     prediction = prediction_text(body)
     _check_options(params, prediction)
