@@ -238,9 +238,13 @@ class Session:
     # -- prompts (session/prompts.py) -------------------------------------------------------
 
     def chat_tokens(
-        self, messages: list[dict[str, str]], *, parse_special: bool = False
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        parse_special: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        return self.prompts.chat_tokens(messages, parse_special=parse_special)
+        return self.prompts.chat_tokens(messages, parse_special=parse_special, tools=tools)
 
     def plain_tokens(self, text: str) -> list[int]:
         return self.prompts.plain_tokens(text)
@@ -407,7 +411,7 @@ class Session:
         if tools is not None and tools.choice != NONE:
             self.tool_call_token()  # refused before the template renders them
         shown = tools.shown if tools is not None else None
-        tokens = self.prompts.chat_tokens(messages, tools=shown or None)
+        tokens = self.chat_tokens(messages, tools=shown or None)
         return self.generate(tokens, params, cancel, grammar=grammar, tools=tools)
 
     def learn_with(self, params: GenerationParams) -> None:
