@@ -90,12 +90,34 @@ def test_a_tool_list_not_in_openais_shape_is_a_400_naming_the_field(served, extr
 def test_held_calls_stream_text_until_a_tag_even_split_over_pieces():
     from localspec.serve.tool_replies import HeldCalls
 
-    held = HeldCalls()
+    held = HeldCalls(["now"])
     sent = [held.piece(p) for p in ["Let me ", "check <", "tool_", "call>\n", '{"name": "now", ',
                                     '"arguments": {}}\n</tool_call>']]  # fmt: skip
     assert "".join(sent) == "Let me check "
     tail, calls = held.end()
     assert tail == "" and calls[0]["index"] == 0 and calls[0]["function"]["name"] == "now"
-    cut = HeldCalls()
+    cut = HeldCalls(["now"])
     assert cut.piece("a <") == "a " and cut.piece("b") == "<b"
     assert cut.piece('x <tool_call>\n{"na') == "x " and cut.end() == ('<tool_call>\n{"na', [])
+
+
+def test_an_answer_that_is_one_bare_call_is_read_as_that_call():
+    from localspec.serve.tool_replies import HeldCalls, tool_message
+    from localspec.session.tools import split_calls
+
+    fenced = '```json\n{"name": "now", "arguments": {}}\n```'
+    message, reason = tool_message(fenced, ["now"])
+    assert reason == "tool_calls" and message["tool_calls"][0]["function"]["name"] == "now"
+    assert split_calls(fenced, ["other"]) == (fenced, [])  # a function not offered: text
+    assert split_calls('{"name": "now", "arguments": {}, "x": 1}', ["now"])[1] == []
+    held = HeldCalls(["now"])
+    assert [held.piece(p) for p in ["``", "`json\n{", '"name": "now", "arguments": {}}\n```']] == [
+        "",
+        "",
+        "",
+    ]
+    assert held.end()[1][0]["function"]["name"] == "now"
+    prose = HeldCalls(["now"])
+    assert prose.piece("`") == "" and prose.piece("x` is a name") == "`x` is a name"
+    code = HeldCalls(["now"])
+    assert code.piece("```json\n[1") == "" and code.end() == ("```json\n[1", [])

@@ -58,7 +58,7 @@ class Asked:
     n_prompts: int = 1
     predicted: list[tuple[int, ...]] = field(default_factory=list)
     counts: list[tuple[int, int]] = field(default_factory=list)
-    tools: bool = False  # functions were offered: calls are read out of the answer
+    tools: tuple[str, ...] = ()  # the functions offered: calls are read out of the answer
 
 
 def internal(err: BaseException) -> ApiError:
@@ -160,7 +160,7 @@ async def whole_answer(
     for index, done in enumerate(finished):
         reason = finish_reason(done.reason.value)
         if asked.chat:
-            message, called = tool_message(done.text) if asked.tools else (None, None)
+            message, called = tool_message(done.text, asked.tools) if asked.tools else (None, None)
             choices.append({
                 "index": index,
                 "message": message or {"role": "assistant", "content": done.text},
@@ -229,7 +229,9 @@ async def streamed_answer(
         return {**head, "object": kind, "choices": [choice]}
 
     finished: list[Finished] = []
-    held = HeldCalls() if asked.tools else None  # text after a tool-call tag waits for its end
+    held = (
+        HeldCalls(asked.tools) if asked.tools else None
+    )  # text after a tool-call tag waits for its end
     try:
         if asked.chat:
             yield _sse(chunk(0, "", None, role=True))

@@ -51,7 +51,8 @@ class ChatRequest(ApiRequest):
 
     def asked(self) -> Asked:
         """What its answer is shaped by (serve/replies.py)."""
-        return Asked(True, self.stream, self.include_usage, tools=self.tools is not None)
+        offered = tuple(self.tools.names) if self.tools and self.tools.choice != NONE else ()
+        return Asked(True, self.stream, self.include_usage, tools=offered)
 
 
 @dataclass(frozen=True)

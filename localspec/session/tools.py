@@ -10,13 +10,15 @@ offered functions (each function's ``parameters`` a JSON schema, converted with
 llama-cpp-python's converter); ``choice`` says how it applies: ``auto`` lazily (text stays free
 until the model writes ``<tool_call>``), ``required`` and a named function from the first
 token, ``none`` not at all (the tools are then not shown to the model). ``split_calls(text)``
-is the answer's text before its first call and the calls in OpenAI's shape.
+is the answer's text before its first call and the calls in OpenAI's shape; an answer that
+is one call as bare JSON (no tags: small models often answer so) is read as that call.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,10 @@ class Tools:
     def shown(self) -> list[dict[str, Any]]:
         """The tools as the chat template is given them (none when the choice is none)."""
         return [] if self.choice == NONE else list(self.functions)
+
+    @property
+    def names(self) -> list[str]:
+        return [t["function"]["name"] for t in self.functions]
 
     @property
     def lazy(self) -> bool:
@@ -128,24 +134,49 @@ def call_grammar(tools: Tools, field: str = "tools") -> str:
     return text
 
 
-def split_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
+def _shaped(call: Any, index: int) -> dict[str, Any] | None:
+    """A call as the model wrote it (``{"name", "arguments"}``) in OpenAI's shape."""
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    arguments = call.get("arguments", {})
+    return {
+        "id": f"call_{index}",
+        "type": "function",
+        "function": {"name": call["name"], "arguments": json.dumps(arguments)},
+    }
+
+
+def bare_call(text: str, names: Collection[str]) -> dict[str, Any] | None:
+    """An answer that is nothing but one call written without its tags, as JSON (in a
+    ``json`` code block or not), naming one of ``names`` with an object of arguments:
+    small models asked with tools often answer so."""
+    body = text.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.S)
+    try:
+        call = json.loads(fenced.group(1) if fenced else body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or set(call) != {"name", "arguments"}:
+        return None
+    if call["name"] not in names or not isinstance(call["arguments"], dict):
+        return None
+    return _shaped(call, 0)
+
+
+def split_calls(text: str, names: Collection[str] = ()) -> tuple[str, list[dict[str, Any]]]:
     """The text before the first call, and the calls in OpenAI's shape (``id``, ``type``,
     ``function.name``, ``function.arguments`` as JSON text); a call that does not parse is
-    left in the text."""
+    left in the text. With the functions' ``names``, an answer that is one bare call
+    (``bare_call``) is that call."""
     calls: list[dict[str, Any]] = []
     for match in _CALL.finditer(text):
         try:
-            call = json.loads(match.group(1))
+            shaped = _shaped(json.loads(match.group(1)), len(calls))
         except json.JSONDecodeError:
             continue
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            continue
-        arguments = call.get("arguments", {})
-        calls.append({
-            "id": f"call_{len(calls)}",
-            "type": "function",
-            "function": {"name": call["name"], "arguments": json.dumps(arguments)},
-        })  # fmt: skip
+        if shaped is not None:
+            calls.append(shaped)
     if not calls:
-        return text, []
+        bare = bare_call(text, names) if names else None
+        return ("", [bare]) if bare is not None else (text, [])
     return text[: text.find(OPEN)].rstrip(), calls
