@@ -140,3 +140,55 @@ def branches_of(tree: DraftTree) -> list[list[int]]:
 def verdict_tokens(verdict: TreeVerdict, tree: DraftTree) -> list[int]:
     """What a tree round emits: the accepted path's tokens, then the target's own."""
     return [*(tree.tokens[i] for i in verdict.path), verdict.token]
+
+
+class FakeGrammar:
+    """A grammar over token ids (``core.grammar.Grammar``): ``allowed(tokens)`` is the set of
+    ids that may follow the tokens accepted so far."""
+
+    def __init__(self, allowed, accepted: tuple[int, ...] = ()) -> None:
+        self.rule, self.accepted = allowed, accepted
+        self.passes = 0  # candidates asked about, as a backend's pass would read them
+
+    def clone(self) -> FakeGrammar:
+        return FakeGrammar(self.rule, self.accepted)
+
+    def allows(self, token: int) -> bool:
+        self.passes += 1
+        return token in self.rule(self.accepted)
+
+    def allowed(self, n_vocab: int) -> np.ndarray:
+        return self.allowed_among(np.arange(n_vocab))
+
+    def allowed_among(self, ids: np.ndarray) -> np.ndarray:
+        self.passes += len(ids)
+        ok = self.rule(self.accepted)
+        return np.array([int(t) in ok for t in ids], dtype=bool)
+
+    def accept(self, token: int) -> None:
+        if not self.allows(token):
+            raise ValueError(f"the grammar does not allow token {token} here")
+        self.accepted = (*self.accepted, token)
+
+
+def template_grammar(template: list[set[int]], eog: int):
+    """Tokens position by position from ``template`` (a set per position), then ``eog``."""
+
+    def allowed(accepted: tuple[int, ...]) -> set[int]:
+        return template[len(accepted)] if len(accepted) < len(template) else {eog}
+
+    return allowed
+
+
+def plain_constrained(model: FakeModel, prompt: list[int], n: int, rule) -> list[int]:
+    """Reference: greedy decoding under a grammar, one token at a time, no cache."""
+    ctx, out = list(prompt), []
+    for _ in range(n):
+        ok = rule(tuple(out))
+        row = model.logits_after(ctx)
+        tok = max(ok, key=lambda t: (row[t], -t))
+        if model.is_eog(tok):
+            break
+        out.append(tok)
+        ctx.append(tok)
+    return out

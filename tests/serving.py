@@ -102,8 +102,8 @@ def slowed(session: Any, seconds: float) -> Iterator[list]:
     plain = session.generate
     finished: list = []
 
-    def generate(tokens, params, cancel=None):
-        for event in plain(tokens, params, cancel):
+    def generate(tokens, params, cancel=None, **kw):
+        for event in plain(tokens, params, cancel, **kw):
             time.sleep(seconds)
             if isinstance(event, Finished):
                 finished.append(event)

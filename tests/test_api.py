@@ -125,9 +125,9 @@ def test_a_prediction_given_as_text_reaches_the_engine_as_tokens(pair, monkeypat
     given = []
     generate = decoder.generate
 
-    def spy(tokens, params, cancel=None, restored=None):
+    def spy(tokens, params, cancel=None, restored=None, **kw):
         given.append(params)
-        return generate(tokens, params, cancel, restored)
+        return generate(tokens, params, cancel, restored, **kw)
 
     monkeypatch.setattr(decoder, "generate", spy)
     predicted = pair.complete("the cat", max_tokens=20, prediction=plain.text)

@@ -159,9 +159,9 @@ def test_a_question_asked_again_is_drafted_from_its_earlier_answer(tiny_pair, mo
     given: list[GenerationParams] = []
     generate = session.decoder.generate
 
-    def spy(tokens, params, cancel=None):
+    def spy(tokens, params, cancel=None, **kw):
         given.append(params)
-        return generate(tokens, params, cancel)
+        return generate(tokens, params, cancel, **kw)
 
     monkeypatch.setattr(session.decoder, "generate", spy)
     params = GenerationParams(max_tokens=24)

@@ -53,8 +53,8 @@ def server(tiny_pair):
     reasons: list[str] = []
     plain_generate = session.generate
 
-    def recording(tokens, params, cancel=None):
-        for event in plain_generate(tokens, params, cancel):
+    def recording(tokens, params, cancel=None, **kw):
+        for event in plain_generate(tokens, params, cancel, **kw):
             if isinstance(event, Finished):
                 reasons.append(event.reason.value)
             yield event
@@ -312,11 +312,11 @@ def test_a_prompt_that_fails_ends_the_request_with_a_500(server, monkeypatch):
     session, calls = server["session"], []
     plain = session.generate
 
-    def second_fails(tokens, params, cancel=None):
+    def second_fails(tokens, params, cancel=None, **kw):
         calls.append(tokens)
         if len(calls) == 2:
             raise RuntimeError("the second prompt broke")
-        return plain(tokens, params, cancel)
+        return plain(tokens, params, cancel, **kw)
 
     monkeypatch.setattr(session, "generate", second_fails)
     r = httpx.post(server["url"] + "/v1/completions",
@@ -389,7 +389,7 @@ def test_seed_reproducibility_when_sampling(server):
 @pytest.mark.parametrize(
     "extra, param",
     [({"n": 2}, "n"), ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-     ({"logprobs": True}, "logprobs"), ({"response_format": {"type": "json_object"}},
+     ({"logprobs": "yes"}, "logprobs"), ({"response_format": {"type": "xml"}},
      "response_format"), ({"temperature": -1}, "temperature")],
 )  # fmt: skip
 def test_unsupported_or_bad_fields_get_a_400_naming_them(server, extra, param):

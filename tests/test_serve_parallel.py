@@ -51,8 +51,8 @@ def slow(monkeypatch):
     def slow(seconds: float) -> list[Finished]:
         plain = Session.generate
 
-        def generate(self, tokens, params, cancel=None):
-            for event in plain(self, tokens, params, cancel):
+        def generate(self, tokens, params, cancel=None, **kw):
+            for event in plain(self, tokens, params, cancel, **kw):
                 time.sleep(seconds)
                 if isinstance(event, Finished):
                     finished.append(event)

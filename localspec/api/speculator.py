@@ -30,6 +30,7 @@ from localspec.errors import (
     MissingDraftError,
     UsageError,
 )
+from localspec.session.constraints import constraint
 from localspec.session.options import Spelling, build_params, drafter_mode
 from localspec.session.placement import Placement
 from localspec.session.preflight import check_options
@@ -39,8 +40,9 @@ from localspec.session.session import Session
 CALL = Spelling("", "_", "see help(localspec.Speculator.complete)")
 
 # Options of a generation besides GenerationParams' fields, per method.
-COMPLETE_OPTIONS = frozenset({"raw", "system", "parse_special"})
-CHAT_OPTIONS = frozenset({"parse_special"})
+CONSTRAINTS = frozenset({"grammar", "json_schema"})
+COMPLETE_OPTIONS = frozenset({"raw", "system", "parse_special"}) | CONSTRAINTS
+CHAT_OPTIONS = frozenset({"parse_special"}) | CONSTRAINTS
 # A text longer than this many UTF-8 bytes per context token (at least MIN_INPUT_BYTES) holds
 # more tokens than the context: refused before the tokenizer reads it.
 BYTES_PER_CONTEXT_TOKEN = 16
@@ -104,7 +106,8 @@ class Speculator:
         ``trace``, ...; ``prediction``: text the answer will mostly be, drafted from by
         ``auto``; ``raw``: send the prompt as is, without the chat template; ``system``: a
         system prompt before it; ``parse_special``: let control tokens in the text act as
-        such."""
+        such; ``json_schema``: a JSON schema (a dict, or its JSON text) the answer must
+        match, or ``grammar``: a GBNF grammar (llama.cpp's) it must match."""
         with _api_words(), self._using() as session:
             prompt_options, params = self._parse(session, options, COMPLETE_OPTIONS)
             text = _prompt_text(prompt)
@@ -117,7 +120,7 @@ class Speculator:
                 parse_special=bool(prompt_options.get("parse_special", False)),
                 system=system if system and system.strip() else None,
             )
-            return self._start(session, tokens, params)
+            return self._start(session, tokens, params, _constraint(prompt_options))
 
     def chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Completion:
         """The assistant's next message; see ``stream_chat``."""
@@ -135,7 +138,7 @@ class Speculator:
             tokens = session.chat_tokens(
                 listed, parse_special=bool(prompt_options.get("parse_special", False))
             )
-            return self._start(session, tokens, params)
+            return self._start(session, tokens, params, _constraint(prompt_options))
 
     def _bound(self, what: str, texts: Sequence[Any]) -> None:
         """An ``InputError`` when ``texts`` hold more bytes than a context could hold
@@ -187,12 +190,18 @@ class Speculator:
         self._bound("the prediction", [text])
         return tuple(session.plain_tokens(text))
 
-    def _start(self, session: Session, tokens: list[int], params: GenerationParams) -> Stream:
+    def _start(
+        self,
+        session: Session,
+        tokens: list[int],
+        params: GenerationParams,
+        grammar: str | None = None,
+    ) -> Stream:
         self._check_thread()
         self._end_stream()
         # The session's preflight runs here: a request it cannot run fails at the call.
         cancel = threading.Event()
-        events = session.generate(tokens, params, cancel)
+        events = session.generate(tokens, params, cancel, grammar=grammar)
         self._stream = Stream(events, cancel, self._said.append)
         return self._stream
 
@@ -317,3 +326,10 @@ def _unknown_option(name: str, known: set[str]) -> UsageError:
     close = difflib.get_close_matches(name, sorted(known), n=1)
     hint = f"did you mean {close[0]}?" if close else f"options: {', '.join(sorted(known))}"
     return UsageError(f"unknown option {name!r}", hint)
+
+
+def _constraint(prompt_options: dict[str, Any]) -> str | None:
+    """GBNF from a call's ``grammar`` or ``json_schema``, checked before anything runs."""
+    return constraint(
+        grammar=prompt_options.get("grammar"), json_schema=prompt_options.get("json_schema")
+    )

@@ -22,6 +22,7 @@ import typer
 
 from localspec.cli import PROCESS, STARTED
 from localspec.cli.common import SystemOpt, cli_errors, echo_progress, read_system
+from localspec.cli.constraint_files import GrammarOpt, JsonSchemaOpt, read_constraint
 from localspec.cli.groups import option_groups
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
@@ -161,6 +162,8 @@ def complete(
             "from it from the first token (OpenAI's predicted outputs)",
         ),
     ] = None,
+    grammar: GrammarOpt = None,
+    json_schema: JsonSchemaOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object instead")] = False,
     stats: Annotated[bool, typer.Option(help="print a summary to stderr at the end")] = False,
     trace: Annotated[
@@ -178,6 +181,7 @@ def complete(
         check_options(params, raw=raw, system=system_prompt, prediction=bool(prediction))
         prompt = read_prompt(file, input_limit(model.ctx))
         predicted = read_prediction(prediction, input_limit(model.ctx)) if prediction else None
+        constrained = read_constraint(grammar, json_schema)
         code = run_complete(
             prompt,
             params,
@@ -188,6 +192,7 @@ def complete(
             stats=stats,
             system=system_prompt,
             prediction=predicted,
+            grammar=constrained,
         )
     raise typer.Exit(code)
 
@@ -210,8 +215,10 @@ def run_complete(
     stats: bool,
     system: str | None = None,
     prediction: str | None = None,
+    grammar: str | None = None,
 ) -> int:
-    """``prediction``: the text the answer will mostly be, drafted from (``--prediction``)."""
+    """``prediction``: the text the answer will mostly be, drafted from (``--prediction``).
+    ``grammar``: GBNF the answer must match (``--grammar``, ``--json-schema``)."""
     from localspec.session.open import open_session
 
     running = _Running()
@@ -228,7 +235,13 @@ def run_complete(
             params = params.model_copy(update={"prediction": predicted})
         finished = _stream(
             lambda cancel: session.complete(
-                prompt, params, raw=raw, parse_special=parse_special, cancel=cancel, system=system
+                prompt,
+                params,
+                raw=raw,
+                parse_special=parse_special,
+                cancel=cancel,
+                system=system,
+                grammar=grammar,
             ),
             running,
             json_out=json_out,

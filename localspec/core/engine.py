@@ -65,6 +65,7 @@ from localspec.core.drafting.base import (
     Outcome,
     Resources,
 )
+from localspec.core.drafting.grammar import GrammarDrafter
 from localspec.core.drafting.registry import build_drafters
 from localspec.core.events import (
     EngineWarning,
@@ -75,6 +76,7 @@ from localspec.core.events import (
     Restored,
     RoundCompleted,
 )
+from localspec.core.grammar import Grammar
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.core.planner import RESTORE_KEEP, Planner, Planners, restore_drafters
 from localspec.core.rounds import Run, chain_round, emit_tokens, offers, tree_round
@@ -121,6 +123,8 @@ class SpecDecoder:
         self.restored = restored
         self.corpora = corpora if callable(corpora) else lambda: corpora
         self.draft_name = draft_name
+        # Kept across answers, so that what it learns of its acceptance carries over.
+        self.grammar_drafter = GrammarDrafter(target.n_vocab, target.token_bytes, target.is_eog)
 
     def controllers(self) -> list[Controller]:
         return [planner.controller for planner in self.planners]
@@ -193,13 +197,18 @@ class SpecDecoder:
         params: GenerationParams,
         cancel: threading.Event | None = None,
         restored: Restored | None = None,
+        *,
+        grammar: Grammar | None = None,
     ) -> Iterator[Event]:
-        """The events of ``prompt``'s answer (``restored``: the prefix the caller restored
-        into the target's cache from a prompt cache, told in ``PrefillDone``). The prompt
-        is one the pair can run: 1 to ``n_ctx - 1`` tokens, with the draft model its drafter
-        needs (the session's preflight refuses any other before it asks). A drafter that
-        cannot run without the draft model waits here for a load under way (a failed load
-        raises its error)."""
+        """The events of ``prompt``'s answer. The prompt is one the pair can run: 1 to
+        ``n_ctx - 1`` tokens, with the draft model its drafter needs (the session's
+        preflight refuses any other before it asks). A drafter that cannot run without the
+        draft model waits here for a load under way (a failed load raises its error).
+        ``restored``: the prefix the caller restored into the target's cache from a prompt
+        cache, told in ``PrefillDone``. ``grammar``: what the answer must match, at its
+        start (this answer's own: the engine advances it); every drafter drafts under it,
+        and the tokens it admits alone are offered by the grammar drafter as well (but in
+        plain decoding, ``none``)."""
         prompt = list(prompt)
         if params.drafter.needs_draft_model:
             self.join_draft(wait=True)
@@ -216,14 +225,25 @@ class SpecDecoder:
         evaluated = self.target.evaluated_tokens - before
         planner = self.planner_for(params)
         planner.controller.new_generation()
-        for drafter in planner.drafters.values():
+        drafters = dict(planner.drafters)
+        # Plain decoding (``none``) stays plain under a grammar: the baseline speculation is
+        # measured against.
+        if (
+            grammar is not None
+            and params.drafter is not DrafterMode.NONE
+            and self.grammar_drafter.name not in params.left_out
+        ):
+            self.grammar_drafter.bind(grammar)
+            drafters[self.grammar_drafter.name] = self.grammar_drafter
+        for drafter in drafters.values():
             drafter.begin(prompt, params)  # the draft model may read the prompt: prefill time
         seconds = self.clock() - t0 + (restored.seconds if restored is not None else 0.0)
         yield emit(PrefillDone(len(prompt), evaluated, seconds, restored))
         run = Run(
             prompt, params, np.random.default_rng(params.seed), planner.controller,
-            planner.drafters, TextAssembler(params.stop), emit, self.target, self.clock,
+            drafters, TextAssembler(params.stop), emit, self.target, self.clock,
             target_changes=prefilled, timed=self._timed(), tree_nodes=tree_shape(self.target)[1],
+            grammar=grammar,
         )  # fmt: skip
         reason: FinishReason | None = None
         try:
@@ -237,6 +257,7 @@ class SpecDecoder:
                     reason = yield from self._round(run)
         finally:  # also when the consumer stops reading
             planner.end()
+            self.grammar_drafter.bind(None)
         # Held-back text that never became a stop string is still part of the answer.
         tail = run.text.finish()
         if params.trace:
@@ -265,9 +286,12 @@ class SpecDecoder:
         if offered:
             # Each branch is an offer's length, at most ``remaining``; every node takes a cell.
             nodes = min(room, run.tree_nodes)
-            choice = run.controller.choose(
-                list(offered.values()), sampled=not run.params.greedy, nodes=nodes
+            # Trees are verified unconstrained, reading no rows: under a grammar, or where
+            # the target's log-probabilities are asked for, chains only.
+            chains_only = (
+                not run.params.greedy or run.grammar is not None or run.params.logprobs is not None
             )
+            choice = run.controller.choose(list(offered.values()), sampled=chains_only, nodes=nodes)
         else:  # what the controller chooses without offers, spared at every plain step
             choice = PLAIN_STEP
         tried = tree_round(run, choice) if choice.branches > 1 else chain_round(run, choice)
@@ -315,8 +339,10 @@ class SpecDecoder:
         if problem and not added:
             yield run.emit(EngineWarning(f"drafting without the draft model: {problem}"))
         run.timed = self._timed()
+        mine = self.planner_for(run.params).drafters  # the run drafts with a copy of them
         for name in added:
-            if name in run.drafters:
+            if name in mine:
+                run.drafters[name] = mine[name]
                 run.drafters[name].begin(run.committed, run.params)
 
     @staticmethod

@@ -53,11 +53,22 @@ class PrefillDone:
 
 
 @dataclass(frozen=True)
+class Logprob:
+    """A token's log-probability under the target's own distribution (temperature 1, read
+    off the row verification read), and the most likely tokens there with theirs."""
+
+    logprob: float
+    piece: bytes = b""  # the token's bytes
+    top: tuple[tuple[int, bytes, float], ...] = ()  # (token, its bytes, log-probability)
+
+
+@dataclass(frozen=True)
 class TokenEmitted:
     token_id: int
     text: str  # decoded text for this token ("" while a multi-byte character is incomplete)
     origin: str  # the drafter that proposed it, or TARGET
     index: int  # 0-based position in the generated sequence
+    logprob: Logprob | None = None  # where ``GenerationParams.logprobs`` asks for it
 
 
 @dataclass(frozen=True)

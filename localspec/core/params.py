@@ -113,6 +113,13 @@ class GenerationParams(BaseModel):
     left_out: tuple[str, ...] = Field(
         (), description="drafters (by registry name) the mode does not draft with"
     )
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        description="each token's log-probability under the target, with this many of the "
+        "most likely alternatives (None: none)",
+    )
 
     @field_validator("temperature")
     @classmethod

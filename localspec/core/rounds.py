@@ -26,12 +26,14 @@ from localspec.core.cached_model import TargetModel, greedy_ids
 from localspec.core.controller import Choice, Controller
 from localspec.core.drafting.base import PLAIN, Draft, Drafter, Offer, Watching
 from localspec.core.drafting.copying import one_copy
-from localspec.core.events import TARGET, Event, FinishReason, TokenEmitted
+from localspec.core.events import TARGET, Event, FinishReason, Logprob, TokenEmitted
+from localspec.core.grammar import Grammar, best_allowed, cut, masked
 from localspec.core.params import GenerationParams
+from localspec.core.sampling import log_softmax, warp
 from localspec.core.text import TextAssembler
 from localspec.core.tree import ROOT, DraftTree
 from localspec.core.tree_round import verify_branches
-from localspec.core.verify import Verdict, verify_greedy, verify_rows
+from localspec.core.verify import Verdict, verify_greedy, verify_rows, verify_sampled
 
 
 @dataclass
@@ -56,6 +58,10 @@ class Run:
     timed: tuple = ()
     tree_nodes: int = 0  # the most nodes a draft tree may have on the target
     trace: list[dict] = field(default_factory=list)
+    # The answer's grammar at the state of ``generated`` (None: unconstrained).
+    grammar: Grammar | None = None
+    # The log-probabilities of the round's tokens, in order, when ``params.logprobs`` asks.
+    logprobs: list[Logprob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,11 @@ def chain_round(run: Run, choice: Choice) -> Verified:
     if choice.drafter is not None and choice.k > 0:
         drafter = run.drafters[choice.drafter]
         draft = drafter.propose(run.committed, choice.k, run.params, run.rng)
+    beyond = None
+    if run.grammar is not None and draft.tokens:
+        draft, beyond = grammar_cut(run.grammar, draft)
     t_verify = run.clock()
-    verdict = verify_round(run, draft)
+    verdict = verify_round(run, draft, beyond)
     return Verified(draft, verdict, len(draft.tokens), 1, t_verify, run.clock())
 
 
@@ -140,12 +149,15 @@ def emit_tokens(run: Run, verdict: Verdict, draft: Draft) -> Generator[Event, No
         if run.target.is_eog(tok):
             return Emitted(emitted, paused, FinishReason.EOS)
         origin = drafted if i < verdict.accepted else TARGET
+        logprob = run.logprobs[i] if i < len(run.logprobs) else None
+        if run.grammar is not None:
+            run.grammar.accept(tok)
         piece = run.text.push(run.target.token_bytes(tok))
         run.committed.append(tok)
         run.generated.append(tok)
         emitted += 1
         t_yield = run.clock()
-        yield run.emit(TokenEmitted(tok, piece, origin, len(run.generated) - 1))
+        yield run.emit(TokenEmitted(tok, piece, origin, len(run.generated) - 1, logprob))
         paused += run.clock() - t_yield  # the consumer's time is not ours
         if run.text.stopped:
             return Emitted(emitted, paused, FinishReason.STOP)
@@ -154,17 +166,103 @@ def emit_tokens(run: Run, verdict: Verdict, draft: Draft) -> Generator[Event, No
     return Emitted(emitted, paused, None)
 
 
-def verify_round(run: Run, draft: Draft) -> Verdict:
+def grammar_cut(grammar: Grammar, draft: Draft) -> tuple[Draft, np.ndarray | None]:
+    """The draft up to the first token the grammar forbids, before the target sees it; and
+    that token's q (a drafter's own distribution), for the verification to draw the token
+    after the kept draft as a rejection of it would."""
+    kept, bad = cut(grammar, draft.tokens)
+    if bad is None:
+        return draft, None
+    n = len(kept)
+    probs = draft.probs
+    beyond = probs[n] if probs is not None else None
+    return Draft(draft.source, kept, probs[:n] if probs is not None else None), beyond
+
+
+def grammar_states(grammar: Grammar, draft: list[int]) -> Callable[[int], Grammar]:
+    """The grammar after ``draft[:i]``, for i = 0..len(draft), each made once when asked
+    for (in order); the committed state itself is never advanced."""
+    states = [grammar]
+
+    def state(i: int) -> Grammar:
+        while len(states) <= i:
+            nxt = states[-1].clone()
+            nxt.accept(draft[len(states) - 1])
+            states.append(nxt)
+        return states[i]
+
+    return state
+
+
+def verify_constrained(
+    run: Run, rows: np.ndarray, draft: Draft, beyond: np.ndarray | None
+) -> Verdict:
+    """Verification against the target restricted by the grammar: at each drafted position
+    the grammar's state after the drafts before it masks the row (greedy: the best allowed
+    token, a mask only when the row's argmax is forbidden; sampled: exact speculative
+    sampling against the masked, renormalized distribution)."""
+    assert run.grammar is not None
+    state = grammar_states(run.grammar, draft.tokens)
+    if run.params.greedy:
+        for i, d in enumerate(draft.tokens):
+            best = best_allowed(rows[i], state(i))
+            if best != d:
+                return Verdict(i, best)
+        return Verdict(
+            len(draft.tokens), best_allowed(rows[len(draft.tokens)], state(len(draft.tokens)))
+        )
+    warped: dict[int, np.ndarray] = {}
+
+    def target_probs(i: int) -> np.ndarray:
+        if i not in warped:
+            warped[i] = warp(masked(rows[i], state(i)), run.params)
+        return warped[i]
+
+    return verify_sampled(target_probs, draft.tokens, draft.probs, run.rng, beyond=beyond)
+
+
+def row_logprobs(
+    rows: np.ndarray, tokens: list[int], top: int | None, pieces: Callable[[int], bytes]
+) -> list[Logprob]:
+    """Each emitted token's log-probability under the row it was verified on (row i gives
+    the token after position i), with ``top`` alternatives; none unless ``top`` is set."""
+    if top is None:
+        return []
+    out = []
+    for row, token in zip(rows, tokens, strict=False):
+        logs = log_softmax(row)
+        best = np.argsort(-logs, kind="stable")[:top]
+        alternatives = tuple((int(t), pieces(int(t)), float(logs[t])) for t in best)
+        out.append(Logprob(float(logs[token]), pieces(token), alternatives))
+    return out
+
+
+def verify_round(run: Run, draft: Draft, beyond: np.ndarray | None = None) -> Verdict:
     """Evaluate ``[last, drafts]`` in one target batch, verify, and roll the target's
     cache back so that it holds ``committed[:-1]`` of the next round. Greedy decoding
-    asks the target for its greedy choices only, never for a row."""
+    asks the target for its greedy choices only, never for a row, but under a grammar,
+    whose mask needs the row where the argmax is forbidden. ``beyond``: the q of a drafted
+    token the grammar cut after the draft (``grammar_cut``)."""
     committed, target = run.committed, run.target
     batch = [committed[-1], *draft.tokens]
     # As the last round left it, the target is given the new tokens only; if someone
     # else used it meanwhile, the whole context is compared.
     start = len(committed) - 1 if run.target_changes == target.changes else 0
     tail = batch if start else [*committed[:-1], *batch]
-    if run.params.greedy:
+    if run.grammar is not None or run.params.logprobs is not None:
+        rows = target.forward_after(start, tail, len(batch), borrow=True)
+        # The rows are borrowed: consumed here, before the target evaluates anything else.
+        if run.grammar is not None:
+            verdict = verify_constrained(run, rows, draft, beyond)
+        elif run.params.greedy:
+            verdict = verify_greedy(greedy_ids(rows), draft.tokens)
+        else:
+            verdict = verify_rows(rows, draft.tokens, draft.probs, run.params, run.rng)
+        run.logprobs = row_logprobs(
+            rows, verdict.tokens(draft.tokens), run.params.logprobs, target.token_bytes
+        )
+        choices = greedy_ids(rows) if watchers(run) else []
+    elif run.params.greedy:
         choices = target.greedy_after(start, tail, len(batch)).ids
         verdict = verify_greedy(choices, draft.tokens)
     else:

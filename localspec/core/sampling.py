@@ -59,3 +59,9 @@ def top_probability(logits: np.ndarray) -> float:
 def top_probabilities(rows: np.ndarray) -> list[float]:
     """``top_probability`` of each row."""
     return [top_probability(row) for row in rows]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float64)
+    shifted = x - x.max()
+    return shifted - np.log(np.exp(shifted).sum())

@@ -58,12 +58,17 @@ def verify_sampled(
     draft: Sequence[int],
     draft_probs: Sequence[np.ndarray] | None,
     rng: np.random.Generator,
+    *,
+    beyond: np.ndarray | None = None,
 ) -> Verdict:
     """Exact speculative sampling.
 
     ``target_probs(i)`` gives the warped target distribution p at row i (lazily, so rows
     past the first rejection are never warped); ``draft_probs[i]`` is q for ``draft[i]``,
-    or ``draft_probs`` is None for a one-hot q.
+    or ``draft_probs`` is None for a one-hot q. ``beyond``: the q of a drafted token that
+    followed ``draft`` and was cut because p gives it nothing (a grammar forbids it); its
+    rejection is certain, so when all of ``draft`` survives the token after it is drawn from
+    ``norm(max(0, p - beyond))``, as verifying it would have (with a one-hot q that is p).
     """
     for i, d in enumerate(draft):
         p = target_probs(i)
@@ -78,7 +83,12 @@ def verify_sampled(
         total = residual.sum()
         # total == 0 only when p == q, where rejection has probability 0; guard rounding.
         return Verdict(i, sample(residual / total if total > 0 else p, rng))
-    return Verdict(len(draft), sample(target_probs(len(draft)), rng))
+    p = target_probs(len(draft))
+    if beyond is not None:
+        residual = np.maximum(p - fit(beyond, len(p)), 0.0)
+        total = residual.sum()
+        p = residual / total if total > 0 else p
+    return Verdict(len(draft), sample(p, rng))
 
 
 def verify_rows(

@@ -195,7 +195,8 @@ async def chat_completions(request: Request) -> Any:
 
     def start(session: Session, cancel: threading.Event) -> Iterator[Event]:
         params = _with_prediction(session, chat.params, chat.prediction, asked)
-        return _counted(session.chat(chat.messages, params, cancel), asked)
+        events = session.chat(chat.messages, params, cancel, grammar=chat.grammar, tools=chat.tools)
+        return _counted(events, asked)
 
     return await _answer(state, request, Job(start, chat.params, client=client), asked)
 
@@ -209,7 +210,8 @@ async def completions(request: Request) -> Any:
         token_lists = [_prompt_tokens(session, completion, p) for p in completion.prompts]
         for tokens in token_lists:  # all can run (the session's preflight) before the first
             session.preflight(tokens, params)
-        return _counted(_in_turn(session, token_lists, params, cancel), asked)
+        events = _in_turn(session, token_lists, params, cancel, completion.grammar)
+        return _counted(events, asked)
 
     # A fill-in-the-middle is an editor's: someone typing waits for it (serve/worker.py).
     job = Job(
@@ -229,7 +231,8 @@ async def _parsed(
     as ``parse`` reads its body: once, each field checked, before any job is queued."""
     state = _state(request)
     client = client_of(state.access, request.headers.get("authorization"))
-    parsed = parse(await _read_json(state, request), state)
+    # Off the event loop: a schema's conversion to a grammar is bounded, but not free.
+    parsed = await asyncio.to_thread(parse, await _read_json(state, request), state)
     return state, client, parsed
 
 
@@ -282,12 +285,13 @@ def _in_turn(
     token_lists: list[list[int]],
     params: GenerationParams,
     cancel: threading.Event,
+    grammar: str | None = None,
 ) -> Iterator[Event]:
     """The prompts' generations one after another, each ending with its ``Finished``."""
     for tokens in token_lists:
         if cancel.is_set():  # the client left: the prompts still to come are not run
             return
-        yield from session.generate(tokens, params, cancel)
+        yield from session.generate(tokens, params, cancel, grammar=grammar)
 
 
 def _too_large(state: ServerState) -> ApiError:

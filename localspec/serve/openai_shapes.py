@@ -23,6 +23,7 @@ server's options are the defaults.
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypeGuard
 
 from pydantic import ValidationError
@@ -30,6 +31,7 @@ from pydantic import ValidationError
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
 from localspec.serve.errors import ApiError, is_whole
+from localspec.serve.logprob_shapes import logprob_count
 from localspec.serve.speculation import SPECULATIVE_PARAMS, speculative_fields
 
 MAX_PROMPTS = 16  # prompts in one /v1/completions request; each is generated in turn
@@ -39,12 +41,8 @@ MAX_STOP_CHARS = 256  # characters of one stop string
 # Fields whose presence (with a value other than the neutral one) would change the answer.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "best_of": (None, 1),
     "logit_bias": (None, {}),
@@ -62,14 +60,6 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
                 param=name,
                 code="unsupported_parameter",
             )
-    fmt = body.get("response_format")
-    if fmt not in (None, {"type": "text"}):
-        raise ApiError(
-            400,
-            "response_format other than text is not supported by localspec serve",
-            param="response_format",
-            code="unsupported_parameter",
-        )
 
 
 def generation_params(
@@ -77,6 +67,7 @@ def generation_params(
     defaults: GenerationParams,
     max_tokens_limit: int | None = None,
     overrides: bool = True,
+    chat: bool = True,
 ) -> GenerationParams:
     """The request's sampling fields over the server's defaults; ``max_tokens`` at most
     ``max_tokens_limit``; its ``speculative`` settings within the defaults' limits, or
@@ -101,6 +92,7 @@ def generation_params(
     stop = body.get("stop")
     if stop is not None:
         fields["stop"] = stop_strings(stop)
+    fields["logprobs"] = logprob_count(body, chat)
     fields.update(speculative_fields(body, defaults, overrides))
     try:
         return GenerationParams(**{**defaults.model_dump(), **fields})
@@ -231,17 +223,19 @@ def finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise ApiError(
-                400, f"messages[{i}] needs a role of system, user or assistant", param="messages"
-            )
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise ApiError(400, f"messages[{i}] needs a role of system, user, assistant or tool",
+                           param="messages")  # fmt: skip
         content = m.get("content")
+        calls = m.get("tool_calls") if m["role"] == "assistant" else None
+        if content is None and calls:
+            content = ""  # an assistant's turn that only called tools
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
                 raise ApiError(400, f"messages[{i}]: only text content is supported",
@@ -249,7 +243,34 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be text", param="messages")
-        out.append({"role": m["role"], "content": content})
+        message: dict[str, Any] = {"role": m["role"], "content": content}
+        if calls:
+            message["tool_calls"] = _past_calls(i, calls)
+        out.append(message)
+    return out
+
+
+def _past_calls(i: int, calls: Any) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` as its template reads them: each function's
+    ``arguments`` (JSON text in OpenAI's shape) as the object it spells."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise ApiError(400, f"{where} must be a list", param="messages")
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments", "{}") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            raise ApiError(400, f'{where}: each must be {{"type": "function", "function": '
+                           '{"name": ..., "arguments": "..."}}', param="messages")  # fmt: skip
+        try:
+            parsed = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise ApiError(400, f"{where}: arguments must be JSON text",
+                           param="messages") from None  # fmt: skip
+        out.append({"type": "function", "id": call.get("id"),
+                    "function": {"name": name, "arguments": parsed}})  # fmt: skip
     return out
 
 

@@ -34,7 +34,9 @@ from localspec.errors import (
     UnsupportedByModelError,
 )
 from localspec.serve.errors import ApiError
+from localspec.serve.logprob_shapes import chat_logprobs, completion_logprobs
 from localspec.serve.openai_shapes import finish_reason, timings, usage
+from localspec.serve.tool_replies import TOOL_CALLS, HeldCalls, tool_message
 from localspec.serve.worker import Job
 
 log = logging.getLogger("localspec.serve")
@@ -53,6 +55,7 @@ class Asked:
     n_prompts: int = 1
     predicted: list[tuple[int, ...]] = field(default_factory=list)
     counts: list[tuple[int, int]] = field(default_factory=list)
+    tools: tuple[str, ...] = ()  # the functions offered: calls are read out of the answer
 
 
 def internal(err: BaseException) -> ApiError:
@@ -136,13 +139,17 @@ async def whole_answer(
 ) -> dict[str, Any]:
     """A non-streamed answer: every event gathered, then one JSON object."""
     finished: list[Finished] = []
+    emitted: list[list[TokenEmitted]] = [[]]  # each answer's tokens, for their logprobs
     item = first
     while item is not None:
         raise_for(item, asked.chat)
+        if isinstance(item, TokenEmitted) and item.logprob is not None:
+            emitted[-1].append(item)
         if isinstance(item, Finished):
             if _cut_short(item, job):
                 raise stopping()
             finished.append(item)
+            emitted.append([])
         item = await next_event(job)
     if len(finished) < asked.n_prompts:
         raise stopping() if job.stopped else ApiError(499, "cancelled", code="cancelled")
@@ -150,15 +157,17 @@ async def whole_answer(
     for index, done in enumerate(finished):
         reason = finish_reason(done.reason.value)
         if asked.chat:
+            message, called = tool_message(done.text, asked.tools) if asked.tools else (None, None)
             choices.append({
                 "index": index,
-                "message": {"role": "assistant", "content": done.text},
-                "finish_reason": reason,
-                "logprobs": None,
+                "message": message or {"role": "assistant", "content": done.text},
+                "finish_reason": called or reason,
+                "logprobs": chat_logprobs(emitted[index]) if emitted[index] else None,
             })  # fmt: skip
         else:
+            shown = completion_logprobs(emitted[index]) if emitted[index] else None
             choices.append(
-                {"index": index, "text": done.text, "finish_reason": reason, "logprobs": None}
+                {"index": index, "text": done.text, "finish_reason": reason, "logprobs": shown}
             )
     stats = GenerationStats.merged([done.stats for done in finished])
     answer = {
@@ -186,6 +195,14 @@ def _predicted(asked: Asked) -> tuple[int, int] | None:
     return sum(a for a, _ in asked.counts), sum(r for _, r in asked.counts)
 
 
+def _with_logprob(data: dict[str, Any], item: TokenEmitted, chat: bool) -> dict[str, Any]:
+    """A streamed chunk with its token's log-probability, where the request asked."""
+    if item.logprob is not None:
+        shown = chat_logprobs([item]) if chat else completion_logprobs([item])
+        data["choices"][0]["logprobs"] = shown
+    return data
+
+
 def _sse(data: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
 
@@ -209,6 +226,9 @@ async def streamed_answer(
         return {**head, "object": kind, "choices": [choice]}
 
     finished: list[Finished] = []
+    held = (
+        HeldCalls(asked.tools) if asked.tools else None
+    )  # text after a tool-call tag waits for its end
     try:
         if asked.chat:
             yield _sse(chunk(0, "", None, role=True))
@@ -218,14 +238,30 @@ async def streamed_answer(
             if isinstance(item, BaseException):
                 yield _sse(internal(item).body)
             elif isinstance(item, TokenEmitted) and item.text:
-                yield _sse(chunk(index, item.text, None))
+                text = held.piece(item.text) if held else item.text
+                if text:
+                    yield _sse(_with_logprob(chunk(index, text, None), item, asked.chat))
             elif isinstance(item, Finished):
                 if _cut_short(item, job):
                     break  # its end is the error below, never a whole answer's last chunk
                 finished.append(item)
-                if item.tail:
-                    yield _sse(chunk(index, item.tail, None))
-                last = chunk(index, None, finish_reason(item.reason.value))
+                tail, calls = held.end() if held else ("", [])
+                if tail + item.tail:
+                    yield _sse(chunk(index, tail + item.tail, None))
+                last = chunk(index, None, TOOL_CALLS if calls else finish_reason(item.reason.value))
+                if calls:
+                    yield _sse(
+                        chunk(index, None, None)
+                        | {
+                            "choices": [
+                                {
+                                    "index": index,
+                                    "delta": {"tool_calls": calls},
+                                    "finish_reason": None,
+                                }
+                            ]
+                        }
+                    )
                 if len(finished) == asked.n_prompts:
                     stats = GenerationStats.merged([done.stats for done in finished])
                     if asked.include_usage:

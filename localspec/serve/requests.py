@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localspec.core.params import GenerationParams
-from localspec.errors import ConflictingOptionsError
+from localspec.errors import ConflictingOptionsError, UsageError
 from localspec.serve.errors import ApiError
 from localspec.serve.openai_shapes import (
     chat_messages,
@@ -28,7 +28,9 @@ from localspec.serve.openai_shapes import (
 )
 from localspec.serve.replies import Asked, refusal
 from localspec.serve.state import ServerState
+from localspec.serve.structured import response_grammar
 from localspec.session.preflight import check_options
+from localspec.session.tools import NONE, Tools, call_grammar, read_tools
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,18 @@ class ApiRequest:
     prediction: str | None  # the answer's predicted text (read with the tokenizer in the worker)
     stream: bool
     include_usage: bool
+    grammar: str | None  # GBNF the answer must match (serve/structured.py)
 
 
 @dataclass(frozen=True)
 class ChatRequest(ApiRequest):
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
+    tools: Tools | None = None  # the functions offered (serve/tool_replies.py)
 
     def asked(self) -> Asked:
         """What its answer is shaped by (serve/replies.py)."""
-        return Asked(True, self.stream, self.include_usage)
+        offered = tuple(self.tools.names) if self.tools and self.tools.choice != NONE else ()
+        return Asked(True, self.stream, self.include_usage, tools=offered)
 
 
 @dataclass(frozen=True)
@@ -63,25 +68,49 @@ class CompletionRequest(ApiRequest):
 
 def chat_request(body: dict[str, Any], state: ServerState) -> ChatRequest:
     messages = chat_messages(body)
-    params, prediction, stream, include_usage = _generation(body, state)
-    return ChatRequest(params, prediction, stream, include_usage, messages)
+    params, prediction, stream, include_usage = _generation(body, state, chat=True)
+    grammar = response_grammar(body)
+    tools = _tools(body, state)
+    if tools is not None and grammar is not None and tools.choice != NONE:
+        raise ApiError(400, "tools and response_format are both given: give one",
+                       param="response_format")  # fmt: skip
+    return ChatRequest(params, prediction, stream, include_usage, grammar, messages, tools)
+
+
+def _tools(body: dict[str, Any], state: ServerState) -> Tools | None:
+    """The request's ``tools`` and ``tool_choice`` in OpenAI's shape, each refusal a 400
+    naming the field; the call grammar is built here too, so a function's parameters that
+    the converter cannot take are refused before anything runs."""
+    try:
+        tools = read_tools(body.get("tools"), body.get("tool_choice"))
+        if tools is not None and tools.choice != NONE:
+            call_grammar(tools)
+    except UsageError as error:
+        field = error.message.split(" ", 1)[0].rstrip(":")
+        raise ApiError(400, error.message, param=field) from None
+    if tools is not None and tools.choice != NONE and not state.tools:
+        raise ApiError(400, f"tools: the chat template of {state.model_id} has no tool calls: "
+                       "use a model whose template takes tools, such as Qwen2.5's",
+                       param="tools", code="unsupported_parameter")  # fmt: skip
+    return tools
 
 
 def completion_request(body: dict[str, Any], state: ServerState) -> CompletionRequest:
     suffix = _suffix(body, state)
     prompts = completion_prompts(body, state.n_vocab, infill=bool(suffix))
-    params, prediction, stream, include_usage = _generation(body, state)
+    params, prediction, stream, include_usage = _generation(body, state, chat=False)
+    grammar = response_grammar(body)
     return CompletionRequest(
-        params, prediction, stream, include_usage, prompts, suffix, state.parse_special
+        params, prediction, stream, include_usage, grammar, prompts, suffix, state.parse_special
     )
 
 
 def _generation(
-    body: dict[str, Any], state: ServerState
+    body: dict[str, Any], state: ServerState, *, chat: bool
 ) -> tuple[GenerationParams, str | None, bool, bool]:
     """What every request carries: its params, its prediction's text and its stream flags."""
     params = generation_params(
-        body, state.defaults, state.max_tokens_limit, state.speculative_overrides
+        body, state.defaults, state.max_tokens_limit, state.speculative_overrides, chat
     )
     prediction = prediction_text(body)
     _check_options(params, prediction)

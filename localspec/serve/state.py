@@ -39,6 +39,7 @@ class ServerState:
     placement: dict[str, Any] | None = None  # where each model runs (session/placement.py)
     n_vocab: int = 0  # the target's vocabulary size: a prompt's token ids are below it
     infill: bool = False  # the target has FIM tokens: /v1/completions takes a suffix
+    tools: bool = False  # the target's chat template takes tools and has a tool-call token
     load_error: Exception | None = None  # why the pair could not be loaded
     loading: bool = False  # the pair is being loaded (cli/serve.py's loader thread)
     loader: threading.Thread | None = None  # that thread: it stops at its next step
@@ -53,4 +54,5 @@ class ServerState:
         self.placement = session.placement.to_dict() if session.placement else None
         self.n_vocab = session.target.n_vocab
         self.infill = session.fim.infill
+        self.tools = session.takes_tools()
         self.worker = worker

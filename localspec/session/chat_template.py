@@ -16,6 +16,7 @@ conversation, e.g. roles that do not alternate) is a ``UsageError``.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -28,7 +29,7 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 # Room for the template's own text around the messages.
 TEMPLATE_ROOM = 1 << 20
 
@@ -45,14 +46,20 @@ def render_chat(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     max_chars: int | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The conversation as the template renders it; ``max_chars`` defaults to eight times
-    the messages' length plus a megabyte."""
+    the messages' and tools' length plus a megabyte. ``tools``: the functions offered
+    (OpenAI's shape), given to the template as ``tools``; an assistant message may then
+    carry ``tool_calls`` and a ``tool`` message a function's result."""
     for m in messages:
         if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise UsageError(f"malformed chat message: {m!r}", "roles are system, user, assistant")
+            raise UsageError(
+                f"malformed chat message: {m!r}", "roles are system, user, assistant, tool"
+            )
     if max_chars is None:
-        max_chars = 8 * sum(len(m["content"]) for m in messages) + TEMPLATE_ROOM
+        size = sum(len(m["content"]) + len(str(m.get("tool_calls", ""))) for m in messages)
+        max_chars = 8 * (size + len(str(tools or ""))) + TEMPLATE_ROOM
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -66,6 +73,7 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
+            **({"tools": tools} if tools else {}),
         ):
             size += len(piece)
             if size > max_chars:

@@ -13,6 +13,8 @@ target without FIM tokens an ``UnsupportedByModelError``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from localspec.backend.llama import LlamaModel
 from localspec.errors import InputError, UnsupportedByModelError, empty_input
 from localspec.session.chat_template import render_chat
@@ -29,17 +31,21 @@ class Prompts:
         self.fim = target.fim_tokens()
 
     def chat_tokens(
-        self, messages: list[dict[str, str]], *, parse_special: bool = False
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        parse_special: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """The conversation through the chat template. Control tokens are parsed only in the
-        template's own text: a message that spells ``<|im_start|>`` stays plain text unless
-        ``parse_special`` lets it through."""
-        real = self._render(messages)
+        """The conversation through the chat template (with the functions ``tools`` offers).
+        Control tokens are parsed only in the template's own text: a message that spells
+        ``<|im_start|>`` stays plain text unless ``parse_special`` lets it through."""
+        real = self._render(messages, tools)
         if parse_special or not any(self._has_control_text(m["content"]) for m in messages):
             return self._bos_for(real) + self._template_tokens(real)
         marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
         masked = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
-        text = self._render(masked)
+        text = self._render(masked, tools)
         rebuilt = text
         for mark, message in zip(marks, messages, strict=True):
             rebuilt = rebuilt.replace(mark, message["content"])
@@ -61,8 +67,14 @@ class Prompts:
         plain = self.plain_tokens(text)
         return plain != self.target.tokenize(text, add_special=False, parse_special=True)
 
-    def _render(self, messages: list[dict[str, str]]) -> str:
-        return render_chat(self._template, messages, bos_token=self._bos)
+    def _render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        return render_chat(self._template, messages, bos_token=self._bos, tools=tools)
+
+    def has_tools(self) -> bool:
+        """Whether the chat template shows the model tools (it reads ``tools``)."""
+        return bool(self._template) and "tools" in (self._template or "")
 
     def _bos_for(self, text: str) -> list[int]:
         """BOS when the vocabulary adds one and the template did not write it itself."""

@@ -34,19 +34,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from localspec.backend.grammar import compile_lazy, model_grammar
 from localspec.backend.llama import LlamaModel
 from localspec.backend.rpc import RpcLink
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
 from localspec.core.events import EngineWarning, Event, Finished, FinishReason, PrefillDone
+from localspec.core.grammar import Grammar
 from localspec.core.params import GenerationParams, Policy
 from localspec.core.planner import planner_key
+from localspec.errors import UsageError
 from localspec.session.loading import DraftSlot, LaneSlot
 from localspec.session.pair import SELF_DRAFT
 from localspec.session.placement import Placement
 from localspec.session.preflight import PairFacts, check_request
 from localspec.session.prompt_state import PromptState
 from localspec.session.prompts import Prompts
+from localspec.session.tools import NONE, Tools, call_grammar
+from localspec.session.tools import OPEN as TOOL_OPEN
 from localspec.storage.answers import KeptAnswers
 from localspec.storage.learning import LearningStore
 from localspec.storage.library import HISTORY
@@ -248,9 +253,13 @@ class Session:
     # -- prompts (session/prompts.py) -------------------------------------------------------
 
     def chat_tokens(
-        self, messages: list[dict[str, str]], *, parse_special: bool = False
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        parse_special: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        return self.prompts.chat_tokens(messages, parse_special=parse_special)
+        return self.prompts.chat_tokens(messages, parse_special=parse_special, tools=tools)
 
     def plain_tokens(self, text: str) -> list[int]:
         return self.prompts.plain_tokens(text)
@@ -274,12 +283,23 @@ class Session:
     # -- generation -----------------------------------------------------------------------
 
     def generate(
-        self, tokens: list[int], params: GenerationParams, cancel: threading.Event | None = None
+        self,
+        tokens: list[int],
+        params: GenerationParams,
+        cancel: threading.Event | None = None,
+        *,
+        grammar: str | None = None,
+        tools: Tools | None = None,
     ) -> Iterator[Event]:
+        """``grammar``: GBNF the answer must match (``session.constraints`` checked it),
+        compiled here for the target's vocabulary. ``tools``: the answer's tool calls must
+        match the functions offered (``session.tools``; lazily, from the model's tool-call
+        token on, when the choice is ``auto``)."""
         # Checked now, before the first event: a front end can offer to trim a conversation
         # that does not fit. A draft model still loading is waited for here when the drafter
         # needs it, so that a failed load is raised here too.
         check_request(self.facts, tokens, params)
+        matcher = self._matcher(grammar, tools)
         if params.drafter.needs_draft_model:
             self.decoder.join_draft(wait=True)
         problems = self._refresh_corpora()
@@ -290,7 +310,7 @@ class Session:
         restored = None
         if self.prompt_state is not None:
             restored = self.prompt_state.restore(self.target, self.draft, tokens, problems)
-        events = self.decoder.generate(tokens, params, cancel, restored)
+        events = self.decoder.generate(tokens, params, cancel, restored, grammar=matcher)
         if self.prompt_state is not None:
             events = self._keeping_prompt(events, self.prompt_state)
         if problems:
@@ -300,6 +320,35 @@ class Session:
         if self.learning is None or not params.drafter.learns:
             return events
         return self._saving_learning(events, params)
+
+    def _matcher(self, grammar: str | None, tools: Tools | None) -> Grammar | None:
+        if tools is not None and tools.choice != NONE:
+            calls = call_grammar(tools)
+            if tools.lazy:
+                return compile_lazy(self.target, calls, [self.tool_call_token()])
+            return model_grammar(self.target, calls)
+        return model_grammar(self.target, grammar) if grammar is not None else None
+
+    def takes_tools(self) -> bool:
+        """Whether the target's chat template takes tools (``tool_call_token``)."""
+        try:
+            self.tool_call_token()
+        except UsageError:
+            return False
+        return True
+
+    def tool_call_token(self) -> int:
+        """The token that opens a tool call in the target's chat template; a ``UsageError``
+        when the template shows the model no tools or the vocabulary has no such token."""
+        spelled = self.target.tokenize(TOOL_OPEN, add_special=False, parse_special=True)
+        # A tokenizer may put a space before it (SentencePiece's): the tag is one token.
+        found = [t for t in spelled if self.target.token_bytes(t) == TOOL_OPEN.encode()]
+        if not self.prompts.has_tools() or len(found) != 1:
+            raise UsageError(
+                f"tools: the chat template of {self.target_label} has no tool calls",
+                "use a model whose template takes tools, such as Qwen2.5's",
+            )
+        return found[0]
 
     def _earlier_answer(self, tokens: list[int], max_tokens: int) -> tuple[int, ...]:
         """The answer the history kept for this very prompt (the same last
@@ -378,17 +427,26 @@ class Session:
         parse_special: bool = False,
         cancel: threading.Event | None = None,
         system: str | None = None,
+        grammar: str | None = None,
     ) -> Iterator[Event]:
         tokens = self.text_tokens(text, raw=raw, parse_special=parse_special, system=system)
-        return self.generate(tokens, params, cancel)
+        return self.generate(tokens, params, cancel, grammar=grammar)
 
     def chat(
         self,
         messages: list[dict[str, str]],
         params: GenerationParams,
         cancel: threading.Event | None = None,
+        *,
+        grammar: str | None = None,
+        tools: Tools | None = None,
     ) -> Iterator[Event]:
-        return self.generate(self.chat_tokens(messages), params, cancel)
+        """``tools``: the functions offered, shown to the model through its template."""
+        if tools is not None and tools.choice != NONE:
+            self.tool_call_token()  # refused before the template renders them
+        shown = tools.shown if tools is not None else None
+        tokens = self.chat_tokens(messages, tools=shown or None)
+        return self.generate(tokens, params, cancel, grammar=grammar, tools=tools)
 
     def learn_with(self, params: GenerationParams) -> None:
         """What ``auto`` learns is saved for the pair from generations with ``params``'

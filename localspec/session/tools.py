@@ -1,0 +1,182 @@
+"""Tool calls through the target's own chat template: OpenAI's ``tools`` and ``tool_choice``
+read and checked, the grammar a call must match, and the calls read back out of an answer.
+
+The format is the one Qwen2.5's template teaches its model (Hermes's): each call is
+``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, where ``<tool_call>`` is one
+control token of the vocabulary. ``read_tools(tools, tool_choice, names)`` checks OpenAI's
+shapes (every refusal a ``UsageError`` whose message begins with the field, as the front end
+spells it) and returns a ``Tools``; ``call_grammar`` is the GBNF of one or more calls of the
+offered functions (each function's ``parameters`` a JSON schema, converted with
+llama-cpp-python's converter); ``choice`` says how it applies: ``auto`` lazily (text stays free
+until the model writes ``<tool_call>``), ``required`` and a named function from the first
+token, ``none`` not at all (the tools are then not shown to the model). ``split_calls(text)``
+is the answer's text before its first call and the calls in OpenAI's shape; an answer that
+is one call as bare JSON (no tags: small models often answer so) is read as that call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from localspec.backend.grammar import GrammarError, check_grammar, schema_grammar
+from localspec.errors import UsageError
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+MAX_TOOLS = 64
+AUTO, NONE, REQUIRED = "auto", "none", "required"
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The functions offered (OpenAI's ``tools`` entries, as given) and the choice: ``auto``,
+    ``none``, ``required`` or a function's name."""
+
+    functions: tuple[dict[str, Any], ...]
+    choice: str
+
+    @property
+    def shown(self) -> list[dict[str, Any]]:
+        """The tools as the chat template is given them (none when the choice is none)."""
+        return [] if self.choice == NONE else list(self.functions)
+
+    @property
+    def names(self) -> list[str]:
+        return [t["function"]["name"] for t in self.functions]
+
+    @property
+    def lazy(self) -> bool:
+        """Whether text may come before a call (the grammar waits for ``<tool_call>``)."""
+        return self.choice == AUTO
+
+
+def _function(i: int, tool: Any, field: str) -> dict[str, Any]:
+    where = f"{field}[{i}]"
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise UsageError(f'{where} must be {{"type": "function", "function": {{...}}}}')
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise UsageError(f"{where}.function must be an object with a name")
+    name = function.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise UsageError(f"{where}.function.name must be 1 to 64 letters, digits, _ . or -")
+    parameters = function.get("parameters", {"type": "object"})
+    if not isinstance(parameters, dict):
+        raise UsageError(f"{where}.function.parameters must be a JSON schema object")
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise UsageError(f"{where}.function.description must be text")
+    return tool
+
+
+def read_tools(tools: Any, tool_choice: Any, names: tuple[str, str] = ("tools", "tool_choice")
+               ) -> Tools | None:  # fmt: skip
+    """The request's tools, checked; None when it offers none."""
+    field, choice_field = names
+    if tools is None or tools == []:
+        if tool_choice not in (None, NONE, AUTO):
+            raise UsageError(f"{choice_field} needs {field}")
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise UsageError(f"{field} must be a list of at most {MAX_TOOLS} functions")
+    functions = tuple(_function(i, tool, field) for i, tool in enumerate(tools))
+    names_given = [t["function"]["name"] for t in functions]
+    if len(set(names_given)) != len(names_given):
+        raise UsageError(f"{field}: two functions have the same name")
+    choice = AUTO if tool_choice is None else tool_choice
+    if isinstance(choice, dict):
+        named = choice.get("function") if choice.get("type") == "function" else None
+        name = named.get("name") if isinstance(named, dict) else None
+        if name not in names_given:
+            raise UsageError(
+                f'{choice_field} must name one of the tools: {{"type": "function", '
+                f'"function": {{"name": ...}}}}'
+            )
+        choice = name
+    elif choice not in (AUTO, NONE, REQUIRED):
+        raise UsageError(f"{choice_field} must be auto, none, required or a named function")
+    return Tools(functions, str(choice))
+
+
+def call_grammar(tools: Tools, field: str = "tools") -> str:
+    """GBNF of one or more calls (of the named function only, when the choice names one)."""
+    offered = [t["function"] for t in tools.functions]
+    if tools.choice not in (AUTO, NONE, REQUIRED):
+        offered = [f for f in offered if f["name"] == tools.choice]
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": f["name"]},
+                "arguments": f.get("parameters", {"type": "object"}),
+            },
+            "required": ["name", "arguments"],
+        }
+        for f in offered
+    ]
+    try:
+        call = schema_grammar({"anyOf": calls} if len(calls) > 1 else calls[0])
+    except GrammarError as e:
+        raise UsageError(f"{field}: a function's parameters: {e}") from None
+    # The converter's rule root is one call; the answer is calls between their tags.
+    body = re.sub(r"^root ::=", "call ::=", call, flags=re.M)
+    text = f'root ::= tool-call ("\\n" tool-call)*\ntool-call ::= "{OPEN}\\n" call "\\n{CLOSE}"\n'
+    text += body
+    try:
+        check_grammar(text)
+    except GrammarError as e:
+        raise UsageError(f"{field}: {e}") from None
+    return text
+
+
+def _shaped(call: Any, index: int) -> dict[str, Any] | None:
+    """A call as the model wrote it (``{"name", "arguments"}``) in OpenAI's shape."""
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    arguments = call.get("arguments", {})
+    return {
+        "id": f"call_{index}",
+        "type": "function",
+        "function": {"name": call["name"], "arguments": json.dumps(arguments)},
+    }
+
+
+def bare_call(text: str, names: Collection[str]) -> dict[str, Any] | None:
+    """An answer that is nothing but one call written without its tags, as JSON (in a
+    ``json`` code block or not), naming one of ``names`` with an object of arguments:
+    small models asked with tools often answer so."""
+    body = text.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.S)
+    try:
+        call = json.loads(fenced.group(1) if fenced else body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or set(call) != {"name", "arguments"}:
+        return None
+    if call["name"] not in names or not isinstance(call["arguments"], dict):
+        return None
+    return _shaped(call, 0)
+
+
+def split_calls(text: str, names: Collection[str] = ()) -> tuple[str, list[dict[str, Any]]]:
+    """The text before the first call, and the calls in OpenAI's shape (``id``, ``type``,
+    ``function.name``, ``function.arguments`` as JSON text); a call that does not parse is
+    left in the text. With the functions' ``names``, an answer that is one bare call
+    (``bare_call``) is that call."""
+    calls: list[dict[str, Any]] = []
+    for match in _CALL.finditer(text):
+        try:
+            shaped = _shaped(json.loads(match.group(1)), len(calls))
+        except json.JSONDecodeError:
+            continue
+        if shaped is not None:
+            calls.append(shaped)
+    if not calls:
+        bare = bare_call(text, names) if names else None
+        return ("", [bare]) if bare is not None else (text, [])
+    return text[: text.find(OPEN)].rstrip(), calls

@@ -1,0 +1,163 @@
+"""The engine under a grammar, over scripted models: greedy output is plain decoding under
+the same grammar with every drafter, forbidden drafts never reach the target, the tokens the
+grammar admits alone are drafted without a model, and sampling is exact against the masked,
+renormalized target."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.core.engine import SpecDecoder, run_to_completion
+from localspec.core.events import FinishReason, RoundCompleted
+from localspec.core.grammar import best_allowed, cut, forced, token_index
+from localspec.core.params import GenerationParams
+from tests.fakes import (
+    FakeGrammar,
+    FakeModel,
+    plain_constrained,
+    plain_greedy,
+    template_grammar,
+)
+from tests.test_engine import CHEAP_VERIFY, PROMPT
+
+EOG = 23
+EVEN = set(range(0, 22, 2))
+# Free positions (even tokens only), forced runs, and an end.
+TEMPLATE = [EVEN, EVEN, {5}, {7}, {9}, EVEN, {1, 3}, EVEN, EVEN, {11}, {13}, EVEN, EVEN, EVEN]
+
+
+def odd_grammar(accepted):
+    """Any odd token but 21, then (after twelve) only the end."""
+    return set(range(1, 21, 2)) if len(accepted) < 12 else {EOG}
+
+
+@pytest.mark.parametrize("mode", ["none", "ngram", "model", "lookahead", "auto"])
+@pytest.mark.parametrize("rule", [template_grammar(TEMPLATE, EOG), odd_grammar])
+@pytest.mark.parametrize("noise", [0.0, 0.6, 3.0])
+def test_greedy_output_under_a_grammar_is_plain_decoding_under_it(mode, rule, noise):
+    target = FakeModel(seed=1, window=2, eog=(EOG,))
+    draft = FakeModel(seed=1, window=2, noise=noise, eog=(EOG,))
+    decoder = SpecDecoder(target, draft, CHEAP_VERIFY)
+    for _ in range(2):  # and again, with what the drafters learned
+        fin = run_to_completion(
+            decoder.generate(
+                PROMPT, GenerationParams(max_tokens=40, drafter=mode), grammar=FakeGrammar(rule)
+            )
+        )
+        assert list(fin.token_ids) == plain_constrained(target, PROMPT, 40, rule)
+        assert fin.reason == FinishReason.EOS
+
+
+def test_unconstrained_output_differs_so_the_grammar_is_what_decides():
+    target = FakeModel(seed=1, window=2, eog=(EOG,))
+    rule = template_grammar(TEMPLATE, EOG)
+    assert plain_greedy(target, PROMPT, 14) != plain_constrained(target, PROMPT, 14, rule)
+
+
+def test_forced_tokens_are_drafted_without_a_model_and_accepted():
+    target = FakeModel(seed=1, window=2, eog=(EOG,))
+    rule = template_grammar(TEMPLATE, EOG)
+    events = list(
+        SpecDecoder(target, None, CHEAP_VERIFY).generate(
+            PROMPT,
+            GenerationParams(max_tokens=40, drafter="auto", left_out=("ngram", "lookahead")),
+            grammar=FakeGrammar(rule),
+        )
+    )
+    fin = events[-1]
+    assert list(fin.token_ids) == plain_constrained(target, PROMPT, 40, rule)
+    rounds = [e for e in events if isinstance(e, RoundCompleted) and e.drafter == "grammar"]
+    # 5 7 9 and 11 13 are forced: drafted by the grammar and accepted whole.
+    assert sum(r.accepted for r in rounds) == 5 and len(rounds) == 2
+
+
+def test_plain_decoding_under_a_grammar_drafts_nothing():
+    target = FakeModel(seed=1, window=2, eog=(EOG,))
+    rule = template_grammar(TEMPLATE, EOG)
+    fin = run_to_completion(
+        SpecDecoder(target, None, CHEAP_VERIFY).generate(
+            PROMPT, GenerationParams(max_tokens=40, drafter="none"), grammar=FakeGrammar(rule)
+        )
+    )
+    assert fin.stats.drafted == 0
+    assert list(fin.token_ids) == plain_constrained(target, PROMPT, 40, rule)
+
+
+def test_a_forbidden_draft_is_cut_before_the_target_sees_it():
+    """A draft model that drafts only even tokens under a grammar of odd ones: the target
+    never evaluates one of its drafts."""
+    target = FakeModel(seed=1, window=2, eog=(EOG,))
+    draft = FakeModel(seed=1, window=2, eog=(EOG,))
+    draft.logits_after = lambda ctx: np.where(np.arange(24) % 2 == 0, 50.0, 0.0).astype(  # type: ignore[method-assign]
+        np.float32
+    )
+    decoder = SpecDecoder(target, draft, CHEAP_VERIFY)
+    fin = run_to_completion(
+        decoder.generate(
+            PROMPT,
+            GenerationParams(max_tokens=40, drafter="model"),
+            grammar=FakeGrammar(odd_grammar),
+        )
+    )
+    assert list(fin.token_ids) == plain_constrained(target, PROMPT, 40, odd_grammar)
+    assert fin.stats.drafted == 0
+    # Each round evaluated one token on the target: the draft never joined its batch.
+    assert all(n == 1 for _, n, _ in target.calls[1:])
+
+
+def test_best_allowed_masks_only_when_the_argmax_is_forbidden():
+    row = np.array([0.0, 5.0, 1.0, 3.0])
+    grammar = FakeGrammar(lambda acc: {1, 3})
+    assert best_allowed(row, grammar) == 1 and grammar.passes == 1
+    grammar = FakeGrammar(lambda acc: {0, 2, 3})
+    assert best_allowed(row, grammar) == 3 and grammar.passes == 1 + 4
+
+
+def test_cut_keeps_the_allowed_prefix_and_leaves_the_grammar_as_it_was():
+    grammar = FakeGrammar(template_grammar([{1}, {2}, {3}], EOG))
+    assert cut(grammar, [1, 2, 4, 3]) == ([1, 2], 4)
+    assert cut(grammar, [1, 2, 3]) == ([1, 2, 3], None)
+    assert grammar.accepted == ()
+
+
+def test_forced_follows_a_chain_of_prefixes_and_stops_where_the_answer_may_end():
+    pieces = {1: b"a", 2: b"ab", 3: b"abc", 4: b"x", 5: b"y", 6: b"", 7: b"b"}
+    index = token_index(8, lambda t: pieces.get(t, b"?"), lambda t: t == 6)
+    chain = FakeGrammar(template_grammar([{1, 2, 3}, {4}, {4, 5}], 6))
+    assert [pieces[t] for t in forced(chain, 5, index)] == [b"abc", b"x"]
+    ends = FakeGrammar(lambda acc: {4} if not acc else {4, 6})
+    assert forced(ends, 5, index) == [4]
+    apart = FakeGrammar(lambda acc: {1, 2, 7})  # "a", "ab" and "b": two first bytes
+    assert forced(apart, 5, index) == []
+
+
+def masked_distribution(target: FakeModel, allowed: set[int]) -> np.ndarray:
+    logits = target.logits_after(PROMPT).astype(np.float64)
+    p = np.where([t in allowed for t in range(target.n_vocab)], np.exp(logits - logits.max()), 0)
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("mode", ["model", "ngram"])
+def test_sampling_under_a_grammar_follows_the_masked_target(mode):
+    """Over many seeds, the first sampled token follows the target's distribution restricted
+    to what the grammar allows and renormalized, whatever the draft puts on forbidden ids."""
+    target = FakeModel(n_vocab=6, seed=12, sharpness=0.7)
+    draft = FakeModel(n_vocab=6, seed=12, sharpness=0.7, noise=1.5)
+    allowed = {0, 2, 3, 5}
+    params = dict(max_tokens=2, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, drafter=mode)
+    decoder = SpecDecoder(target, draft, CHEAP_VERIFY)
+    n = 3000
+    counts = np.zeros(6)
+    for seed in range(n):
+        fin = run_to_completion(
+            decoder.generate(
+                PROMPT,
+                GenerationParams(seed=seed, **params),
+                grammar=FakeGrammar(lambda acc: allowed),
+            )
+        )
+        counts[fin.token_ids[0]] += 1
+        assert set(fin.token_ids) <= allowed
+    tv = 0.5 * float(np.abs(counts / n - masked_distribution(target, allowed)).sum())
+    assert tv < 0.04

@@ -1,0 +1,77 @@
+"""Slow: structured output on the real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft),
+with batch-invariant kernels (``exact``), so greedy output under a JSON schema must be plain
+decoding's under it token for token in every drafter mode, and every answer parses and
+matches its schema; the schema's keys are what the grammar drafts by itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localspec.core.engine import run_to_completion
+from localspec.core.params import GenerationParams
+
+pytestmark = pytest.mark.slow
+
+EXTRACTION = (
+    "Extract the person from this text as JSON.\n\nText: Maria Lopez, 34, works as a "
+    "nurse in Valencia and speaks Spanish and English."
+)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "languages": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "age", "city", "languages"],
+}
+
+
+@pytest.fixture(scope="module")
+def session(real_pair_home):
+    from localspec.session.open import open_session
+    from localspec.session.pair import ModelOptions
+
+    _, target, draft = real_pair_home
+    options = ModelOptions(
+        target=str(target), draft=str(draft), n_ctx=1024, calibrate=False, exact=True
+    )
+    s = open_session(options)
+    yield s
+    s.close()
+
+
+def test_greedy_under_a_schema_is_plain_decoding_under_it_in_every_mode(session):
+    from localspec.session.constraints import constraint
+
+    grammar = constraint(json_schema=SCHEMA)
+    tokens = session.chat_tokens([{"role": "user", "content": EXTRACTION}])
+    answers = {}
+    for mode in ("none", "ngram", "model", "lookahead", "auto"):
+        events = list(
+            session.generate(tokens, GenerationParams(max_tokens=80, drafter=mode), grammar=grammar)
+        )
+        fin = run_to_completion(iter(events))
+        answers[mode] = list(fin.token_ids)
+        answer = json.loads(fin.text)
+        assert set(answer) == set(SCHEMA["properties"]) and isinstance(answer["age"], int)
+    assert all(a == answers["none"] for a in answers.values()), answers
+
+
+def test_the_schemas_keys_are_forced_on_the_real_vocabulary(real_pair_home):
+    from localspec.backend.grammar import model_grammar
+    from localspec.backend.llama import LlamaModel
+    from localspec.core.grammar import forced, token_index
+    from localspec.session.constraints import constraint
+
+    _, target, _ = real_pair_home
+    model = LlamaModel(target, vocab_only=True)
+    grammar = model_grammar(model, constraint(json_schema=SCHEMA))
+    for token in model.tokenize('{"name": "Maria", ', add_special=False):
+        grammar.accept(token)
+    index = token_index(model.n_vocab, model.token_bytes, model.is_eog)
+    drafted = b"".join(model.token_bytes(t) for t in forced(grammar, 8, index))
+    assert drafted.startswith(b'"age')
