@@ -265,6 +265,10 @@ def test_a_stopped_server_cuts_every_running_answer_short(tiny_pair, tmp_path):
         (["--parallel", "x"], {}, "--parallel 'x' is neither auto nor a number"),
         (["--parallel", "0"], {}, "from 1 to 64"),
         (["--parallel", "2"], {"LOCALSPEC_GATHER": "maybe"}, "LOCALSPEC_GATHER='maybe'"),
+        (["--body-timeout", "0"], {}, "--body-timeout '0' is not a number of seconds"),
+        (["--body-timeout", "nan"], {}, "--body-timeout 'nan' is not a number"),
+        (["--body-timeout", "inf"], {}, "at most 3600"),
+        (["--body-timeout", "soon"], {}, "--body-timeout 'soon'"),
     ],
 )
 def test_bad_parallel_settings_are_said_before_anything_loads(tiny_pair, tmp_path, args, env, said):
@@ -345,6 +349,36 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408(session):
             status = conn.recv(4096).split(b"\r\n")[0]
         assert b" 408 " in status, status
         assert served.worker.submitted == 0
+
+
+def test_serve_takes_its_body_timeout_from_the_command_line(tiny_pair, tmp_path):
+    """``localspec serve --body-timeout 0.5``: a half-sent body is a 408 saying so, long
+    before the default 30 s."""
+    from tests.serving import serve_process
+
+    target, draft, _ = tiny_pair
+    args = ["--target", str(target), "--draft", str(draft), "--drafter", "none", "--ctx",
+            "4096", "--threads", "1", "--parallel", "1", "--body-timeout", "0.5"]  # fmt: skip
+    with serve_process(args, tmp_path / "home") as (_, url):
+        t0 = time.monotonic()
+        with raw_post(int(url.rsplit(":", 1)[1]), b'{"messages": [', declared=100) as conn:
+            conn.settimeout(10)
+            head, body = read_answer(conn)
+        assert b" 408 " in head.split(b"\r\n")[0], head
+        assert time.monotonic() - t0 < 5
+        assert b"within 0.5 s" in body, body
+
+
+def read_answer(conn: socket.socket) -> tuple[bytes, bytes]:
+    """An HTTP answer's head and its body (of its Content-Length)."""
+    data = b""
+    while b"\r\n\r\n" not in data and (chunk := conn.recv(4096)):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(body) < length and (chunk := conn.recv(4096)):
+        body += chunk
+    return head, body
 
 
 def test_a_client_that_leaves_mid_body_is_one_line_in_the_log(session):
