@@ -1,8 +1,9 @@
 """``localspec serve`` with several generations at once (lanes, backend/lanes.py): two
 clients' streams advance side by side, a client that leaves frees its lane for the next
-request at once, a short request does not wait behind a long one, and the clients stay
-apart (cache figures, drafts, history). The real server over the tiny pair, loaded with two
-lanes, driven with the real HTTP client."""
+request at once, a short request does not wait behind a long one, a client holding two
+lanes streams no faster than one holding one, and the clients stay apart (cache figures,
+drafts, history). The real server over the tiny pair, loaded with two lanes (three for
+the clients' shares), driven with the real HTTP client."""
 
 from __future__ import annotations
 
@@ -404,3 +405,31 @@ def test_a_client_that_leaves_mid_body_is_one_line_in_the_log(session):
         "a client left while sending its request body (499)"
     ] * 3
     assert not any(r.exc_info for r in records)
+
+
+def test_a_client_holding_two_lanes_streams_no_faster_than_one_holding_one(tiny_pair, slow):
+    """Three lanes and two keys: client a's two streams took two lanes while nobody else
+    waited; client b's one stream, on the third, has about as many rounds as a's two
+    together (by lane, it would have half as many). Verifying priced as on a CPU, where the
+    lanes' rounds are evaluated one after another, not gathered."""
+    options = serve_options(tiny_pair).model_copy(update={"lanes": 3, "n_ctx": 1024})
+    three = open_session(options)
+    plain = three.costs.plain_s
+    three.costs = replace(three.costs, verify_s={k: plain * (k + 1) for k in range(1, 9)})
+    params = GenerationParams(max_tokens=400, drafter="none")
+    try:
+        with serving(three, access=Access(keys=("key-a", "key-b")), defaults=params) as served:
+            slow(0.01)
+            a = [Stream(served.url, ask(PROMPT), key="key-a") for _ in range(2)]
+            for stream in a:
+                stream.start()
+            wait_for(lambda: all(len(stream.stamps) >= 2 for stream in a))
+            b = Stream(served.url, ask("a b c"), key="key-b")
+            b.start()
+            wait_for(lambda: len(b.stamps) >= 2)
+            time.sleep(1.5)
+            start, end = b.stamps[0], time.monotonic()
+        in_window = [sum(start <= t <= end for t in s.stamps) for s in (*a, b)]
+    finally:
+        three.close()
+    assert in_window[2] >= 0.75 * (in_window[0] + in_window[1]), in_window

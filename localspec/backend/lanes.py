@@ -24,7 +24,9 @@ lanes put forward the one that would go first among them, and of those the rule 
 picks, clients in the order they last had a round (longest ago first). A client holding
 several lanes thus takes no more rounds than one holding one: of K clients whose lanes of
 one kind wait, each has one round in K; and a client's ordinary lane, passed over
-``SKIPS`` times by other clients' interactive lanes, still goes next.
+``SKIPS`` times by other clients' interactive lanes, still goes next. With ``gather`` the
+order decides who drafts first, and every lane parked joins the one evaluation: there each
+of a client's lanes advances a round per evaluation.
 
 With ``gather``, a lane whose round needs the target parks that batch (``park``) and lets
 the next lane run; once no lane that would run first wants the turn (an interactive lane's
