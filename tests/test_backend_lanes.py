@@ -342,3 +342,16 @@ def test_other_clients_interactive_lanes_never_starve_an_ordinary_lane():
     ordinary = [i for i, client in enumerate(order) if client == "b"]
     gaps = [b - a for a, b in zip([-1, *ordinary], ordinary, strict=False)]
     assert len(ordinary) == 5 and all(gap == SKIPS + 1 for gap in gaps), order
+
+
+def test_the_clients_turns_remember_are_bounded():
+    """A server that meets many clients one after another keeps the last rounds of no more
+    than CLIENTS_KEPT of them (and the one running), the latest among them."""
+    from localspec.backend.lanes import CLIENTS_KEPT
+
+    turns = Turns()
+    for i in range(3 * CLIENTS_KEPT):
+        with turns.turn(client=f"client {i}"):
+            turns.pass_on()
+    assert len(turns._last) <= CLIENTS_KEPT + 1
+    assert f"client {3 * CLIENTS_KEPT - 1}" in turns._last
