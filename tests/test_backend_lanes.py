@@ -294,3 +294,64 @@ def test_every_lane_evaluates_on_one_thread(load):
         llama_cpp.llama_decode = decode
     assert len(callers) == 2 and len(set(callers)) == 1
     assert callers[0] not in {t.ident for t in threads}
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_a_client_holding_two_lanes_takes_no_more_rounds_than_one_holding_one(first):
+    """Client a's two lanes and client b's one, of one kind, all waiting for the turn: the
+    rounds alternate between the clients (in lane order, b would have one in three)."""
+    turns = Turns()
+    order: list[str] = []
+
+    def lane(name: str, client: str) -> None:
+        with turns.turn(first=first, client=client):
+            for _ in range(12):
+                order.append(client)
+                turns.pass_on()
+
+    run_queued(turns, [
+        threading.Thread(target=lane, args=("a1", "a")),
+        threading.Thread(target=lane, args=("a2", "a")),
+        threading.Thread(target=lane, args=("b1", "b")),
+    ])  # fmt: skip
+    while_b_runs = order[: max(i for i, client in enumerate(order) if client == "b") + 1]
+    assert while_b_runs.count("b") == 12
+    assert while_b_runs.count("a") <= 13, order
+    assert all(x != y for x, y in zip(while_b_runs[1:], while_b_runs[2:], strict=False)), order
+
+
+def test_other_clients_interactive_lanes_never_starve_an_ordinary_lane():
+    """Client a's two interactive lanes and client b's ordinary one: b's lane still has one
+    round in SKIPS + 1, as against one client's interactive lane."""
+    from localspec.backend.lanes import SKIPS
+
+    turns = Turns()
+    order: list[str] = []
+
+    def lane(client: str, first: bool, steps: int) -> None:
+        with turns.turn(first=first, client=client):
+            for _ in range(steps):
+                order.append(client)
+                turns.pass_on()
+
+    run_queued(turns, [
+        threading.Thread(target=lane, args=("b", False, 5)),
+        threading.Thread(target=lane, args=("a", True, 40)),
+        threading.Thread(target=lane, args=("a", True, 40)),
+    ])  # fmt: skip
+    ordinary = [i for i, client in enumerate(order) if client == "b"]
+    gaps = [b - a for a, b in zip([-1, *ordinary], ordinary, strict=False)]
+    assert len(ordinary) == 5 and all(gap == SKIPS + 1 for gap in gaps), order
+
+
+def test_the_clients_turns_remember_are_bounded():
+    """A server that meets many clients one after another keeps the last rounds of no more
+    than CLIENTS_KEPT of them (and the one running), the latest among them."""
+    from localspec.backend.lanes import CLIENTS_KEPT
+
+    turns = Turns()
+    for i in range(3 * CLIENTS_KEPT):
+        with turns.turn(client=f"client {i}"):
+            turns.pass_on()
+    assert len(turns._last) <= CLIENTS_KEPT + 1
+    assert f"client {3 * CLIENTS_KEPT - 1}" in turns._last

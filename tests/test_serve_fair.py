@@ -1,7 +1,8 @@
 """The server's queue when it is busy: which waiting job a free lane takes (ageing, whole
-work, one lane per client while others wait), a job whose client left leaving the queue at
-once, and a job's events reaching the event loop with no thread waiting for them. The
-worker over a stand-in session whose jobs run until the test lets them end."""
+work, one lane per client while others wait), a client's share of the lanes' rounds, a
+job whose client left leaving the queue at once, and a job's events reaching the event
+loop with no thread waiting for them. The worker over a stand-in session whose jobs run
+until the test lets them end."""
 
 from __future__ import annotations
 
@@ -160,6 +161,31 @@ def test_a_client_holding_a_lane_waits_while_other_clients_wait(worker):
     gate.release("a1")
     wait_for(lambda: gate.running(w) == {"a2", "b1"})  # nobody else waits: a may have two
     gate.release("a2"), gate.release("b1")
+
+
+def test_a_client_holding_two_lanes_takes_no_more_rounds_than_one_holding_one(worker):
+    """Three lanes: client a's two jobs took two while nobody else waited; client b's job
+    takes the third, and while it runs the rounds alternate between the clients."""
+    w, rounds, b_done = worker(3), [], threading.Event()
+
+    def start(client: str, until):
+        def run(session, cancel):
+            while not (until() or cancel.is_set()):
+                rounds.append(client)
+                yield PrefillDone(1, 1, 0.0)
+
+        return run
+
+    for _ in range(2):
+        w.submit(Job(start("a", b_done.is_set), GenerationParams(max_tokens=24), client="a"))
+    wait_for(lambda: w.running == 2 and "a" in rounds)
+    b_rounds = lambda: rounds.count("b") >= 12  # noqa: E731
+    b = w.submit(Job(start("b", b_rounds), GenerationParams(max_tokens=24), client="b"))
+    assert b.events.get(timeout=10) is not None  # its first round
+    wait_for(b_rounds)
+    b_done.set()
+    window = rounds[rounds.index("b") : len(rounds) - rounds[::-1].index("b")]
+    assert window.count("b") == 12 and window.count("a") <= 13, window
 
 
 def wait_for(condition, timeout: float = 10) -> None:

@@ -1,8 +1,9 @@
 """``localspec serve`` with several generations at once (lanes, backend/lanes.py): two
 clients' streams advance side by side, a client that leaves frees its lane for the next
-request at once, a short request does not wait behind a long one, and the clients stay
-apart (cache figures, drafts, history). The real server over the tiny pair, loaded with two
-lanes, driven with the real HTTP client."""
+request at once, a short request does not wait behind a long one, a client holding two
+lanes streams no faster than one holding one, and the clients stay apart (cache figures,
+drafts, history). The real server over the tiny pair, loaded with two lanes (three for
+the clients' shares), driven with the real HTTP client."""
 
 from __future__ import annotations
 
@@ -265,6 +266,10 @@ def test_a_stopped_server_cuts_every_running_answer_short(tiny_pair, tmp_path):
         (["--parallel", "x"], {}, "--parallel 'x' is neither auto nor a number"),
         (["--parallel", "0"], {}, "from 1 to 64"),
         (["--parallel", "2"], {"LOCALSPEC_GATHER": "maybe"}, "LOCALSPEC_GATHER='maybe'"),
+        (["--body-timeout", "0"], {}, "--body-timeout '0' is not a number of seconds"),
+        (["--body-timeout", "nan"], {}, "--body-timeout 'nan' is not a number"),
+        (["--body-timeout", "inf"], {}, "at most 3600"),
+        (["--body-timeout", "soon"], {}, "--body-timeout 'soon'"),
     ],
 )
 def test_bad_parallel_settings_are_said_before_anything_loads(tiny_pair, tmp_path, args, env, said):
@@ -347,6 +352,36 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408(session):
         assert served.worker.submitted == 0
 
 
+def test_serve_takes_its_body_timeout_from_the_command_line(tiny_pair, tmp_path):
+    """``localspec serve --body-timeout 0.5``: a half-sent body is a 408 saying so, long
+    before the default 30 s."""
+    from tests.serving import serve_process
+
+    target, draft, _ = tiny_pair
+    args = ["--target", str(target), "--draft", str(draft), "--drafter", "none", "--ctx",
+            "4096", "--threads", "1", "--parallel", "1", "--body-timeout", "0.5"]  # fmt: skip
+    with serve_process(args, tmp_path / "home") as (_, url):
+        t0 = time.monotonic()
+        with raw_post(int(url.rsplit(":", 1)[1]), b'{"messages": [', declared=100) as conn:
+            conn.settimeout(10)
+            head, body = read_answer(conn)
+        assert b" 408 " in head.split(b"\r\n")[0], head
+        assert time.monotonic() - t0 < 5
+        assert b"within 0.5 s" in body, body
+
+
+def read_answer(conn: socket.socket) -> tuple[bytes, bytes]:
+    """An HTTP answer's head and its body (of its Content-Length)."""
+    data = b""
+    while b"\r\n\r\n" not in data and (chunk := conn.recv(4096)):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(body) < length and (chunk := conn.recv(4096)):
+        body += chunk
+    return head, body
+
+
 def test_a_client_that_leaves_mid_body_is_one_line_in_the_log(session):
     import logging
 
@@ -370,3 +405,31 @@ def test_a_client_that_leaves_mid_body_is_one_line_in_the_log(session):
         "a client left while sending its request body (499)"
     ] * 3
     assert not any(r.exc_info for r in records)
+
+
+def test_a_client_holding_two_lanes_streams_no_faster_than_one_holding_one(tiny_pair, slow):
+    """Three lanes and two keys: client a's two streams took two lanes while nobody else
+    waited; client b's one stream, on the third, has about as many rounds as a's two
+    together (by lane, it would have half as many). Verifying priced as on a CPU, where the
+    lanes' rounds are evaluated one after another, not gathered."""
+    options = serve_options(tiny_pair).model_copy(update={"lanes": 3, "n_ctx": 1024})
+    three = open_session(options)
+    plain = three.costs.plain_s
+    three.costs = replace(three.costs, verify_s={k: plain * (k + 1) for k in range(1, 9)})
+    params = GenerationParams(max_tokens=400, drafter="none")
+    try:
+        with serving(three, access=Access(keys=("key-a", "key-b")), defaults=params) as served:
+            slow(0.01)
+            a = [Stream(served.url, ask(PROMPT), key="key-a") for _ in range(2)]
+            for stream in a:
+                stream.start()
+            wait_for(lambda: all(len(stream.stamps) >= 2 for stream in a))
+            b = Stream(served.url, ask("a b c"), key="key-b")
+            b.start()
+            wait_for(lambda: len(b.stamps) >= 2)
+            time.sleep(1.5)
+            start, end = b.stamps[0], time.monotonic()
+        in_window = [sum(start <= t <= end for t in s.stamps) for s in (*a, b)]
+    finally:
+        three.close()
+    assert in_window[2] >= 0.75 * (in_window[0] + in_window[1]), in_window

@@ -18,6 +18,16 @@ next, so no lane gets less than one round in ``SKIPS + 1``: where another lane's
 its batch would slow it (``joining_slows``: a CPU, where a batch's time grows with each
 token), not where they cost little (a GPU).
 
+A lane's turn is also its client's (``turn(client=...)``: whose request it serves). Where
+lanes of several clients wait, the turn goes by client before lane: each client's waiting
+lanes put forward the one that would go first among them, and of those the rule above
+picks, clients in the order they last had a round (longest ago first). A client holding
+several lanes thus takes no more rounds than one holding one: of K clients whose lanes of
+one kind wait, each has one round in K; and a client's ordinary lane, passed over
+``SKIPS`` times by other clients' interactive lanes, still goes next. With ``gather`` the
+order decides who drafts first, and every lane parked joins the one evaluation: there each
+of a client's lanes advances a round per evaluation.
+
 With ``gather``, a lane whose round needs the target parks that batch (``park``) and lets
 the next lane run; once no lane that would run first wants the turn (an interactive lane's
 batch does not wait for an ordinary lane that is not due), the batches parked are evaluated
@@ -53,6 +63,8 @@ GATHER_SAVES = 0.95
 # Rounds an interactive lane may take before an ordinary lane waiting for the turn gets
 # one: an ordinary lane has at least 1 / (SKIPS + 1) of the rounds while it runs.
 SKIPS = 7
+# Clients remembered (when each last had a round) before those with no lane are forgotten.
+CLIENTS_KEPT = 64
 # Interactive lanes go before the others where a batch of two tokens costs at least this
 # many single steps: there a token that joins an interactive lane's batch slows it.
 JOINING_SLOWS = 1.5
@@ -114,6 +126,7 @@ class _Ticket:
 
     first: bool = False  # interactive: goes before the others (see SKIPS)
     clock: LaneClock | None = None
+    client: str = ""  # whose request the lane serves: clients share the rounds
     skips: int = 0  # times passed over for an interactive lane since its last round
 
     def waited(self, seconds: float) -> None:
@@ -142,6 +155,8 @@ class Turns:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _queue: deque = field(default_factory=deque)  # tickets waiting for the turn, in order
     _holder: _Ticket | None = None
+    _rounds: int = 0  # turns taken so far
+    _last: dict[str, int] = field(default_factory=dict)  # client -> its last turn's number
     _parked: list[_Parked] = field(default_factory=list)
     _local: threading.local = field(default_factory=threading.local)
     evaluations: int = 0  # gathered evaluations run
@@ -155,10 +170,13 @@ class Turns:
         return self._evaluating.submit(fn, *args).result()
 
     @contextlib.contextmanager
-    def turn(self, clock: LaneClock | None = None, *, first: bool = False) -> Iterator[None]:
+    def turn(
+        self, clock: LaneClock | None = None, *, first: bool = False, client: str = ""
+    ) -> Iterator[None]:
         """Hold the turn (waiting for it first), timed by ``clock``; ``pass_on`` and
-        ``park`` inside it let the others run meanwhile. ``first``: an interactive lane."""
-        ticket = _Ticket(first and self.defer, clock)
+        ``park`` inside it let the others run meanwhile. ``first``: an interactive lane;
+        ``client``: whose request it serves (see the module docstring)."""
+        ticket = _Ticket(first and self.defer, clock, client)
         self._local.ticket = ticket
         with self._cond:
             self._wait_for_turn(ticket)
@@ -185,19 +203,24 @@ class Turns:
         self._take(ticket)
 
     def _next(self) -> _Ticket | None:
-        """The waiting lane whose turn is next: an ordinary one passed over ``SKIPS`` times,
-        else the first interactive one, else the first."""
-        queue = self._queue
-        for ticket in queue:
-            if not ticket.first and ticket.skips >= SKIPS:
-                return ticket
-        for ticket in queue:
-            if ticket.first:
-                return ticket
-        return queue[0] if queue else None
+        """The waiting lane whose turn is next: of each client's waiting lanes the one
+        ``_pick`` takes, and of those, clients in the order they last had a round, the one
+        ``_pick`` takes (see the module docstring)."""
+        by_client: dict[str, list[_Ticket]] = {}
+        for ticket in self._queue:
+            by_client.setdefault(ticket.client, []).append(ticket)
+        if len(by_client) <= 1:  # one client: its lanes in the rule's order
+            return _pick(self._queue)
+        ahead = sorted(by_client, key=lambda client: self._last.get(client, -1))
+        return _pick([t for client in ahead if (t := _pick(by_client[client])) is not None])
 
     def _take(self, ticket: _Ticket) -> None:
-        """``ticket`` holds the turn; the ordinary lanes it went before count it."""
+        """``ticket`` holds the turn; the ordinary lanes it went before count it, and its
+        client's round is the latest."""
+        self._rounds += 1
+        self._last[ticket.client] = self._rounds
+        if len(self._last) > CLIENTS_KEPT:
+            self._forget_clients()
         self._queue.remove(ticket)
         self._holder = ticket
         if not ticket.first:
@@ -206,6 +229,14 @@ class Turns:
         for other in self._queue:
             if not other.first:
                 other.skips += 1
+
+    def _forget_clients(self) -> None:
+        """Keep the last rounds of the clients whose lanes wait, run or are parked only:
+        a client that comes back later goes as one that never had a round."""
+        live = {t.client for t in self._queue} | {p.ticket.client for p in self._parked}
+        if self._holder is not None:
+            live.add(self._holder.client)
+        self._last = {client: n for client, n in self._last.items() if client in live}
 
     def _none_due(self, ticket: _Ticket) -> bool:
         """Whether no waiting lane would run before ``ticket``'s next round: none waits, or
@@ -295,6 +326,18 @@ class Turns:
             if entry is not own:
                 self._queue.append(entry.ticket)
         self._cond.notify_all()
+
+
+def _pick(tickets: Sequence[_Ticket]) -> _Ticket | None:
+    """Of ``tickets`` in their order, the one whose turn is next: an ordinary lane passed
+    over ``SKIPS`` times, else the first interactive one, else the first."""
+    for ticket in tickets:
+        if not ticket.first and ticket.skips >= SKIPS:
+            return ticket
+    for ticket in tickets:
+        if ticket.first:
+            return ticket
+    return tickets[0] if tickets else None
 
 
 def _raised(result: Any) -> Any:

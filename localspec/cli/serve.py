@@ -25,6 +25,7 @@ nothing half-written.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -48,6 +49,10 @@ from localspec.session.options import (
 )
 from localspec.session.pair import MAX_LANES as MAX_PARALLEL
 from localspec.storage.prompt_cache import MEMORY
+
+# The longest a server waits for a request's body: an hour is past any link a client
+# would wait on, and a slot held longer is one a slow sender took from the others.
+MAX_BODY_TIMEOUT_S = 3600.0
 
 # The session module loads llama.cpp, and the server's app and clients the web framework and
 # numpy, so they are imported only when the server starts (the session by its loading
@@ -87,6 +92,14 @@ def serve(
         int, typer.Option(min=1, help="requests that may wait; more get 503")
     ] = 16,
     max_body: Annotated[int, typer.Option(min=1, help="largest request body in bytes")] = 1 << 20,
+    body_timeout: Annotated[
+        str,
+        typer.Option(
+            metavar="SECONDS",
+            help="time a request's whole body has to arrive (a 408 after); more than 0, at "
+            f"most {MAX_BODY_TIMEOUT_S:g}",
+        ),
+    ] = "30",
     max_tokens: Annotated[int, typer.Option(min=1, help="default new tokens at most")] = 512,
     max_tokens_limit: Annotated[
         int | None,
@@ -132,12 +145,14 @@ def serve(
         options = model.options(params.drafter, **stores.fields(), **cache.fields((MEMORY,)))
         options = options.model_copy(update={"lanes": parse_parallel(parallel)})
         gather = gather_setting()  # a bad value is said before anything loads
+        body_timeout_s = parse_body_timeout(body_timeout)
         keys = read_keys(api_key or [], api_key_file)
     _warn_of_exposure(host, keys)
     state = ServerState(
         defaults=params,
         access=Access(host, tuple(allowed_host or ()), tuple(cors_origin or ()), keys),
         max_body=max_body,
+        body_timeout_s=body_timeout_s,
         max_tokens_limit=max_tokens_limit or model.ctx,
         timings=not no_timings,
         speculative_overrides=speculative_overrides,
@@ -196,6 +211,22 @@ def parse_parallel(value: str) -> int:
             "e.g. --parallel 4, or --parallel 1 to serve one request at a time",
         )
     return int(text)
+
+
+def parse_body_timeout(value: str) -> float:
+    """``--body-timeout``: seconds, more than 0 and at most ``MAX_BODY_TIMEOUT_S`` (a number
+    that is not finite would hold a half-sent body for ever, or let none arrive)."""
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_BODY_TIMEOUT_S:  # NaN fails this too
+        raise UsageError(
+            f"--body-timeout {value!r} is not a number of seconds above 0 and at most "
+            f"{MAX_BODY_TIMEOUT_S:g}",
+            "e.g. --body-timeout 30 (the default), or more for clients on slow links",
+        )
+    return seconds
 
 
 def read_keys(given: list[str], key_file: Path | None) -> tuple[str, ...]:

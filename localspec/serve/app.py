@@ -9,8 +9,8 @@ request first passes ``access.Guard`` (its ``Host`` and ``Origin``); every endpo
 how many requests wait only to a caller with a key), and the key names the client a job
 runs for (the worker keeps clients apart, see serve/worker.py). A POST
 body must be ``application/json`` of at most ``max_body`` bytes, sent within
-``body_timeout_s`` (a 408 after; a client that leaves while sending it is one line in the
-log, a 499), read once into a typed
+``body_timeout_s`` (``--body-timeout``: a 408 after; a client that leaves while sending it
+is one line in the log, a 499), read once into a typed
 request (serve/requests.py) whose every field is checked before a job is queued, and what
 needs the loaded pair (a drafter without its draft model, a prompt the context cannot
 hold: the session's preflight) as the job starts, before its first event; every refusal

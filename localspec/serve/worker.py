@@ -15,10 +15,11 @@ save among them) is written to the server's log as it passes, as an answer has n
 it.
 With several lanes their threads take turns round by round (backend/lanes.py), so a new
 request starts within a round of the ones running and none waits for another to end (on a
-CPU an interactive one takes most rounds while it runs, each other at least one in eight);
-where
-this machine's measured costs say that one evaluation of several lanes' rounds costs less
-than one after another, the rounds' batches are gathered into one. Setting ``job.cancel``
+CPU an interactive one takes most rounds while it runs, each other at least one in eight),
+each lane's rounds counted for its job's client: a client holding several lanes takes no
+more rounds than one holding one while both wait for the turn; where this machine's
+measured costs say that one evaluation of several lanes' rounds costs less than one after
+another, the rounds' batches are gathered into one. Setting ``job.cancel``
 stops the generation after its current round (the engine's cancel flag), and its lane
 takes the next job at once. A follow-up turn of a conversation reuses its lane's KV caches
 (longest common prefix): a job goes to a lane that served its client last where it can,
@@ -328,8 +329,8 @@ class GenerationWorker:
     def _serve(self, lane: _Lane, job: Job) -> None:
         turns = self.turns
         try:
-            lanes = turns.turn(lane.clock, first=job.first) if turns is not None else None
-            with lanes or contextlib.nullcontext():
+            turn = turns and turns.turn(lane.clock, first=job.first, client=job.client)
+            with turn or contextlib.nullcontext():
                 if self._stopping:  # cancel_all may have looked before this job was running
                     job.stopped = True
                     job.cancel.set()
