@@ -288,3 +288,13 @@ def test_a_load_whose_result_nobody_asks_for_restores_the_switch_interval():
     while sys.getswitchinterval() != pytest.approx(before) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sys.getswitchinterval() == pytest.approx(before)
+
+
+def test_a_model_loaded_later_is_prepared_before_anyone_can_take_it():
+    seen: list[tuple[object, bool]] = []
+    loaded = object()
+    slot = DraftSlot(__file__, DraftDecision(DraftPlan.BACKGROUND, "why"), lambda stop: loaded)
+    slot.on_loaded = lambda model: seen.append((model, slot.ready() is None))
+    slot.start()
+    assert slot.wait() is loaded
+    assert seen == [(loaded, True)]  # before the slot handed the model out

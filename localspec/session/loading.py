@@ -184,6 +184,10 @@ class DraftSlot:
         self.load_s: float | None = None  # how long the load took, once it has run
         self.ready_after_s: float | None = None  # since the slot opened, once loaded
         self._loaded = model is not None  # it was loaded (still so once closed and freed)
+        # Called with the model once a load that was left for later or runs in the
+        # background has loaded it, before the engine can take it up (a prompt's saved
+        # state restored into it: session/prompt_state.py).
+        self.on_loaded: Callable[[Any], None] | None = None
         if model is not None:
             self._done.set()
 
@@ -252,6 +256,9 @@ class DraftSlot:
             if self._closing.is_set():  # loaded after all, but nobody will draft with it
                 model.close()
             else:
+                prepare = self.on_loaded
+                if prepare is not None:
+                    prepare(model)
                 self._model, self._loaded = model, True
                 self.load_s = self._clock() - started
                 self.ready_after_s = self._clock() - self._opened

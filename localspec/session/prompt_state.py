@@ -28,9 +28,11 @@ from a cold one where two tokens' logits nearly tie, as any answer after a cache
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,9 @@ from localspec import __version__
 from localspec.backend.llama import LlamaModel
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.events import Restored
+from localspec.errors import BackendError
 from localspec.models.paths import prompt_cache_dir
+from localspec.session.loading import DraftSlot
 from localspec.session.sizes import default_bounds
 from localspec.storage.prompt_cache import (
     DISK,
@@ -84,8 +88,18 @@ class PromptState:
     fallback_prefill_s: float = 0.0  # a token's evaluation before one is measured
 
     def restore(
-        self, target: LlamaModel, draft: LlamaModel | None, prompt: list[int], warnings: list[str]
+        self,
+        target: LlamaModel,
+        draft: LlamaModel | None,
+        prompt: list[int],
+        warnings: list[str],
+        slot: DraftSlot | None = None,
     ) -> Restored | None:
+        """See the module docstring. ``slot``: the draft model's, still loading or left for
+        later: the entry's draft part is restored into the model once it is loaded, so a
+        draft model taken up during the answer does not evaluate the prompt again."""
+        if slot is not None:
+            slot.on_loaded = None
         head = prompt[:-1]  # what the engine evaluates before its first round
         held = common_prefix_length(target.cached, head)
         if len(head) - held < MIN_GAIN:
@@ -104,9 +118,11 @@ class PromptState:
         if not target.restore_sequence(entry.target.tokens.tolist(), entry.target.state):
             warnings.append("a saved prompt state did not fit this context: evaluated instead")
             return None
-        part = entry.draft if draft is not None and entry.draft_key == self.draft_key else None
+        part = entry.draft if entry.draft_key == self.draft_key else None
         if part is not None and draft is not None:
             draft.restore_sequence(part.tokens.tolist(), part.state)  # else left empty
+        elif part is not None and slot is not None:
+            slot.on_loaded = _restoring(part)
         seconds = time.perf_counter() - t0
         restored = found.common
         cost = entry.prefill_s or self.fallback_prefill_s
@@ -153,6 +169,14 @@ class PromptState:
         if 2 * common_prefix_length(draft.cached, tokens) < len(tokens):
             return None
         return Saved(as_tokens(draft.cached), draft.sequence_state())
+
+
+def _restoring(part: Saved) -> Callable[[LlamaModel], None]:
+    def restore(model: LlamaModel) -> None:
+        with contextlib.suppress(BackendError):  # a draft model's state is only a shortcut
+            model.restore_sequence(part.tokens.tolist(), part.state)
+
+    return restore
 
 
 def open_prompt_state(

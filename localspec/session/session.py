@@ -309,7 +309,8 @@ class Session:
                 params = params.model_copy(update={"prediction": earlier})
         restored = None
         if self.prompt_state is not None:
-            restored = self.prompt_state.restore(self.target, self.draft, tokens, problems)
+            slot = self.slot if isinstance(self.slot, DraftSlot) and not self.slot.settled else None
+            restored = self.prompt_state.restore(self.target, self.draft, tokens, problems, slot)
         events = self.decoder.generate(tokens, params, cancel, restored, grammar=matcher)
         if self.prompt_state is not None:
             events = self._keeping_prompt(events, self.prompt_state)
