@@ -626,7 +626,7 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
         llama.cpp's version. A state is restored only into a context of the same recipe."""
         return dict(self._recipe)
 
-    def sequence_state(self) -> bytes:
+    def sequence_state(self) -> bytes | memoryview:
         """llama.cpp's bytes of this lane's sequence, which holds ``cached``: what
         ``restore_sequence`` takes back, into a context of the same model and runtime."""
         self._settle()
@@ -634,7 +634,7 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
             return b""
         return self._on_context_thread(self._read_state)
 
-    def restore_sequence(self, tokens: list[int], state: bytes) -> bool:
+    def restore_sequence(self, tokens: list[int], state: bytes | memoryview) -> bool:
         """Make the cache hold ``tokens`` from ``state`` (``sequence_state`` after them).
         False, the cache left empty, where llama.cpp refuses the bytes or they do not hold
         ``tokens``' positions: the tokens are then evaluated as they would be without."""
@@ -653,15 +653,16 @@ class LlamaModel(LlamaVocabulary, TreeBatches, CachedModel):
         """``work`` where this context's evaluations run: another lane may be evaluating."""
         return self._turns.call(work, *args) if self._turns is not None else work(*args)
 
-    def _read_state(self) -> bytes:
+    def _read_state(self) -> memoryview:
         size = llama_cpp.llama_state_seq_get_size(self._ctx, self._seq0)
         buffer = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, self._seq0)
         if not written:
             raise BackendError(f"llama.cpp could not copy the state of {self.path.name}")
-        return ctypes.string_at(buffer, written)
+        # A view of the one copy (tens of megabytes for a long prompt), not a second one.
+        return memoryview(buffer).cast("B")[:written]
 
-    def _write_state(self, state: bytes, n_tokens: int) -> bool:
+    def _write_state(self, state: bytes | memoryview, n_tokens: int) -> bool:
         source = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if not llama_cpp.llama_state_seq_set_data(self._ctx, source, len(state), self._seq0):
             return False

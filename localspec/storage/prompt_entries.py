@@ -16,7 +16,7 @@ class Saved:
     """One model's sequence: its tokens, and llama.cpp's bytes of its state after them."""
 
     tokens: np.ndarray  # int32
-    state: bytes
+    state: bytes | memoryview  # a view where it was just read from a model
 
     @property
     def nbytes(self) -> int:
