@@ -311,7 +311,7 @@ class Session:
         if self.prompt_state is not None:
             slot = self.slot if isinstance(self.slot, DraftSlot) and not self.slot.settled else None
             restored = self.prompt_state.restore(self.target, self.draft, tokens, problems, slot)
-        events = self.decoder.generate(tokens, params, cancel, restored, grammar=matcher)
+        events = self.decoder.generate(tokens, params, cancel, restored=restored, grammar=matcher)
         if self.prompt_state is not None:
             events = self._keeping_prompt(events, self.prompt_state)
         if problems:
