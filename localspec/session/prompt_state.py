@@ -57,7 +57,7 @@ from localspec.storage.prompt_cache import (
 )
 
 MIN_TOKENS = 64  # a shorter prompt is evaluated in less time than a restore's bookkeeping
-MIN_GAIN = 16  # a restore must save at least this many tokens' evaluation
+MIN_GAIN = 64  # a restore must spare at least this many tokens (a chat template's head is ~20)
 # Saved to disk only where evaluating the tokens costs this many times a write and a read.
 WORTH = 2.0
 
