@@ -279,5 +279,5 @@ def test_memory_estimate_counts_files_and_kv_cache(tiny):
     per_model = tiny.stat().st_size + 2 * 2 * 32 * 512 * 2 + resources.OVERHEAD_PER_MODEL
     assert needed == 2 * per_model
     assert available is None or available > 0
-    meta = resources.read_metadata(tiny, {"general.architecture"})
+    meta = resources.read_metadata(tiny)
     assert meta["general.architecture"] == "llama"

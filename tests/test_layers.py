@@ -1,11 +1,15 @@
 """The import contract: each layer imports only from the layers below it.
 
 Layers, lowest first: ``errors`` and ``progress`` (values every layer may use); ``core``;
+``statefiles`` (how every layer above the core writes and reads its small files);
 ``backend``; ``models`` (which uses the backend only to measure drafts it derives from a
 target; the backend never imports it); ``storage`` (what is kept on disk: datastores, the
 history of answers, learned state, conversations; nothing in it needs a loaded model);
-``session``; the front ends ``api`` (the Python API), ``bench``, ``tui`` and ``serve``
-(none imports another); ``cli``, which mounts them all.
+``machine`` (this machine's facts: where layers go, its measured step costs, the target
+its GPU suggests); ``session`` (a loaded pair); ``options`` (the front ends' contract: the
+option groups they all take, and how a value is checked and worded); the front ends
+``api`` (the Python API), ``bench``, ``tui`` and ``serve`` (none imports another); ``cli``,
+which mounts them all.
 Every import in every module counts, including the ones inside functions. The core also
 stays free of I/O-heavy and UI libraries, checked both in its source and in a fresh
 interpreter.
@@ -29,15 +33,18 @@ RANK = {
     "errors": 0,
     "progress": 0,
     "core": 1,
-    "backend": 2,
-    "models": 3,
-    "storage": 4,
-    "session": 5,
-    "api": 6,
-    "bench": 6,
-    "tui": 6,
-    "serve": 6,
-    "cli": 7,
+    "statefiles": 2,
+    "backend": 3,
+    "models": 4,
+    "storage": 5,
+    "machine": 6,
+    "session": 7,
+    "options": 8,
+    "api": 9,
+    "bench": 9,
+    "tui": 9,
+    "serve": 9,
+    "cli": 10,
 }
 # Third-party libraries a layer must not import.
 FORBIDDEN = {
@@ -45,7 +52,9 @@ FORBIDDEN = {
     "backend": {"textual", "typer", "huggingface_hub"},
     "models": {"textual", "typer", "llama_cpp"},
     "storage": {"textual", "typer", "llama_cpp"},
+    "machine": {"textual", "typer"},
     "session": {"textual", "typer"},
+    "options": {"textual", "typer"},
     # A script's API draws nothing on the terminal.
     "api": {"textual", "typer", "rich"},
 }

@@ -199,7 +199,7 @@ def test_concurrent_saves_never_mix_or_leave_temporary_files(tmp_path):
     import json
     import threading
 
-    from localspec.storage.store import write_json
+    from localspec.statefiles import write_json
 
     path = tmp_path / "costs" / "pair.json"
     errors: list[str] = []

@@ -38,6 +38,7 @@ from localspec.errors import ModelFileError, ModelNotFoundError, validation_prob
 from localspec.models import paths
 from localspec.models.gguf import check_gguf
 from localspec.models.schema import Catalog, HubSource, ModelEntry, PypiSource, Role
+from localspec.statefiles import write_file
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -168,9 +169,7 @@ def load_registry() -> dict[str, dict]:
 def _write_registry(registry: dict[str, dict]) -> None:
     target = paths.registry_path()
     paths.ensure_dir(target.parent)
-    tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(registry, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, target)
+    write_file(target, (json.dumps(registry, indent=2, sort_keys=True) + "\n").encode())
 
 
 def register_local(name: str, path: Path, *, base: str, quant: str) -> None:

@@ -24,10 +24,7 @@ Contract:
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +36,7 @@ from localspec.errors import DownloadError, ModelFileError, UsageError
 from localspec.models.gguf import check_gguf
 from localspec.models.resources import check_disk, human
 from localspec.models.transfer import is_disk_full
+from localspec.statefiles import replacing
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 LLAMA_MAX_LAYERS = 512  # llama.cpp's limit (src/llama-hparams.h): it asserts past it
@@ -144,15 +142,11 @@ def write_derived(src: Source, layers: Sequence[int], dest: Path) -> Path:
     dest = Path(dest)
     needed = derived_bytes(src, kept)
     check_disk(dest.parent, needed)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.stem}.", suffix=".tmp")
-    os.close(fd)
     try:
-        _write(src, kept, Path(tmp))
-        os.replace(tmp, dest)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(err, OSError) and is_disk_full(err):  # filled by someone else meanwhile
+        with replacing(dest) as tmp:
+            _write(src, kept, tmp)
+    except OSError as err:
+        if is_disk_full(err):  # filled by someone else meanwhile
             raise DownloadError(
                 f"the disk is full: {dest.name} ({human(needed)}) could not be written to "
                 f"{dest.parent}",

@@ -2,7 +2,7 @@
 
 ``check_gguf(path)`` is the cheap test that a path is a readable GGUF file (it exists, is a
 file, starts with the GGUF magic and is not truncated), raising ``ModelFileError`` with a
-hint otherwise. ``read_metadata(path, wanted)`` reads key/values straight from the header,
+hint otherwise. ``read_metadata(path)`` reads every key/value straight from the header,
 in tens of milliseconds even for models with large vocabularies, and kept for later reads;
 ``data_end(path)`` reads the tensors' entries too, for how long the file must be (a shorter
 one is truncated).
@@ -11,18 +11,17 @@ one is truncated).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import mmap
 import os
 import struct
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from localspec.errors import ModelFileError
 from localspec.models import paths
+from localspec.statefiles import read_json, write_json
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32  # of the tensor data, unless general.alignment says otherwise
@@ -87,19 +86,17 @@ HEADER_CACHE = "headers.json"
 HEADER_CACHE_ENTRIES = 32
 
 
-def read_metadata(
-    path: Path, wanted: set[str] | None = None, *, fresh: bool = False
-) -> dict[str, object]:
+def read_metadata(path: Path, *, fresh: bool = False) -> dict[str, object]:
     """GGUF key/value metadata, read straight from the header.
 
     Array values come back as ``None`` (per-layer arrays of numbers are kept): the
     vocabulary and merges are skipped by their lengths, never decoded, so a header with a
     150,000-token vocabulary reads in tens of milliseconds. What was read is kept, by the
     file's path, size, times and inode, for the rest of the process and on disk
-    (``HEADER_CACHE`` in localspec's home) for the next ones; ``wanted`` is accepted for
-    callers that name the keys they use and changes nothing. ``fresh``: read from the file
-    whatever is kept, and keep that (what reports a damaged header reads it so, lest a damaged
-    cache entry be taken for a damaged file).
+    (``HEADER_CACHE`` in localspec's home, read no further than a state file's bound) for
+    the next ones. ``fresh``: read from the file whatever is kept, and keep that (what
+    reports a damaged header reads it so, lest a damaged cache entry be taken for a damaged
+    file).
     Raises ``ValueError`` on anything that is not a GGUF v2/v3 header. The header is
     untrusted: every length and count is bounded by the bytes left in the file, so a
     crafted one fails fast instead of allocating or looping without end.
@@ -128,11 +125,9 @@ def _cache_file() -> Path:
 
 
 def _load_kept() -> dict[str, object]:
-    try:
-        with open(_cache_file(), encoding="utf-8") as fh:
-            kept = json.load(fh)
-    except (OSError, ValueError, RecursionError):
-        return {}
+    """The headers kept on disk; nothing when the file is missing, too large, or not a
+    JSON object (it is then written anew)."""
+    kept, _ = read_json(_cache_file())
     return kept if isinstance(kept, dict) else {}
 
 
@@ -164,16 +159,7 @@ def _keep(name: str, stamp: list[int], values: dict[str, object]) -> None:
     kept = _load_kept()
     kept.pop(name, None)  # re-inserted last: the oldest entries are dropped first
     kept[name] = {"stamp": stamp, "values": values}
-    target = _cache_file()
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=".headers-")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(dict(list(kept.items())[-HEADER_CACHE_ENTRIES:]), fh)
-        os.replace(temporary, target)
-    except (OSError, ValueError):
-        with contextlib.suppress(OSError, UnboundLocalError):
-            os.unlink(temporary)
+    write_json(_cache_file(), dict(list(kept.items())[-HEADER_CACHE_ENTRIES:]))
 
 
 def _read_header(fh: BinaryIO, size: int) -> dict[str, object]:

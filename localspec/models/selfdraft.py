@@ -22,10 +22,7 @@ Contract:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,6 +58,7 @@ from localspec.models.layerchoice import (
     pick,
 )
 from localspec.progress import OnProgress, tell
+from localspec.statefiles import write_file
 
 __all__ = [
     "Candidate",
@@ -152,9 +150,9 @@ def derived_draft(
 def block_count(path: Path) -> int:
     """``{arch}.block_count`` from the header; ``ModelFileError`` when there is none."""
     try:
-        arch = read_metadata(path, {"general.architecture"}).get("general.architecture")
-        key = f"{arch}.block_count"
-        count = read_metadata(path, {key}).get(key) if isinstance(arch, str) else None
+        meta = read_metadata(path)
+        arch = meta.get("general.architecture")
+        count = meta.get(f"{arch}.block_count") if isinstance(arch, str) else None
     except (OSError, ValueError) as err:
         raise ModelFileError(f"cannot read the GGUF header of {path}: {err}") from None
     if count is None:
@@ -229,16 +227,7 @@ def _write_choice(directory: Path, found: Derived, target: Path, choice: Choice 
             "calibration_tokens": choice.calibration_tokens,
             "seconds": choice.seconds,
         }
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".choice.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(record, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, directory / CHOICE_FILE)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_file(directory / CHOICE_FILE, (json.dumps(record, indent=2) + "\n").encode())
 
 
 def _read_choice(directory: Path) -> Derived | None:

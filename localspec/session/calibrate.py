@@ -26,7 +26,7 @@ from localspec.core.cached_model import CachedModel
 from localspec.core.costs import CostProfile
 from localspec.models.resources import cpu_name
 from localspec.progress import OnProgress, ProgressKind, tell
-from localspec.storage.store import STATE_ERRORS, read_json, remove_json, write_json
+from localspec.statefiles import STATE_ERRORS, read_json, remove_json, write_json
 
 
 def _timed(fn: Callable[[], object]) -> float:

@@ -262,7 +262,7 @@ def _cost_profiles(report: Diagnosis, directory: Path) -> None:
     """The step costs measured on this machine, newest first; a file that is not one (a
     link to nothing, crafted values) is a note: it is measured again when needed."""
     from localspec.core.costs import CostProfile
-    from localspec.storage.store import STATE_ERRORS, read_json
+    from localspec.statefiles import STATE_ERRORS, read_json
 
     if not directory.is_dir():
         return

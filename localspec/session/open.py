@@ -410,7 +410,7 @@ def _learned(
     """Where what the auto controller learns for this pair is kept, where it runs now (the
     same laptop with and without its GPU keeps two), and what earlier sessions learned
     there, to start from (None when nothing, or nothing usable, was kept)."""
-    from localspec.storage.store import STATE_ERRORS
+    from localspec.statefiles import STATE_ERRORS
 
     store = learning_store()
     where = placement.key() if placement else ()

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from localspec.errors import InputError, validation_problem
 from localspec.models.paths import conversations_dir
-from localspec.storage.store import write_json
+from localspec.statefiles import write_json
 
 FORMAT = "localspec-chat"
 FORMAT_VERSION = 1

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from pydivsufsort import divsufsort
 
-from localspec.storage.store import open_private, read_json
+from localspec.statefiles import open_private, read_json
 
 FORMAT_VERSION = 1
 SEPARATOR = -1

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from localspec.storage.store import read_json, write_json
+from localspec.statefiles import read_json, write_json
 
 VERSION = "v1"  # of what is hashed: a new one makes every cached fingerprint stale
 CACHE_ENTRIES = 32

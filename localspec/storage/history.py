@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
+from localspec.statefiles import open_private, read_json, write_json
 from localspec.storage.datastore import MAX_TOKEN, DamagedIndex, TokenIndex
-from localspec.storage.store import open_private, read_json, write_json
 
 FORMAT_VERSION = 1
 LOG_FILE = "log.bin"

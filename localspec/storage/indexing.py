@@ -42,6 +42,7 @@ from filelock import FileLock, Timeout
 from localspec.core.drafting.store import EXAMINED
 from localspec.errors import DatastoreError, InputError, UsageError
 from localspec.progress import OnProgress, tell
+from localspec.statefiles import open_private, private_dir, read_json
 from localspec.storage.datastore import SEPARATOR, TokenIndex
 from localspec.storage.library import (
     DOCUMENTS_FILE,
@@ -53,7 +54,6 @@ from localspec.storage.library import (
     damaged,
 )
 from localspec.storage.sources import Scan
-from localspec.storage.store import open_private, private_dir, read_json
 
 PROGRESS_EVERY_S = 2.0
 MAX_ADD_TOKENS = 100_000_000  # about 400 MB of text; the index needs 8-12 bytes a token

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from localspec.storage.store import STATE_ERRORS, read_json, remove_json, write_json
+from localspec.statefiles import STATE_ERRORS, read_json, remove_json, write_json
 
 FORMAT = 3  # 3: one entry per drafter, by name
 

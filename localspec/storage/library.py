@@ -41,10 +41,10 @@ from typing import Any
 
 from localspec.errors import DatastoreError, UsageError
 from localspec.models.paths import cache_root
+from localspec.statefiles import private_dir, read_json, write_json
 from localspec.storage import fingerprint
 from localspec.storage.datastore import DamagedIndex, TokenIndex
 from localspec.storage.history import History
-from localspec.storage.store import private_dir, read_json, write_json
 
 FORMAT_VERSION = 1
 HISTORY = "history"

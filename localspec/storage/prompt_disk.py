@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from localspec.statefiles import private_dir
 from localspec.storage.prompt_entries import Entry, Saved, common_length
-from localspec.storage.store import private_dir
 
 MAGIC = b"LSPROMPT"
 VERSION = 1

@@ -1,9 +1,14 @@
 """Small state files: written whole, read without trusting them, kept private.
 
-``write_json(path, data)`` writes through a unique temporary file (mode 0600) in the same
-directory and an atomic rename, so two processes saving at once never mix their bytes and a
-reader sees either the old file or the new one; it returns "" or why it failed (callers
-treat saving as best effort). ``remove_json(directory)`` deletes every ``*.json`` there.
+Every layer above the core writes its files through here; the core does no I/O.
+
+``replacing(path)`` gives a unique temporary file (mode 0600) beside ``path`` to write its
+new content into, and puts it in place with one atomic rename when the writing ends without
+an error (removing it otherwise), so two processes saving at once never mix their bytes and
+a reader sees either the old file or the new one. ``write_file(path, data)`` writes bytes
+so, raising ``OSError``; ``write_json(path, data)`` writes JSON so and returns "" or why it
+failed (callers treat saving as best effort). ``remove_json(directory)`` deletes every
+``*.json`` there.
 
 ``read_json(path)`` is the one loader of every state file (calibrations, learned state,
 settings, fingerprints, manifests): ``(data, "")``, ``(None, "")`` when there is no file,
@@ -19,9 +24,11 @@ the datastores and the history hold is the user's text.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -30,17 +37,32 @@ MAX_STATE_BYTES = 64 << 20  # no state file of localspec comes near this
 STATE_ERRORS = (ValueError, OverflowError, RecursionError, TypeError, KeyError, AttributeError)
 
 
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` (``.<stem>.<random>.tmp``, mode 0600, its directory
+    made if need be) that replaces ``path`` when the block ends without an error; on an
+    error it is removed and ``path`` stays as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """``path`` holding ``data``, written whole (``replacing``); raises ``OSError``."""
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)
+
+
 def write_json(path: Path, data: Any) -> str:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_file(path, json.dumps(data, indent=1).encode("utf-8"))
     except OSError as err:
         return f"could not write {path}: {err.strerror or err}"
     return ""
