@@ -233,7 +233,7 @@ def test_live_costs_follow_what_rounds_take():
 
 
 def test_calibration_disturbed_by_other_work_is_recognised():
-    from localspec.session.calibrate import looks_disturbed
+    from localspec.machine.calibrate import looks_disturbed
 
     assert not looks_disturbed(CPU)
     assert looks_disturbed(CostProfile(plain_s=2.8, verify_s={1: 2.8, 4: 0.42}))

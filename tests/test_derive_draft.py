@@ -621,7 +621,7 @@ def test_a_target_swapped_in_place_with_its_mtime_put_back_gets_a_folder_of_its_
 
 
 def test_cost_profiles_of_a_model_swapped_in_place_are_its_own(tmp_path):
-    from localspec.session.calibrate import file_identity
+    from localspec.machine.calibrate import file_identity
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"a" * 64)

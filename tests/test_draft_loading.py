@@ -171,8 +171,8 @@ def test_a_failed_background_load_is_said_once_and_auto_drafts_without_it():
 def _auto_session(monkeypatch, tiny_pair, costs: CostProfile | None):
     """An auto session opened with ``costs`` cached for the pair; the draft's loads by
     path, counted where session.open calls the loader."""
+    from localspec.machine.costcache import cost_cache, costs_key
     from localspec.session import open as open_module
-    from localspec.session.costcache import cost_cache, costs_key
     from localspec.session.options import model_options
 
     target, draft, _ = tiny_pair

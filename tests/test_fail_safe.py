@@ -298,7 +298,7 @@ CRAFTED = {
 
 @pytest.mark.parametrize("kind", sorted(CRAFTED))
 def test_crafted_state_files_are_ignored_with_a_warning(tmp_path, kind):
-    from localspec.session.calibrate import CostCache
+    from localspec.machine.calibrate import CostCache
     from localspec.storage.fingerprint import _read_checked
     from localspec.storage.learning import LearningStore
 

@@ -13,8 +13,8 @@ from localspec.core.drafting.tunables import COPY_ODDS
 from localspec.core.engine import run_to_completion
 from localspec.core.events import EngineWarning, Event, Finished
 from localspec.core.params import GenerationParams
+from localspec.machine.calibrate import CostCache, fastest_of
 from localspec.progress import Progress, ProgressKind
-from localspec.session.calibrate import CostCache, fastest_of
 from localspec.storage.learning import FORMAT, LearningStore
 
 PROFILE = CostProfile(plain_s=0.04, verify_s={1: 0.07, 15: 0.3}, draft_step_s=0.02)
@@ -267,10 +267,10 @@ def test_one_process_measures_a_pairs_costs_while_the_others_wait(tiny_pair, mon
     import threading
     import time
 
+    from localspec.machine import costcache
+    from localspec.machine.placement import place
     from localspec.models.resources import footprint
-    from localspec.session import costcache
     from localspec.session.pair import ModelOptions
-    from localspec.session.placement import place
 
     target, draft, _ = tiny_pair
     options = ModelOptions(target=str(target), draft=str(draft))

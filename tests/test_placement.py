@@ -12,10 +12,10 @@ import pytest
 
 from localspec.backend.devices import Device, Hardware
 from localspec.errors import UsageError
+from localspec.machine import placement as placing
+from localspec.machine.placement import ALL, AUTO, parse_layers, place
 from localspec.models.resources import GPU_COMPUTE_ALLOWANCE, Footprint, footprint, human
 from localspec.progress import Progress, ProgressKind
-from localspec.session import placement as placing
-from localspec.session.placement import ALL, AUTO, parse_layers, place
 
 GIB = 1024**3
 TARGET = Footprint(layers=29, weights=int(1.0 * GIB), kv=112 << 20)
@@ -120,7 +120,7 @@ def test_placement_key_is_empty_on_the_cpu_and_names_device_and_layers_on_a_gpu(
 
 def test_costs_measured_on_one_gpu_are_not_another_gpus(tiny_pair):
     """A home shared by machines whose first GPU ggml calls CUDA0 on both."""
-    from localspec.session.costcache import costs_key
+    from localspec.machine.costcache import costs_key
     from localspec.session.pair import ModelOptions
 
     target, draft, _ = tiny_pair
@@ -182,7 +182,7 @@ def test_plan_placement_uses_the_devices_and_rpc_keeps_the_draft_here(monkeypatc
 
 
 def test_costs_are_kept_per_placement_and_cpu_keys_do_not_move(monkeypatch, tiny_pair):
-    from localspec.session.costcache import costs_key
+    from localspec.machine.costcache import costs_key
     from localspec.session.pair import ModelOptions
 
     target, draft, _ = tiny_pair
@@ -193,7 +193,7 @@ def test_costs_are_kept_per_placement_and_cpu_keys_do_not_move(monkeypatch, tiny
     keys = {costs_key(options, p, target, draft) for p in (cpu, on_gpu, draft_here)}
     assert len(keys) == 3
     # The key a CPU-only pair had before placement existed (0 layers offloaded).
-    from localspec.session.calibrate import DRAFT_SIZES, file_identity, machine_key
+    from localspec.machine.calibrate import DRAFT_SIZES, file_identity, machine_key
 
     threads = os.cpu_count()
     legacy = machine_key(

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 from localspec.backend import devices as device_module
 from localspec.backend.devices import BuildInfo, Device
 from localspec.cli.app import app
+from localspec.machine.placement import FREE_SHARE
+from localspec.machine.suggest import planned_bytes, suggest_target
 from localspec.models.catalog import load_catalog
-from localspec.session.placement import FREE_SHARE
-from localspec.session.suggest import planned_bytes, suggest_target
 
 GB = 10**9
 

@@ -8,7 +8,7 @@ vocabulary stand in for them) it
 
 1. makes random-weight models of those shapes (``shapes.write_f16``, then ``llama-quantize``
    to Q4_K_M);
-2. measures the cost profile there (``session.calibrate.measure_costs``: a plain step,
+2. measures the cost profile there (``machine.calibrate.measure_costs``: a plain step,
    verify batches of 2 to 64 tokens, a draft step), with greedy choices on the device;
 3. decodes ``--tokens`` tokens after a prompt of ``--depth`` tokens with ``--drafter none``,
    greedy choices on the device and then on the host, beside ``llama-bench`` tg at the same
@@ -215,7 +215,7 @@ def _drafting_costs():
 
 
 def measure_pair(run: Run, name: str, target_path: Path, draft_path: Path) -> dict[str, Any]:
-    from localspec.session.calibrate import measure_costs
+    from localspec.machine.calibrate import measure_costs
 
     args = run.args
     out: dict[str, Any] = {"target": target_path.name, "draft": draft_path.name}

@@ -30,9 +30,9 @@ from localspec.errors import (
     MissingDraftError,
     UsageError,
 )
+from localspec.machine.placement import Placement
 from localspec.session.constraints import constraint
 from localspec.session.options import Spelling, build_params, drafter_mode
-from localspec.session.placement import Placement
 from localspec.session.preflight import check_options
 from localspec.session.session import Session
 

@@ -49,7 +49,7 @@ def calibrate_command(
 
 def forget(where: Path) -> None:
     """Forget every pair's measured costs (kept in ``where``) and learned acceptance."""
-    from localspec.session.calibrate import CostCache
+    from localspec.machine.calibrate import CostCache
     from localspec.session.open import learning_store
 
     costs_gone = CostCache(where).forget()
@@ -61,7 +61,7 @@ def measure(options: Any) -> tuple[CostProfile, CostProfile | None]:
     """The pair's costs measured now, and those measured before with the other kernels
     (exact or not) if any: exact mode can only be chosen before a process evaluates
     anything, so one run cannot measure both."""
-    from localspec.session.costcache import cached_costs
+    from localspec.machine.costcache import cached_costs
     from localspec.session.open import open_session
 
     session = open_session(options, on_progress=echo_progress)

@@ -14,9 +14,9 @@ from typing import Annotated, Any
 import typer
 
 from localspec.cli.common import cli_errors
+from localspec.cli.diagnosis import diagnose
 from localspec.cli.groups import option_groups
 from localspec.errors import EXIT_FAILURE
-from localspec.session.doctor import diagnose
 from localspec.session.options import PairChoice, command_line
 
 

@@ -36,7 +36,7 @@ class ServerState:
     # The loaded pair, as the endpoints know it (copied by ``serve_with``).
     model_id: str = "localspec"
     draft_id: str | None = None
-    placement: dict[str, Any] | None = None  # where each model runs (session/placement.py)
+    placement: dict[str, Any] | None = None  # where each model runs (machine/placement.py)
     n_vocab: int = 0  # the target's vocabulary size: a prompt's token ids are below it
     infill: bool = False  # the target has FIM tokens: /v1/completions takes a suffix
     tools: bool = False  # the target's chat template takes tools and has a tool-call token

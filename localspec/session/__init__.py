@@ -1,6 +1,5 @@
 """A loaded target/draft pair and what needs one: which pair to load (``pair``), loading it
-(``open``), its prompts (``prompts``, ``chat_template``), the session around the engine
-(``session``), the measurement of this machine's costs and their cache (``calibrate``,
-``costcache``), where each model runs (``placement``) and the checks of ``doctor``. Builds
-on core, backend, models and storage; every front end (cli, tui, bench, serve) goes
-through it."""
+(``open``, ``loading``), its prompts (``prompts``, ``chat_template``, ``tools``,
+``constraints``, ``prompt_state``) and the session around the engine (``session``). Builds
+on core, backend, models, storage and this machine's facts (``machine``); every front end
+(api, bench, tui, serve, cli) goes through it."""

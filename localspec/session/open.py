@@ -32,10 +32,11 @@ from localspec.core.costs import CostProfile
 from localspec.core.engine import check_learned
 from localspec.core.params import GenerationParams
 from localspec.errors import IncompatibleModelsError, UsageError, WorkersLostError, exit_with
+from localspec.machine.calibrate import file_identity, machine_key
+from localspec.machine.costcache import cached_costs, step_costs
+from localspec.machine.placement import ALL, ModelPlace, Placement, place
 from localspec.models.resources import footprint, model_name
 from localspec.progress import OnProgress, ProgressKind, tell
-from localspec.session.calibrate import file_identity, machine_key
-from localspec.session.costcache import cached_costs, step_costs
 from localspec.session.loading import DraftDecision, DraftPlan, DraftSlot, Loading, plan_draft
 from localspec.session.pair import (
     AUTO_LANES_CPU,
@@ -44,7 +45,6 @@ from localspec.session.pair import (
     ModelOptions,
     resolve_pair,
 )
-from localspec.session.placement import ALL, ModelPlace, Placement, place
 
 if TYPE_CHECKING:  # imported while the target loads (see _load_pair)
     from localspec.session.session import Session
@@ -379,7 +379,7 @@ def learning_store() -> LearningStore:
 
 def plan_placement(options: ModelOptions, target_path: Path, draft_path: Path | None) -> Placement:
     """Where each model of the pair will run, from the devices this build sees now (see
-    session/placement.py). With RPC workers the target goes to them (all its layers unless
+    machine/placement.py). With RPC workers the target goes to them (all its layers unless
     told otherwise) and the draft stays on this machine's CPU: its steps are many and
     small, and a network round trip for each would cost more than the step."""
     n_ctx = options.n_ctx * options.lanes  # every lane's context is in the cache

@@ -53,8 +53,8 @@ from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
 from localspec.backend.rpc import parse_endpoints
 from localspec.core.params import DrafterMode, GenerationParams
 from localspec.errors import UsageError, validation_problem
+from localspec.machine.placement import parse_layers
 from localspec.session.pair import SELF_DRAFT, ModelOptions
-from localspec.session.placement import parse_layers
 from localspec.session.sizes import PROMPT_CACHE_SIZE_ENV, size_in_bytes
 
 

@@ -44,7 +44,7 @@ class ModelOptions(BaseModel):
     # each, in one cache per model (backend/lanes.py); 0: as suits where the target runs.
     lanes: int = Field(1, ge=0, le=MAX_LANES)
     # The target's layers on the GPU: None is auto (all where they fit, see
-    # session/placement.py; with rpc, all on the workers), -1 all, n that many.
+    # machine/placement.py; with rpc, all on the workers), -1 all, n that many.
     n_gpu_layers: int | None = Field(None, ge=-1)
     # The draft's: None follows the target's policy in the room it leaves; with rpc the
     # draft stays on this machine's CPU.

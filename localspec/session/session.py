@@ -44,9 +44,9 @@ from localspec.core.grammar import Grammar
 from localspec.core.params import GenerationParams, Policy
 from localspec.core.planner import planner_key
 from localspec.errors import UsageError
+from localspec.machine.placement import Placement
 from localspec.session.loading import DraftSlot, LaneSlot
 from localspec.session.pair import SELF_DRAFT
-from localspec.session.placement import Placement
 from localspec.session.preflight import PairFacts, check_request
 from localspec.session.prompt_state import PromptState
 from localspec.session.prompts import Prompts

@@ -65,7 +65,7 @@ from localspec.tui.widgets import (
 from localspec.tui.worker import SessionFactory, WorkerNews
 
 if TYPE_CHECKING:
-    from localspec.session.placement import Placement
+    from localspec.machine.placement import Placement
 
 # During an answer the screen is redrawn at most this often, the streamed tokens and (when
 # due) the stats panel in one pass of Textual's compositor. Each pass lays out and renders

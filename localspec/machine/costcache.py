@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Protocol
 
 from localspec.backend.llama import LlamaModel
 from localspec.core.costs import CostProfile
-from localspec.progress import OnProgress, ProgressKind, tell
-from localspec.session.calibrate import (
+from localspec.machine.calibrate import (
     DRAFT_SIZES,
     CostCache,
     fastest_of,
@@ -25,8 +25,31 @@ from localspec.session.calibrate import (
     machine_key,
     measure_costs,
 )
-from localspec.session.pair import ModelOptions
-from localspec.session.placement import Placement
+from localspec.machine.placement import Placement
+from localspec.progress import OnProgress, ProgressKind, tell
+
+
+class CostOptions(Protocol):
+    """What of a pair's options its step costs depend on, and whether to measure them: the
+    session's ``ModelOptions`` holds these, among others."""
+
+    @property
+    def threads(self) -> int | None: ...
+    @property
+    def flash_attn(self) -> bool: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def rpc(self) -> tuple[str, ...]: ...
+    @property
+    def rpc_split(self) -> tuple[float, ...]: ...
+    @property
+    def exact(self) -> bool: ...
+    @property
+    def calibrate(self) -> bool: ...
+    @property
+    def recalibrate(self) -> bool: ...
+
 
 CALIBRATION_TEXT = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
@@ -35,7 +58,7 @@ CALIBRATION_TEXT = (
 
 
 def costs_key(
-    options: ModelOptions, placement: Placement, target_path: Path, draft_path: Path | None
+    options: CostOptions, placement: Placement, target_path: Path, draft_path: Path | None
 ) -> str:
     """The calibration cache's key for a pair loaded with ``options`` on this machine, its
     models placed as ``placement`` says (a CPU-only placement adds nothing, so costs
@@ -55,7 +78,7 @@ def costs_key(
 
 
 def cached_costs(
-    options: ModelOptions, placement: Placement, target_path: Path, draft_path: Path | None
+    options: CostOptions, placement: Placement, target_path: Path, draft_path: Path | None
 ) -> CostProfile | None:
     """What was measured for a pair with ``options``, without loading it; None if nothing."""
     return cost_cache().load(costs_key(options, placement, target_path, draft_path))
@@ -68,7 +91,7 @@ def cost_cache() -> CostCache:
 
 
 def step_costs(
-    options: ModelOptions,
+    options: CostOptions,
     placement: Placement,
     target: LlamaModel,
     draft: LlamaModel | None,

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from localspec.machine.placement import FREE_SHARE
 from localspec.models.catalog import load_catalog
 from localspec.models.resources import GPU_COMPUTE_ALLOWANCE
-from localspec.session.placement import FREE_SHARE
 
 CACHE_SHARE = 0.1  # of a model's file: its cache at the default context, rounded up
 DEFAULT_CTX = 4096

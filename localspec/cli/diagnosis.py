@@ -130,8 +130,8 @@ def _build(report: Diagnosis) -> bool:
 
 def _pair(report: Diagnosis, options: Any) -> None:
     """Where each model of the pair would run, for the files already on disk."""
+    from localspec.machine.costcache import cached_costs
     from localspec.models.catalog import Role, default_name, locate_model, looks_like_path
-    from localspec.session.costcache import cached_costs
     from localspec.session.open import plan_placement
 
     paths: dict[str, Path | None] = {}
@@ -202,8 +202,8 @@ def _verification(report: Diagnosis) -> None:
 
 def _suggestion(report: Diagnosis, options: Any) -> None:
     """A target that suits the GPU's free memory, when it is not the one chosen."""
+    from localspec.machine.suggest import suggest_target
     from localspec.session import open as opening
-    from localspec.session.suggest import suggest_target
 
     if report.build is None or not report.build.get("gpu_offload"):
         return
