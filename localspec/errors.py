@@ -7,7 +7,7 @@ writes them (``error:`` and ``hint:`` lines); ``exit_with`` writes those lines a
 process at once, for an error met on a thread that cannot hand it to the front end (RPC
 workers lost while an evaluation waits on them).
 
-The errors of a request's preflight (``session/preflight.py``) carry their data: the limit
+The errors of a request's preflight (``core/preflight.py``) carry their data: the limit
 and the value (``ContextOverflowError``), the drafter asked for (``MissingDraftError``),
 the options that cannot go together (``ConflictingOptionsError``), and the option each
 concerns, by its field name (``n_ctx``, ``drafter``, ``system``). Their own wording names no

@@ -26,8 +26,8 @@ from localspec.cli.calibrate import calibrate_command, format_costs
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.params import DrafterMode, GenerationParams
+from localspec.core.preflight import PairFacts
 from localspec.errors import BackendError, UsageError
-from localspec.session.preflight import PairFacts
 from tests.fakes import FakeModel
 
 # -- prompt sets ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from localspec.cli.bench import bench_command
 from localspec.core.engine import SpecDecoder
 from localspec.core.params import GenerationParams
 from localspec.errors import InputError, UsageError
-from localspec.session.options import ModelChoice, command_line
+from localspec.options.model import ModelChoice, command_line
 from tests.test_bench import (
     NATIVE_SAMPLE,
     SPEC_SIMPLE_HELP,

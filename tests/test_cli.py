@@ -359,7 +359,8 @@ def test_an_unknown_drafter_is_refused_with_the_modes_before_anything_runs(comma
 )
 def test_the_drafter_decides_what_is_loaded_and_measured(mode, use_draft, calibrate):
     from localspec.core.params import DrafterMode
-    from localspec.session.options import DraftingChoice, ModelChoice, SamplingChoice
+    from localspec.options.generation import DraftingChoice, SamplingChoice
+    from localspec.options.model import ModelChoice
 
     params = SamplingChoice().params(DraftingChoice(drafter=DrafterMode(mode)))
     options = ModelChoice().options(params.drafter)
@@ -371,7 +372,7 @@ def test_the_drafter_decides_what_is_loaded_and_measured(mode, use_draft, calibr
 def test_drafter_self_with_another_draft_is_a_usage_error():
     from localspec.core.params import DrafterMode
     from localspec.errors import UsageError
-    from localspec.session.options import ModelChoice
+    from localspec.options.model import ModelChoice
 
     with pytest.raises(UsageError, match="--drafter self drafts with the target's own layers"):
         ModelChoice(draft="other.gguf").options(DrafterMode.SELF)

@@ -1,4 +1,4 @@
-"""Option groups (``cli.groups``) and the shared option set of ``session.options``: each
+"""Option groups (``cli.groups``) and the shared option set of ``options``: each
 group's options appear once per command that takes it, and the command receives one typed
 value per group; each option says where its value goes, and the checks are those the
 Python API makes too."""
@@ -16,19 +16,17 @@ from typer.testing import CliRunner
 from localspec.cli.groups import option_groups
 from localspec.core.params import DrafterMode
 from localspec.errors import UsageError
-from localspec.session.options import (
-    DraftingChoice,
+from localspec.options.generation import DraftingChoice, SamplingChoice
+from localspec.options.model import (
     ModelChoice,
     Option,
     PairChoice,
-    SamplingChoice,
-    SharedStoreChoice,
     Spelling,
-    StoreChoice,
     command_line,
     options_of,
     settings,
 )
+from localspec.options.stores import SharedStoreChoice, StoreChoice
 
 
 @dataclass(frozen=True)

@@ -172,8 +172,8 @@ def _auto_session(monkeypatch, tiny_pair, costs: CostProfile | None):
     """An auto session opened with ``costs`` cached for the pair; the draft's loads by
     path, counted where session.open calls the loader."""
     from localspec.machine.costcache import cost_cache, costs_key
+    from localspec.options.model import model_options
     from localspec.session import open as open_module
-    from localspec.session.options import model_options
 
     target, draft, _ = tiny_pair
     monkeypatch.setattr(open_module, "gpu_devices", lambda: [])

@@ -1,4 +1,4 @@
-"""A request's one preflight (session/preflight.py): typed errors that carry their data and
+"""A request's one preflight (core/preflight.py): typed errors that carry their data and
 name no front end's option, each front end wording them in its own dialect."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from localspec.bench.modes import BenchMode
 from localspec.bench.runner import _check_mode
 from localspec.cli.common import worded as cli_worded
 from localspec.core.params import GenerationParams
+from localspec.core.preflight import PairFacts, check_drafter, check_options, check_request
 from localspec.errors import (
     EXIT_USAGE,
     ConflictingOptionsError,
@@ -18,7 +19,6 @@ from localspec.errors import (
     MissingDraftError,
     UsageError,
 )
-from localspec.session.preflight import PairFacts, check_drafter, check_options, check_request
 
 PAIR = PairFacts(n_ctx=16, has_draft=True, derived=False)
 NO_DRAFT = PairFacts(n_ctx=16, has_draft=False, derived=False)

@@ -59,9 +59,11 @@ from collections.abc import Sequence
 from localspec.api.speculator import Speculator
 from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
 from localspec.core.params import DrafterMode
+from localspec.options.generation import drafter_mode
+from localspec.options.model import ModelChoice, Spelling
+from localspec.options.stores import PromptCacheChoice
 from localspec.progress import OnProgress, Progress, ProgressKind
 from localspec.session.open import open_session
-from localspec.session.options import ModelChoice, PromptCacheChoice, Spelling, drafter_mode
 from localspec.storage.prompt_cache import DISK, MEMORY
 
 # How ``load`` names an option in an error, and where its options are described.
@@ -118,7 +120,7 @@ def load(
     ``on_progress``: called with each ``localspec.progress.Progress`` of the loading.
     """
     # The keywords named as ModelChoice's fields are the command line's model options,
-    # read and checked as they are there (session/options.py).
+    # read and checked as they are there (options/model.py).
     choice = ModelChoice.of(locals())
     mode = drafter_mode(drafter, LOAD)
     chosen = {} if calibrate is None else {"calibrate": calibrate}

@@ -22,6 +22,7 @@ from typing import Any
 
 from localspec.api.stream import Completion, Stream
 from localspec.core.params import DrafterMode, GenerationParams
+from localspec.core.preflight import check_options
 from localspec.errors import (
     ConflictingOptionsError,
     ContextOverflowError,
@@ -31,9 +32,9 @@ from localspec.errors import (
     UsageError,
 )
 from localspec.machine.placement import Placement
+from localspec.options.generation import build_params, drafter_mode
+from localspec.options.model import Spelling
 from localspec.session.constraints import constraint
-from localspec.session.options import Spelling, build_params, drafter_mode
-from localspec.session.preflight import check_options
 from localspec.session.session import Session
 
 # How a generation's call names an option in an error, and where its options are described.
@@ -265,7 +266,7 @@ class Speculator:
 
 @contextlib.contextmanager
 def _api_words() -> Iterator[None]:
-    """A request's refusal (``session.preflight``) in the API's words: its options as
+    """A request's refusal (``core.preflight``) in the API's words: its options as
     ``n_ctx``' keyword ``ctx``, ``drafter=``, ``raw``."""
     try:
         yield

@@ -52,9 +52,9 @@ from localspec.bench.runner import CEILING_BATCHES, BenchConfig, BenchRunner, me
 from localspec.bench.summary import MIN_RATIO_TOKENS, summarize
 from localspec.errors import EXIT_CANCELLED, UsageError
 from localspec.models.resources import cpu_name
+from localspec.options.model import command_line, invalid_value
 from localspec.progress import Progress
 from localspec.session.open import open_session
-from localspec.session.options import command_line, invalid_value
 from localspec.session.pair import ModelOptions
 from localspec.session.session import Session
 

@@ -56,8 +56,8 @@ from localspec.bench.records import ENGINE, NATIVE_ENGINE, RunRecord
 from localspec.core.engine import run_to_completion
 from localspec.core.events import PrefillDone, RoundCompleted, TokenEmitted
 from localspec.core.params import GenerationParams
+from localspec.core.preflight import PairFacts, check_drafter
 from localspec.errors import MissingDraftError, UsageError
-from localspec.session.preflight import PairFacts, check_drafter
 from localspec.session.session import Session
 
 WARMUP_TOKENS = 16

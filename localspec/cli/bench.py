@@ -23,7 +23,8 @@ from localspec.bench.args import BenchArgs
 from localspec.cli.common import cli_errors, echo_progress
 from localspec.cli.groups import option_groups
 from localspec.errors import InputError
-from localspec.session.options import ModelChoice, Temperature, command_line
+from localspec.options.generation import Temperature
+from localspec.options.model import ModelChoice, command_line
 
 
 @option_groups

@@ -13,7 +13,7 @@ from localspec.cli.common import cli_errors, echo_progress
 from localspec.cli.groups import option_groups
 from localspec.core.costs import CostProfile
 from localspec.models.paths import cache_root
-from localspec.session.options import ModelChoice, command_line
+from localspec.options.model import ModelChoice, command_line
 
 # The session module loads llama.cpp, and the cost cache numpy, so they are imported only
 # when a pair is measured or forgotten: ``localspec --help`` and the other commands start

@@ -17,13 +17,9 @@ import typer
 from localspec.cli.common import SystemOpt, cli_errors, read_system
 from localspec.cli.groups import option_groups
 from localspec.models.paths import conversations_dir
-from localspec.session.options import (
-    DraftingChoice,
-    ModelChoice,
-    PromptCacheChoice,
-    SamplingChoice,
-    StoreChoice,
-)
+from localspec.options.generation import DraftingChoice, SamplingChoice
+from localspec.options.model import ModelChoice
+from localspec.options.stores import PromptCacheChoice, StoreChoice
 from localspec.storage import conversations
 from localspec.storage.prompt_cache import DISK, MEMORY
 

@@ -2,7 +2,7 @@
 lines on stderr and an exit code (``fail``, ``cli_errors``), how progress reports
 (``localspec.progress``) are printed on stderr (``progress_line``), ``--system``, and
 ``signals_interrupt`` for work that must unwind on SIGTERM and SIGHUP as on Ctrl-C.
-The options several commands share are declared once, in ``session.options``, and shown
+The options several commands share are declared once, in ``options``, and shown
 through ``cli.groups``."""
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from localspec.errors import (
     MissingDraftError,
     error_lines,
 )
+from localspec.options.model import COMMAND_LINE
 from localspec.progress import Progress, ProgressKind
-from localspec.session.options import COMMAND_LINE
 
 
 def worded(error: BaseException) -> BaseException:
-    """A request's refusal (``session.preflight``) in the command line's words: its options
+    """A request's refusal (``core.preflight``) in the command line's words: its options
     as ``--ctx``, ``--drafter``, ``--raw``; any other error as it is."""
     if not isinstance(error, LocalspecError) or error.worded:
         return error

@@ -26,17 +26,13 @@ from localspec.cli.constraint_files import GrammarOpt, JsonSchemaOpt, read_const
 from localspec.cli.groups import option_groups
 from localspec.core.events import EngineWarning, Event, Finished, TokenEmitted
 from localspec.core.params import GenerationParams
+from localspec.core.preflight import check_options
 from localspec.core.stats import GenerationStats, PredictionUse, prediction_use
 from localspec.errors import EXIT_CANCELLED, InputError, WorkersLostError, exit_with
+from localspec.options.generation import DraftingChoice, SamplingChoice
+from localspec.options.model import ModelChoice
+from localspec.options.stores import PromptCacheChoice, StoreChoice
 from localspec.progress import Progress, ProgressKind
-from localspec.session.options import (
-    DraftingChoice,
-    ModelChoice,
-    PromptCacheChoice,
-    SamplingChoice,
-    StoreChoice,
-)
-from localspec.session.preflight import check_options
 from localspec.storage.prompt_cache import DISK
 from localspec.storage.textfile import decode_utf8, read_bounded
 

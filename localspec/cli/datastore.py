@@ -25,7 +25,7 @@ from localspec.cli.groups import option_groups
 from localspec.errors import DatastoreError, LocalspecError, UsageError
 from localspec.models.catalog import locate_model, resolve_model
 from localspec.models.resources import human
-from localspec.session.options import Target
+from localspec.options.model import Target
 from localspec.storage.fingerprint import cached_fingerprint
 from localspec.storage.indexing import (
     MAX_ADD_TOKENS,

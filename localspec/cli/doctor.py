@@ -17,7 +17,7 @@ from localspec.cli.common import cli_errors
 from localspec.cli.diagnosis import diagnose
 from localspec.cli.groups import option_groups
 from localspec.errors import EXIT_FAILURE
-from localspec.session.options import PairChoice, command_line
+from localspec.options.model import PairChoice, command_line
 
 
 @option_groups

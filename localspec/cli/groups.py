@@ -1,7 +1,7 @@
 """Option groups: options declared once, as the fields of a dataclass, shared by commands.
 
 An option group is a frozen dataclass whose fields are options: each field's type is
-``Annotated[T, Option(...)]`` (the shared set's ``session.options.Option``, or typer's own)
+``Annotated[T, Option(...)]`` (the shared set's ``options.model.Option``, or typer's own)
 and its default is the option's default. A command decorated with ``@option_groups`` names
 a group as the type of one of its parameters (``model: ModelChoice``); typer then sees the
 group's fields in that parameter's place, one option each, and the command receives one
@@ -27,7 +27,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from localspec.session.options import declared
+from localspec.options.model import declared
 
 R = TypeVar("R")
 

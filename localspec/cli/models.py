@@ -26,8 +26,8 @@ from localspec.models import catalog, fetch, paths
 from localspec.models.derive import compact_layers, parse_layers
 from localspec.models.derived import derived_folders, remove_derived
 from localspec.models.resources import human
+from localspec.options.model import Threads
 from localspec.progress import Progress, ProgressKind
-from localspec.session.options import Threads
 
 # The self-draft module loads llama.cpp when imported, the vocabulary check when it runs:
 # both are imported only by their command, so ``localspec --help`` and ``localspec models

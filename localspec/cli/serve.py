@@ -38,15 +38,11 @@ import typer
 from localspec.cli.common import cli_errors, echo_error, echo_progress, is_loopback
 from localspec.cli.groups import option_groups
 from localspec.errors import UsageError
+from localspec.options.generation import DraftingChoice, SamplingChoice
+from localspec.options.model import ModelChoice
+from localspec.options.stores import PromptCacheChoice, SharedStoreChoice
 from localspec.progress import Progress
 from localspec.serve.access import Access
-from localspec.session.options import (
-    DraftingChoice,
-    ModelChoice,
-    PromptCacheChoice,
-    SamplingChoice,
-    SharedStoreChoice,
-)
 from localspec.session.pair import MAX_LANES as MAX_PARALLEL
 from localspec.storage.prompt_cache import MEMORY
 

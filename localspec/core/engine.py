@@ -28,7 +28,7 @@ branch the target took (``take``): the same tokens emitted, the same bookkeeping
 count every node of the tree as drafted.
 
 The engine prints nothing and imports no UI: front ends render the events it yields.
-It runs prompts the session's preflight (``session.preflight``) let through: 1 to
+It runs prompts the session's preflight (``core.preflight``) let through: 1 to
 ``n_ctx - 1`` tokens, and the draft model the drafter needs.
 Cancellation is cooperative (a ``threading.Event`` checked between rounds). After a round,
 drafters with the ``Warns`` capability (``drafting.base``) have their warnings yielded as

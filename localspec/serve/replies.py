@@ -95,7 +95,7 @@ async def cancel_on_disconnect(request: Request, job: Job, withdraw: Callable[[J
 
 
 def refusal(error: LocalspecError, chat: bool) -> ApiError | None:
-    """A request's refusal (``session.preflight``) in the server's words, naming the JSON
+    """A request's refusal (``core.preflight``) in the server's words, naming the JSON
     field it concerns (``param``); None for any other error."""
     if isinstance(error, ContextOverflowError):
         field = "messages" if chat else "prompt"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localspec.core.params import GenerationParams
+from localspec.core.preflight import check_options
 from localspec.errors import ConflictingOptionsError, UsageError
 from localspec.serve.errors import ApiError
 from localspec.serve.openai_shapes import (
@@ -29,7 +30,6 @@ from localspec.serve.openai_shapes import (
 from localspec.serve.replies import Asked, refusal
 from localspec.serve.state import ServerState
 from localspec.serve.structured import response_grammar
-from localspec.session.preflight import check_options
 from localspec.session.tools import NONE, Tools, call_grammar, read_tools
 
 
@@ -119,7 +119,7 @@ def _generation(
 
 
 def _check_options(params: GenerationParams, predicted: str | None) -> None:
-    """Options that cannot go together (``session.preflight``), refused before a job is
+    """Options that cannot go together (``core.preflight``), refused before a job is
     queued: a prediction is drafted from by ``auto`` only (with another drafter it would be
     ignored, and its counts would say nothing of the answer)."""
     try:

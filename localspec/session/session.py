@@ -4,7 +4,7 @@
 ``Session.complete`` and ``Session.chat`` turn text or messages into tokens (the target's
 chat template, or raw: ``prompts.Prompts``) and return the engine's event stream;
 ``Session.infill_tokens`` builds a fill-in-the-middle prompt from the target's FIM tokens.
-``Session.generate`` runs a request's preflight (``session.preflight``) as it is asked:
+``Session.generate`` runs a request's preflight (``core.preflight``) as it is asked:
 a request the pair cannot run raises its typed error before the first event.
 The models' KV caches persist across calls, so a chat turn evaluates only the tokens that
 are new.
@@ -43,11 +43,11 @@ from localspec.core.events import EngineWarning, Event, Finished, FinishReason, 
 from localspec.core.grammar import Grammar
 from localspec.core.params import GenerationParams, Policy
 from localspec.core.planner import planner_key
+from localspec.core.preflight import PairFacts, check_request
 from localspec.errors import UsageError
 from localspec.machine.placement import Placement
 from localspec.session.loading import DraftSlot, LaneSlot
 from localspec.session.pair import SELF_DRAFT
-from localspec.session.preflight import PairFacts, check_request
 from localspec.session.prompt_state import PromptState
 from localspec.session.prompts import Prompts
 from localspec.session.tools import NONE, Tools, call_grammar
@@ -273,7 +273,7 @@ class Session:
         return self.prompts.infill_tokens(prefix, suffix)
 
     def preflight(self, tokens: list[int], params: GenerationParams) -> None:
-        """Refuse what ``generate`` would refuse for these tokens (``session.preflight``),
+        """Refuse what ``generate`` would refuse for these tokens (``core.preflight``),
         running nothing: a server checks every prompt of a request before the first runs."""
         check_request(self.facts, tokens, params)
 

@@ -1,16 +1,16 @@
 """The options people give, declared once, and checked the same way for every front end.
 
 The option set: each group is a frozen dataclass whose fields are options, typed
-``Annotated[T, Option(...)]`` with the option's default as the field's:
+``Annotated[T, Option(...)]`` with the option's default as the field's. This module holds
+what every group is made of, and the pair's groups:
 
 - ``PairChoice``: which target and draft, and where their layers run (``doctor``);
 - ``ModelChoice``: that, plus the RPC workers and ``--exact`` (every command that loads the
   pair, the Python API's ``load``); ``options(...)`` checks the values and returns the
-  ``ModelOptions``;
-- ``StoreChoice``: the datastores to draft from (``complete``, ``chat``);
-  ``SharedStoreChoice``: those every client of ``serve`` drafts from;
-- ``SamplingChoice`` and ``DraftingChoice``: how tokens are sampled and drafted;
-  ``SamplingChoice.params(...)`` checks them and returns the ``GenerationParams``.
+  ``ModelOptions``.
+
+The other groups: the datastores and the prompt cache (``stores.py``), sampling and
+drafting (``generation.py``), the bench's own (``bench.py``).
 
 An ``Option`` holds what ``--help`` says of it and how the command line writes it (the CLI
 turns it into typer's option: ``cli.groups``), and where its value goes: the field of
@@ -24,9 +24,6 @@ message names the option as its front end writes it, and its hint says where tha
 describes its options (``Spelling``: ``--max-tokens`` and ``see localspec complete --help``
 on the command line, ``max_tokens`` and the API's own pointer in Python).
 
-- ``drafter_mode(value)``: a drafter's name as a ``DrafterMode``;
-- ``build_params(**fields)``: ``GenerationParams``, the fields given as None left at their
-  defaults;
 - ``pair_options(**fields)``: ``ModelOptions`` checked, a bad value a ``UsageError``;
 - ``model_options(mode, **fields)``: the ``ModelOptions`` of a pair that runs ``mode``,
   which decides whether the draft is loaded (at once, or only where it may pay) and the
@@ -51,11 +48,10 @@ from pydantic import ValidationError
 
 from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
 from localspec.backend.rpc import parse_endpoints
-from localspec.core.params import DrafterMode, GenerationParams
+from localspec.core.params import DrafterMode
 from localspec.errors import UsageError, validation_problem
 from localspec.machine.placement import parse_layers
 from localspec.session.pair import SELF_DRAFT, ModelOptions
-from localspec.session.sizes import PROMPT_CACHE_SIZE_ENV, size_in_bytes
 
 
 @dataclass(frozen=True)
@@ -90,26 +86,6 @@ def invalid_value(error: Any, spelling: Spelling = COMMAND_LINE) -> UsageError:
     """A pydantic ``ValidationError`` of option values as a ``UsageError``."""
     where, msg = validation_problem(error)
     return UsageError(f"invalid {spelling.option(where)}: {msg}", spelling.help)
-
-
-def drafter_mode(value: Any, spelling: Spelling = COMMAND_LINE) -> DrafterMode:
-    """A drafter's name as a mode; a ``UsageError`` that lists the modes otherwise. (The
-    Python API takes the name as text; the command line's parser checks ``--drafter``
-    itself, as a choice of the modes.)"""
-    try:
-        return DrafterMode(value)
-    except ValueError:
-        *first, last = (mode.value for mode in DrafterMode)
-        raise UsageError(
-            f"invalid {spelling.option('drafter')} {value!r}", f"use {', '.join(first)} or {last}"
-        ) from None
-
-
-def build_params(*, spelling: Spelling = COMMAND_LINE, **fields: Any) -> GenerationParams:
-    try:
-        return GenerationParams(**{k: v for k, v in fields.items() if v is not None})
-    except ValidationError as err:
-        raise invalid_value(err, spelling) from None
 
 
 def pair_options(*, spelling: Spelling = COMMAND_LINE, **fields: Any) -> ModelOptions:
@@ -242,17 +218,11 @@ def endpoints(value: Any, name: str) -> tuple[str, ...]:
     return tuple(map(str, parse_endpoints(value))) if value else ()
 
 
-def negated(value: Any, name: str) -> bool:
-    """A ``--no-X`` flag as the field ``X`` it turns off."""
-    return not value
-
-
 LAYERS_METAVAR = "auto|all|N"
 Target = Annotated[
     str | None, Option(help="target: path, catalog name or repo:file", read=model_reference)
 ]
 Threads = Annotated[int | None, Option(help="CPU threads (default: all cores)")]
-Temperature = Annotated[float, Option(help="0 is greedy")]
 
 
 @dataclass(frozen=True)
@@ -352,141 +322,6 @@ class ModelChoice(PairChoice):
             "drafter (batch-invariant kernels; slower)",
         ),
     ] = False
-
-
-@dataclass(frozen=True)
-class StoreChoice:
-    """The datastores to draft from, and whether answers join the history store."""
-
-    store: Annotated[
-        list[str] | None,
-        Option(
-            "--store",
-            metavar="NAME",
-            help="draft from this datastore (repeatable; default: every store built with the "
-            "target's tokenizer, the history of answers included)",
-        ),
-    ] = None
-    no_store: Annotated[bool, Option("--no-store", help="draft from no datastore")] = False
-    no_history: Annotated[
-        bool, Option("--no-history", help="do not add answers to the history store")
-    ] = False
-
-    def fields(self, spelling: Spelling = COMMAND_LINE) -> dict[str, Any]:
-        """The ``ModelOptions`` fields they set: ``stores`` and ``history``."""
-        if self.store and self.no_store:
-            store, no_store = spelling.option("store"), spelling.option("no_store")
-            raise UsageError(f"{store} and {no_store} contradict each other", "give one of them")
-        stores = () if self.no_store else (tuple(self.store) if self.store else None)
-        return {"stores": stores, "history": not self.no_history}
-
-
-def parse_size(value: Any, name: str) -> int | None:
-    """A size as people write it (``64MB``, ``2GB``, ``512KiB``, a number of bytes) in
-    bytes; None stays None (the default)."""
-    if value is None:
-        return None
-    size = size_in_bytes(str(value))
-    if size is None:
-        raise UsageError(f"{name} {value!r} is not a size", "give e.g. 64MB, 2GB or 0 (off)")
-    return size
-
-
-@dataclass(frozen=True)
-class PromptCacheChoice:
-    """Whether prompts computed once are kept (session/prompt_state.py), and how much."""
-
-    prompt_cache_size: Annotated[
-        str | None,
-        Option(
-            "--prompt-cache-size",
-            metavar="SIZE",
-            help="bound of each prompt cache tier, e.g. 64MB or 2GB (default: "
-            f"${PROMPT_CACHE_SIZE_ENV}, else from this machine's memory and free disk)",
-            read=parse_size,
-        ),
-    ] = None
-    no_prompt_cache: Annotated[
-        bool, Option("--no-prompt-cache", help="neither restore nor save prompt states")
-    ] = False
-
-    def fields(self, tiers: tuple[str, ...], spelling: Spelling = COMMAND_LINE) -> dict[str, Any]:
-        """The ``ModelOptions`` fields they set, for a front end that keeps ``tiers``."""
-        size = parse_size(self.prompt_cache_size, spelling.option("prompt_cache_size"))
-        if size is None:
-            env = os.environ.get(PROMPT_CACHE_SIZE_ENV)
-            size = parse_size(env, PROMPT_CACHE_SIZE_ENV) if env else None
-        off = self.no_prompt_cache or size == 0
-        return {"prompt_cache_tiers": () if off else tiers, "prompt_cache_size": size}
-
-
-@dataclass(frozen=True)
-class SharedStoreChoice(StoreChoice):
-    """The datastores every client of a server drafts from: none unless named, and the
-    user's own history neither kept nor shared unless ``--store`` names it. ``--no-store``
-    and ``--no-history`` say what is already so: taken, not listed."""
-
-    store: Annotated[
-        list[str] | None,
-        Option(
-            "--store",
-            metavar="NAME",
-            help="draft every client's answers from this datastore too (repeatable; every "
-            "client can probe it through timings: see docs/serve.md, Security)",
-        ),
-    ] = None
-    no_store: Annotated[bool, Option("--no-store", hidden=True)] = False
-    no_history: Annotated[bool, Option("--no-history", hidden=True)] = False
-
-    def fields(self, spelling: Spelling = COMMAND_LINE) -> dict[str, Any]:
-        return {"stores": tuple(self.store or ()), "history": False}
-
-
-@dataclass(frozen=True)
-class DraftingChoice:
-    """Which drafter, and how long and how branched its drafts may be."""
-
-    drafter: Annotated[
-        DrafterMode,
-        Option(
-            help="auto (cost model), model, ngram, self (a draft of the target's own layers), "
-            "lookahead (the target's own guesses; exact when sampling), or none (plain decoding)"
-        ),
-    ] = DrafterMode.AUTO
-    draft_max: Annotated[int, Option(help="longest draft per round")] = 16
-    no_trees: Annotated[
-        bool,
-        Option(
-            "--no-trees",
-            help="verify single draft chains only (auto otherwise verifies competing drafts "
-            "as one draft tree when that is expected to pay; greedy decoding only)",
-            to="trees",
-            read=negated,
-        ),
-    ] = False
-
-
-@dataclass(frozen=True)
-class SamplingChoice:
-    """How the next token is chosen (greedy unless ``temperature`` is above 0)."""
-
-    temperature: Temperature = 0.0
-    top_k: Annotated[int, Option(help="sampling: keep the k most likely (0: off)")] = 40
-    top_p: Annotated[float, Option(help="sampling: nucleus mass (1: off)")] = 0.95
-    min_p: Annotated[float, Option(help="sampling: drop below min-p x top (0: off)")] = 0.05
-    seed: Annotated[int | None, Option(help="sampling seed")] = None
-
-    def params(
-        self, drafting: DraftingChoice, *, spelling: Spelling = COMMAND_LINE, **fields: Any
-    ) -> GenerationParams:
-        """The checked ``GenerationParams`` of these and ``drafting``'s values, with
-        ``fields`` (``max_tokens``, ``trace``...)."""
-        return build_params(
-            spelling=spelling,
-            **settings(self, spelling),
-            **settings(drafting, spelling),
-            **fields,
-        )
 
 
 # Fields of ModelOptions whose option has another name, in every front end (``ctx``).
