@@ -25,6 +25,7 @@ from localspec.cli.bench import bench_command
 from localspec.core.engine import SpecDecoder
 from localspec.core.params import GenerationParams
 from localspec.errors import InputError, UsageError
+from localspec.options.bench import BenchChoice
 from localspec.options.model import ModelChoice, command_line
 from tests.test_bench import (
     NATIVE_SAMPLE,
@@ -353,17 +354,12 @@ def test_bench_help_lists_the_new_options():
 
 def args(**changes) -> bench_cli.BenchArgs:
     """The bench's arguments as the command builds them: the model options, checked as the
-    bench's, and the bench's own."""
+    bench's, and the bench's own (two modes and no chart unless ``changes`` say)."""
     model_names = {field.name for field in dataclasses.fields(ModelChoice)}
     model = ModelChoice(**{k: v for k, v in changes.items() if k in model_names})
-    base = dict(
-        categories=None, limit=None, prompts=None, modes="none,auto", store=None, max_tokens=200,
-        temperature=0.0, seed=None, raw=False, cold=True, fresh=False, trace=False,
-        native_bin=None, native_flags="", repeat=1, out=None, chart=False, warmup=True,
-    )  # fmt: skip
     own = {k: v for k, v in changes.items() if k not in model_names}
-    pair = model.options(spelling=command_line("bench"))
-    return bench_cli.BenchArgs(**{**base, **own}, pair=pair)
+    bench = BenchChoice(**{"modes": "none,auto", "chart": False, **own})
+    return bench_cli.BenchArgs(bench, model.options(spelling=command_line("bench")))
 
 
 def test_native_bin_alone_adds_all_native_modes(tmp_path):

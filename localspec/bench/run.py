@@ -106,56 +106,46 @@ def _progress_line(
 
 def _choose_modes(args: BenchArgs) -> tuple[tuple[BenchMode, ...], list[str]]:
     """The modes to run and the native binary's extra flags, checked before any loading."""
-    chosen = parse_modes(args.modes)
-    if args.store and STORE_MODE not in chosen:
+    chosen = parse_modes(args.bench.modes)
+    if args.bench.store and STORE_MODE not in chosen:
         chosen = (*chosen, STORE_MODE)
-    if STORE_MODE in chosen and not args.store:
+    if STORE_MODE in chosen and not args.bench.store:
         raise UsageError(
             f"mode {STORE_MODE} needs a datastore",
             "pass --store NAME (localspec datastore list)",
         )
-    if args.native_bin is not None and not any(m.is_native for m in chosen):
+    if args.bench.native_bin is not None and not any(m.is_native for m in chosen):
         chosen = (*chosen, *NATIVE_MODES)
-    if any(m.is_native for m in chosen) and args.native_bin is None:
+    if any(m.is_native for m in chosen) and args.bench.native_bin is None:
         raise UsageError("native modes need the llama.cpp binary", "pass --native-bin PATH")
     if any(m.is_native for m in chosen) and args.pair.rpc:
         raise UsageError("native modes run on this machine only", "leave out --rpc or them")
     try:
-        native_args = shlex.split(args.native_flags)
+        native_args = shlex.split(args.bench.native_flags)
     except ValueError as err:
         raise UsageError(f"invalid --native-flags: {err}", "quote it as for a shell") from None
-    if args.native_bin is not None:
-        check_binary(args.native_bin, chosen)  # before minutes of model loading
-    check_modes(chosen, fresh=args.fresh)
-    if args.rpc_delay is not None and (args.rpc_delay < 0 or not args.pair.rpc):
+    if args.bench.native_bin is not None:
+        check_binary(args.bench.native_bin, chosen)  # before minutes of model loading
+    check_modes(chosen, fresh=args.bench.fresh)
+    delay = args.bench.rpc_delay
+    if delay is not None and (delay < 0 or not args.pair.rpc):
         raise UsageError(
-            f"invalid --rpc-delay {args.rpc_delay:g}: it delays the link to the --rpc workers",
+            f"invalid --rpc-delay {delay:g}: it delays the link to the --rpc workers",
             "pass --rpc HOST:PORT with it, and a delay of 0 ms or more",
         )
     return chosen, native_args
 
 
 def _load_prompts(args: BenchArgs) -> list[BenchPrompt]:
-    cats = [c.strip() for c in args.categories.split(",")] if args.categories else None
-    if args.prompts is not None:
-        return load_prompt_file(args.prompts, cats, args.limit)
-    return load_prompts(cats, args.limit)
+    cats = [c.strip() for c in args.bench.categories.split(",")] if args.bench.categories else None
+    if args.bench.prompts is not None:
+        return load_prompt_file(args.bench.prompts, cats, args.bench.limit)
+    return load_prompts(cats, args.bench.limit)
 
 
 def _settings(args: BenchArgs, chosen: tuple[BenchMode, ...]) -> tuple[BenchConfig, ModelOptions]:
     try:
-        config = BenchConfig(
-            modes=chosen,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            seed=args.seed,
-            raw=args.raw,
-            warmup=args.warmup,
-            cold=args.cold,
-            fresh=args.fresh,
-            trace=args.trace,
-            repeat=args.repeat,
-        )
+        config = BenchConfig.of(args.bench, chosen)
     except ValidationError as err:
         raise invalid_value(err, command_line("bench")) from None
     # The pair's options were checked by the command; what the bench sets is its own.
@@ -166,11 +156,11 @@ def _settings(args: BenchArgs, chosen: tuple[BenchMode, ...]) -> tuple[BenchConf
             "draft_on_demand": not any(m.needs_draft_model for m in config.modes),
             # Only auto-store drafts from a store, and only from those named; no bench run
             # adds its answers to the user's history.
-            "stores": tuple(args.store or ()),
+            "stores": tuple(args.bench.store or ()),
             "history": False,
             # Cold runs neither start from the user's saved learning nor overwrite it with
             # what one bench prompt taught.
-            "learn": not args.cold,
+            "learn": not args.bench.cold,
         }
     )
     return config, options
@@ -179,10 +169,10 @@ def _settings(args: BenchArgs, chosen: tuple[BenchMode, ...]) -> tuple[BenchConf
 def _native_runner(
     args: BenchArgs, session: Session, chosen: tuple[BenchMode, ...], native_args: list[str]
 ) -> NativeRunner | None:
-    if args.native_bin is None:
+    if args.bench.native_bin is None:
         return None
     native = NativeRunner(
-        args.native_bin,
+        args.bench.native_bin,
         session.target.path,
         session.draft_path,
         _detokenizer(session.target),
@@ -228,12 +218,12 @@ def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = 
     chosen, native_args = _choose_modes(args)
     prompts = _load_prompts(args)
     config, options = _settings(args, chosen)
-    if args.chart:
+    if args.bench.chart:
         bench_report.require_matplotlib()
-    out_dir = _out_dir(args.out)
+    out_dir = _out_dir(args.bench.out)
     with contextlib.ExitStack() as closing:
-        if args.rpc_delay is not None:  # every run reaches the workers through a slower link
-            relays = relayed(options.rpc, args.rpc_delay)
+        if args.bench.rpc_delay is not None:  # every run reaches the workers through a slower link
+            relays = relayed(options.rpc, args.bench.rpc_delay)
             closing.callback(_close, relays)
             options = options.model_copy(update={"rpc": tuple(r.address for r in relays)})
         opening = time.perf_counter()
@@ -245,7 +235,7 @@ def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = 
         if fresh is not None:
             closing.callback(fresh.close)
         runner = BenchRunner(session, config, native, fresh, load_s)
-        ceiling = _ceiling(session, prompts[0].prompt, args.raw)
+        ceiling = _ceiling(session, prompts[0].prompt, args.bench.raw)
         _echo("measuring it again at the depth where each category's answers run")
         ceilings = runner.ceilings(prompts)
         records, code = _run(runner, prompts, out_dir, len(chosen), config.repeat)
@@ -258,7 +248,7 @@ def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = 
     md, js = bench_report.write_summary(summary, out_dir)
     typer.echo(bench_report.render_table(summary))
     written = [str(out_dir / "records.jsonl"), str(md), str(js)]
-    if args.chart and records:
+    if args.bench.chart and records:
         written.append(str(bench_report.write_chart(summary, out_dir / "speedup.png")))
     _echo("wrote " + ", ".join(written))
     return code
@@ -311,8 +301,10 @@ def _meta(
         "threads": args.pair.threads or os.cpu_count(),
         "context": args.pair.n_ctx,
         "prompts": n_prompts,
-        "prompt_file": str(args.prompts) if args.prompts is not None else "shipped sets",
-        "categories": args.categories or "default",
+        "prompt_file": str(args.bench.prompts)
+        if args.bench.prompts is not None
+        else "shipped sets",
+        "categories": args.bench.categories or "default",
         "modes": ", ".join(config.modes),
         "max_tokens": config.max_tokens,
         "temperature": config.temperature,
@@ -330,8 +322,8 @@ def _meta(
         "localspec": __version__,
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
     }
-    if args.rpc_delay is not None:
-        meta["rpc_delay_ms"] = args.rpc_delay
+    if args.bench.rpc_delay is not None:
+        meta["rpc_delay_ms"] = args.bench.rpc_delay
     if native is not None:
         meta["native_binary"] = str(native.binary)
         if NATIVE_BENCH in config.modes:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,6 +58,7 @@ from localspec.core.events import PrefillDone, RoundCompleted, TokenEmitted
 from localspec.core.params import GenerationParams
 from localspec.core.preflight import PairFacts, check_drafter
 from localspec.errors import MissingDraftError, UsageError
+from localspec.options.bench import BenchChoice
 from localspec.session.session import Session
 
 WARMUP_TOKENS = 16
@@ -94,6 +95,13 @@ class BenchConfig(BaseModel):
     # Runs of every prompt and mode; the summary takes each one's median run, since one run's
     # tok/s moves with what else the machine does (docs/bench.md#localspec-bench).
     repeat: int = Field(1, ge=1, le=20)
+
+    @classmethod
+    def of(cls, bench: BenchChoice, modes: tuple[BenchMode, ...]) -> Self:
+        """The settings the command's options give, each field read from the option of its
+        name; a bad value is pydantic's ``ValidationError``."""
+        given = {name: getattr(bench, name) for name in cls.model_fields if name != "modes"}
+        return cls(modes=modes, **given)
 
     @property
     def greedy(self) -> bool:
