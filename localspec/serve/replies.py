@@ -42,12 +42,13 @@ from localspec.serve.worker import Job
 log = logging.getLogger("localspec.serve")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Asked:
-    """What a request asked for besides its prompts. ``predicted`` receives the tokens of
-    its prediction (if it gave one) once the worker has read it, and ``counts`` each
-    answer's ``prediction_counts``, which the worker adds before the answer's ``Finished``
-    (serve/app.py): the usage reads them."""
+    """What a request asked for besides its prompts. Not frozen: two threads share it. The
+    worker appends to ``predicted`` the tokens of the prediction (if one was given) once it
+    has read it, and to ``counts`` each answer's ``prediction_counts`` before handing on
+    that answer's ``Finished`` (serve/app.py); the reply reads them only after that
+    ``Finished`` has come through the job's queue, so it never sees them change."""
 
     chat: bool
     stream: bool = False
