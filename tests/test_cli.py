@@ -169,8 +169,8 @@ def test_tiny_models_are_loadable(tmp_path):
 
 
 def test_ctrl_c_stops_cleanly_and_still_prints_stats(tiny_pair, tmp_path):
+    import re
     import signal
-    import time
 
     target, _, _ = tiny_pair
     prompt = tmp_path / "prompt.txt"
@@ -199,13 +199,13 @@ def test_ctrl_c_stops_cleanly_and_still_prints_stats(tiny_pair, tmp_path):
     )
     assert proc.stdout.read(1)  # generation has started
     proc.send_signal(signal.SIGINT)
-    t0 = time.monotonic()
     out, err = proc.communicate(timeout=60)
-    assert time.monotonic() - t0 < 30
     err = err.decode()
     assert "Traceback" not in err
     assert proc.returncode == 130, err
     assert "finish: cancelled" in err and "tokens per pass" in err
+    generated = re.search(r"generated (\d+) tokens", err)
+    assert generated and int(generated[1]) < 1900, err  # stopped, not written to its end
 
 
 # -- chat: saved conversations (no model is loaded: the app itself is replaced) ------------

@@ -370,13 +370,12 @@ def test_a_worker_lost_mid_answer_ends_it_with_an_error(slower_target, workers, 
     elapsed = time.monotonic() - started
     text = err.decode()
     assert proc.returncode == 1, text
-    if fault == "killed":
-        assert f"lost RPC worker {worker.endpoint}" in text
+    if fault == "killed":  # the closed connection, not a wait for --rpc-timeout
+        assert f"lost RPC worker {worker.endpoint}" in text and "did not answer" not in text
     else:
         assert "did not answer for 2 s" in text
         assert elapsed >= 2
     assert "Traceback" not in text and "GGML_ABORT" not in text
-    assert elapsed < 20
 
 
 def test_rpc_without_the_backend_gives_the_rebuild_hint(tiny_pair, monkeypatch) -> None:

@@ -346,11 +346,9 @@ def test_stopping_the_server_cancels_the_running_generation(session):
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         assert started.wait(10)
-        t0 = time.monotonic()
         served.server.should_exit = True  # what Ctrl-C or SIGTERM does
         served.thread.join(5)
         assert not served.thread.is_alive(), "the server waited for the answer to end"
-        assert time.monotonic() - t0 < 3
         assert shutdown(served.state) and closing.closed
         reader.join(5)
     assert finished[0].reason.value == "cancelled" and len(finished[0].token_ids) < 100
@@ -400,10 +398,8 @@ def test_ctrl_c_stops_a_real_server_in_the_middle_of_an_answer(tiny_pair, tmp_pa
                 if line.startswith("data: "):
                     data.append(line.removeprefix("data: "))
                     if len(data) == 5:  # once
-                        t0 = time.monotonic()
                         proc.send_signal(stop)
         _, stderr = proc.communicate(timeout=30)
-        assert time.monotonic() - t0 < 10
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr and "did not stop" not in stderr, stderr
     chunks = len(data) - 2
