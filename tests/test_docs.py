@@ -111,6 +111,17 @@ def ci_commands() -> list[str]:
     return [line.strip() for line in lines if re.match(r"^\s*(bash scripts/|\.venv/bin/)", line)]
 
 
+def test_the_experiments_readme_names_every_experiment():
+    """Each file under experiments/ is named in its README (``device/x.py`` as written
+    there), so none is left without the claim it checks."""
+    folder = ROOT / "experiments"
+    readme = (folder / "README.md").read_text()
+    files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    unnamed = [f for f in files if f != "README.md" and "__pycache__" not in f]
+    unnamed = [f for f in unnamed if f"`{f}" not in readme]
+    assert files and unnamed == []
+
+
 def test_the_readme_fits_on_a_few_screens():
     lines = README.read_text(encoding="utf-8").splitlines()
     assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines"
