@@ -10,8 +10,8 @@ Contract:
   saved): nothing else writes there while the lock is held.
 - ``read_record(directory)`` is ``choice.json``'s data, or None when there is none or it is
   damaged: at most ``MAX_CHOICE_BYTES``, and crafted JSON (nesting too deep, numbers too
-  long) fails as one of ``CRAFTED_ERRORS``, the errors ``storage.store`` names for state
-  files (this layer is below storage).
+  long) fails as one of ``STATE_ERRORS``, the errors ``statefiles`` names for state
+  files.
 - ``derived_folders()`` lists every folder with its target as recorded, its size and its
   ``state``: ``current``, ``target changed`` (the target's size, times or inode differ: its
   drafts are derived again), ``target gone``, or ``unfinished`` (no record: an interrupted first
@@ -36,11 +36,11 @@ from filelock import FileLock, Timeout
 from localspec.errors import ModelNotFoundError, UsageError
 from localspec.models.paths import cache_root
 from localspec.progress import OnProgress, ProgressKind, tell
+from localspec.statefiles import STATE_ERRORS
 
 CHOICE_FILE = "choice.json"
 LOCK_FILE = ".lock"
 MAX_CHOICE_BYTES = 1 << 20  # a record of a few candidates' numbers is a few KiB
-CRAFTED_ERRORS = (ValueError, OverflowError, RecursionError, TypeError, KeyError, AttributeError)
 # What a derivation writes before renaming it into place: ``.<name>.<random>.tmp`` files
 # (the derived draft, the record) and ``selfdraft-<random>`` folders (the candidates).
 LEFTOVERS = (".*.tmp", "selfdraft-*")
@@ -99,7 +99,7 @@ def read_record(directory: Path) -> dict[str, Any] | None:
         with open(directory / CHOICE_FILE, "rb") as fh:
             raw = fh.read(MAX_CHOICE_BYTES + 1)
         data = json.loads(raw) if len(raw) <= MAX_CHOICE_BYTES else None
-    except (OSError, *CRAFTED_ERRORS):
+    except (OSError, *STATE_ERRORS):
         return None
     return data if isinstance(data, dict) else None
 

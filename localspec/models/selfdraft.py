@@ -40,7 +40,6 @@ from localspec.models.derive import (
 )
 from localspec.models.derived import (
     CHOICE_FILE,
-    CRAFTED_ERRORS,
     derived_dir,
     locked,
     private_dir,
@@ -58,7 +57,7 @@ from localspec.models.layerchoice import (
     pick,
 )
 from localspec.progress import OnProgress, tell
-from localspec.statefiles import write_file
+from localspec.statefiles import STATE_ERRORS, write_file
 
 __all__ = [
     "Candidate",
@@ -238,12 +237,12 @@ def _read_choice(directory: Path) -> Derived | None:
         return None
     try:
         return _choice_of(directory, data)
-    except (LocalspecError, *CRAFTED_ERRORS):
+    except (LocalspecError, *STATE_ERRORS):
         return None  # damaged or crafted: measured again when asked for
 
 
 def _choice_of(directory: Path, data: dict[str, Any]) -> Derived | None:
-    """A ``choice.json``'s record, every value checked (raises one of ``CRAFTED_ERRORS``
+    """A ``choice.json``'s record, every value checked (raises one of ``STATE_ERRORS``
     or a ``UsageError`` on a crafted one)."""
     n_layers = int(data["n_layers"])
     layers = check_layers(data["layers"], n_layers)

@@ -8,7 +8,7 @@ assistant alternating, starting with a user message; only finished answers are s
 
 ``read_conversation(path)`` returns the validated conversation or raises ``InputError``
 with a one-line reason (missing, unreadable, not JSON, another format, a newer version,
-invalid fields). ``write_conversation`` writes atomically (``store.write_json``) and returns
+invalid fields). ``write_conversation`` writes atomically (``statefiles.write_json``) and returns
 "" or why it failed. Autosaved conversations live in ``models.paths.conversations_dir()``,
 one file per conversation named from its start time (``autosave_path``); ``recent(n)``
 lists the newest first (by file time), skipping files that do not read, and

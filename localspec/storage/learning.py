@@ -6,7 +6,7 @@ belongs to. ``load`` returns that evidence, or None with a reason when the file 
 unreadable, of an unknown version or of another pair, so a damaged or foreign file is
 ignored, never fatal; a file of the previous format (2, which held the n-gram drafter's
 evidence at the top level and the datastore's nested) is read into the current one. ``save``
-is best effort (``store.write_json``): a failure is reported, not raised. The evidence is
+is best effort (``statefiles.write_json``): a failure is reported, not raised. The evidence is
 discounted when the drafters restore it, so what a new session sees soon outweighs it.
 """
 
