@@ -1,3 +1,3 @@
 """The core: events, parameters, sampling, verification, text, stats, drafters, controller
-and engine. Pure Python and numpy: no I/O, no llama_cpp, no UI. It imports nothing of
-localspec but ``localspec.errors``."""
+and engine, and a request's checks (``preflight``). Pure Python and numpy: no I/O, no
+llama_cpp, no UI. It imports nothing of localspec but ``localspec.errors``."""

@@ -1,4 +1,6 @@
-"""A request's checks, each made once, before anything of it runs.
+"""A request's checks, each made once, before anything of it runs: pure functions of the
+request and of what the loaded pair is (``PairFacts``), so the session runs them as it is
+asked and every front end before it asks.
 
 Every front end sends its requests through these checks and no other; they raise the typed
 errors of ``localspec.errors``, which carry their data and name no front end's options: the
