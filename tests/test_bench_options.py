@@ -375,6 +375,22 @@ def test_native_bin_alone_adds_all_native_modes(tmp_path):
     assert chosen == ("none", "native-none")
 
 
+def test_the_runner_reads_its_settings_from_the_bench_options_by_name():
+    """Every setting of the runner is an option of the bench's, with the same default, and
+    takes the value given on the command line."""
+    modes = ("none", "auto")
+    assert bench_runner.BenchConfig.of(BenchChoice(), modes) == bench_runner.BenchConfig(
+        modes=modes
+    )
+    given = BenchChoice(max_tokens=7, temperature=0.5, seed=3, raw=True, warmup=False,
+                        cold=False, fresh=True, trace=True, repeat=4)  # fmt: skip
+    config = bench_runner.BenchConfig.of(given, modes)
+    assert config.model_dump() == {
+        "modes": modes, "max_tokens": 7, "temperature": 0.5, "seed": 3, "raw": True,
+        "warmup": False, "cold": False, "fresh": True, "trace": True, "repeat": 4,
+    }  # fmt: skip
+
+
 def test_cold_keeps_the_saved_learning_out_and_untouched_warm_uses_it():
     config, options = bench_cli._settings(args(), ("none", "auto"))
     assert config.cold and not options.learn
