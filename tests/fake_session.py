@@ -141,6 +141,7 @@ class FakeSession:
         self.release = threading.Event()
         self.calls: list[list[dict[str, str]]] = []
         self.params: list[GenerationParams] = []
+        self.grammars: list[str | None] = []  # the grammar each answer had to match
         self.cached: list[str] = []  # the fake KV cache
         self.evaluated: list[int] = []  # tokens evaluated by each call
         self.target_path: Path | None = Path("/models/fake-target-1.5b.gguf")
@@ -166,6 +167,8 @@ class FakeSession:
         messages: list[dict[str, str]],
         params: GenerationParams,
         cancel: threading.Event | None = None,
+        *,
+        grammar: str | None = None,
     ) -> Iterator[Event]:
         n_tokens = count_tokens(messages)
         if n_tokens > self.n_ctx:
@@ -174,6 +177,7 @@ class FakeSession:
             )
         self.calls.append([dict(m) for m in messages])
         self.params.append(params)
+        self.grammars.append(grammar)
         prompt = fake_tokens(messages)
         keep = min(common_prefix_length(self.cached, prompt), len(prompt) - 1)
         self.evaluated.append(len(prompt) - keep)

@@ -1247,3 +1247,54 @@ async def test_edit_of_a_missing_file_sends_nothing_and_says_why(tmp_path: Path)
         assert session.calls == []
         assert any("file not found" in title for _, title, _ in seen), seen
         assert app.query_one(ChatInput).text.startswith("/edit")  # kept, to correct
+
+
+PERSON_SCHEMA = (
+    '{"type": "object", "properties": {"name": {"type": "string"}, "born": {"type": "integer"}},'
+    ' "required": ["name", "born"]}'
+)
+
+
+@pytest.mark.asyncio
+async def test_schema_sends_the_message_and_constrains_its_answer(tmp_path: Path) -> None:
+    schema = tmp_path / "my person.json"
+    schema.write_text(PERSON_SCHEMA)
+    session = FakeSession([ScriptedAnswer.plain('{"name": "Frank Herbert", "born": 1920}')])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, f'/schema "{schema}" Who wrote Dune?\nAnd when was he born?')
+        assert session.calls[0][-1]["content"] == "Who wrote Dune?\nAnd when was he born?"
+        grammar = session.grammars[0]
+        assert grammar is not None and "root" in grammar and '\\"born\\"' in grammar
+        await send(pilot, "and a plain question")
+        assert session.grammars[1] is None  # the next message is free again
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("typed", "title"),
+    [
+        ("/schema", "/schema needs a file"),
+        ("/schema {schema}", "/schema needs a message"),
+        ("/schema {missing} who?", "schema file not found"),
+        ("/schema {bad} who?", "/schema:"),
+    ],
+)
+async def test_a_schema_command_that_cannot_be_carried_out_sends_nothing(
+    tmp_path: Path, typed: str, title: str
+) -> None:
+    (tmp_path / "ok.json").write_text(PERSON_SCHEMA)
+    (tmp_path / "bad.json").write_text('{"type": "object", "properties": ')
+    paths = {"schema": tmp_path / "ok.json", "missing": tmp_path / "no.json",
+             "bad": tmp_path / "bad.json"}  # fmt: skip
+    session = FakeSession([ScriptedAnswer.plain("{}")])
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        seen = record_notifications(app)
+        await send(pilot, typed.format(**paths), wait=False)
+        await pilot.pause()
+        assert session.calls == []
+        assert any(t.startswith(title) for _, t, _ in seen), seen
+        assert app.query_one(ChatInput).text.startswith("/schema")  # kept, to correct

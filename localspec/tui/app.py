@@ -23,8 +23,8 @@ current directory. A conversation given to ``resume`` is shown and continued: it
 turn evaluates the earlier prefix, later turns only their new tokens (the session's KV
 cache). Ctrl+R answers the last message again (a new seed when sampling), Ctrl+O copies the
 last code block of the last answer, Up in the empty box recalls the last message.
-``/edit PATH [instruction]`` sends the file with the instruction and drafts the answer from
-the file (``tui.edit``).
+``/edit PATH [instruction]`` and ``/schema FILE message`` are the chat's commands
+(``tui.commands``).
 """
 
 from __future__ import annotations

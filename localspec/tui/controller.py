@@ -29,8 +29,8 @@ from localspec.errors import InputError
 from localspec.models.paths import conversations_dir
 from localspec.storage.conversations import SavedConversation
 from localspec.tui.chat_view import BUSY_MESSAGE, LOST_HINT, READY_STATUS, ChatView, Phase, Refusal
+from localspec.tui.commands import outgoing
 from localspec.tui.conversation import Conversation, last_code_block
-from localspec.tui.edit import edit_message, is_edit, parse_edit, read_edited
 from localspec.tui.generation import Generation
 from localspec.tui.live import LiveStats
 from localspec.tui.saving import ChatFiles, model_mismatch
@@ -108,8 +108,9 @@ class ChatController:
         self._closing = threading.Event()
         self._last_seed: int | None = params.seed
         self._sent_params = params  # of the message sent last
-        # A message that did not fit, and its parameters, until the user chooses.
-        self._overflowed: tuple[str, GenerationParams] | None = None
+        self._sent_grammar: str | None = None  # what its answer must match (``/schema``)
+        # A message that did not fit, its parameters and grammar, until the user chooses.
+        self._overflowed: tuple[str, GenerationParams, str | None] | None = None
 
     # -- state --------------------------------------------------------------------------
 
@@ -188,7 +189,8 @@ class ChatController:
             self._turns_dropped(news.count)
         elif isinstance(news, ContextOverflow):
             text = self._withdraw_pending()
-            self._overflowed = (text, self._sent_params)  # an /edit's prediction with it
+            # An /edit's prediction and a /schema's grammar go with it.
+            self._overflowed = (text, self._sent_params, self._sent_grammar)
             self.view.overflow(text, news.n_tokens, news.n_ctx, news.alone)
         elif isinstance(news, GenerationFailed):
             self._failed(news.message, news.hint)
@@ -198,37 +200,32 @@ class ChatController:
     # -- sending ------------------------------------------------------------------------
 
     def submit(self, text: str) -> bool:
-        """Send what was typed (``/edit`` included); True when it was sent, so the box
-        can be emptied."""
+        """Send what was typed (``/edit`` and ``/schema`` included); True when it was sent,
+        so the box can be emptied."""
         text = text.strip()
         if not text:
             return False
         hint = "the models did not load" if self.load_error else "the models are loading"
         if self._refused(f"Cannot send yet: {hint}."):
             return False
-        if is_edit(text):
-            return self._send_edit(text)
-        self.send(text)
-        return True
-
-    def _send_edit(self, text: str) -> bool:
-        """``/edit PATH [instruction]``: the file in the message, and as the prediction."""
         assert self.session is not None
         try:
-            request = parse_edit(text)
-            content = read_edited(request.path)
+            message = outgoing(text, self.params, self.session.plain_tokens)
         except InputError as err:
             self.view.notify(err.hint or "", title=err.message, severity="error")
             return False
-        prediction = tuple(self.session.plain_tokens(content))
-        params = self.params.model_copy(update={"prediction": prediction})
-        self.send(edit_message(request, content), params=params)
+        self.send(message.text, params=message.params, grammar=message.grammar)
         return True
 
     def send(
-        self, text: str, allow_drop: bool = False, params: GenerationParams | None = None
+        self,
+        text: str,
+        allow_drop: bool = False,
+        params: GenerationParams | None = None,
+        grammar: str | None = None,
     ) -> None:
-        """Start answering ``text`` (the guard has been passed)."""
+        """Start answering ``text`` (the guard has been passed), the answer matching
+        ``grammar`` where one is given."""
         assert self.session is not None
         turns = self.conversation.context_turns()
         turn = self.conversation.start(text)
@@ -238,6 +235,7 @@ class ChatController:
         self.view.show_status("Writing… Escape stops")
         self.view.state_changed()
         self._sent_params = params or self.params
+        self._sent_grammar = grammar
         request = GenerationRequest(
             gen=self.generation.number,
             system=self.conversation.system,
@@ -246,6 +244,7 @@ class ChatController:
             params=self._sent_params,
             cancel=cancel,
             allow_drop=allow_drop,
+            grammar=grammar,
         )
         work = partial(run_generation, self.session, self.generation.lock, request, self.post)
         self.run_in_thread(work, f"answer-{request.gen}")
@@ -253,14 +252,16 @@ class ChatController:
     def overflow_choice(self, text: str, choice: str | None) -> None:
         """What the user chose for a message that did not fit: ``fresh`` (a new
         conversation), ``drop`` (the oldest turns), else back into the box. Sent again, it
-        keeps the parameters it had (an ``/edit``'s prediction)."""
+        keeps the parameters and grammar it had (an ``/edit``'s prediction, a ``/schema``'s
+        grammar)."""
         overflowed, self._overflowed = self._overflowed, None
-        params = overflowed[1] if overflowed is not None and overflowed[0] == text else None
+        kept = overflowed is not None and overflowed[0] == text
+        params, grammar = (overflowed[1], overflowed[2]) if overflowed and kept else (None, None)
         if choice == "fresh":
             self.new_chat()
-            self.send(text, params=params)
+            self.send(text, params=params, grammar=grammar)
         elif choice == "drop":
-            self.send(text, allow_drop=True, params=params)
+            self.send(text, allow_drop=True, params=params, grammar=grammar)
         else:
             self.view.restore_input(text)
 

@@ -36,6 +36,10 @@ HELP = """\
 whole new file; the answer is drafted from the file itself (a prediction), so the parts it
 keeps come several tokens per pass.
 
+**JSON answers.** `/schema FILE your message` sends the message and makes the answer JSON
+that matches the JSON schema in FILE (as `complete --json-schema` does); say in the message
+what the answer should hold. The schema's keys and punctuation are drafted without a model.
+
 **Saved conversations.** After each answer the conversation is saved in the
 `conversations` folder of the localspec home (not with `--no-save`);
 `localspec chat --recent` lists them and `--resume last` (or FILE) continues one.

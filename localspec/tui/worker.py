@@ -48,6 +48,8 @@ class ChatSession(Protocol):
         messages: list[dict[str, str]],
         params: GenerationParams,
         cancel: threading.Event | None = None,
+        *,
+        grammar: str | None = None,
     ) -> Any: ...
 
     def count_chat_tokens(self, messages: list[dict[str, str]]) -> int: ...
@@ -165,6 +167,7 @@ class GenerationRequest:
     params: GenerationParams
     cancel: threading.Event
     allow_drop: bool = False  # drop the oldest turns instead of reporting an overflow
+    grammar: str | None = None  # GBNF the answer must match (``/schema``)
 
 
 def prompt_limit(n_ctx: int, params: GenerationParams) -> int:
@@ -180,7 +183,10 @@ def run_generation(
         try:
             messages = _fit_prompt(session, request, post)
             if not request.cancel.is_set():
-                for event in session.chat(messages, request.params, request.cancel):
+                answer = session.chat(
+                    messages, request.params, request.cancel, grammar=request.grammar
+                )
+                for event in answer:
                     plain = None
                     if isinstance(event, RoundCompleted | Finished):
                         plain = session.plain_tokens_per_s()
