@@ -517,12 +517,28 @@ def test_bench_command_on_the_tiny_pair(tiny_pair, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["categories"]) == {"math", "translation"}
     assert summary["ceiling"]["batch"] in bench_runner.CEILING_BATCHES
+    assert "measuring the target's ceiling" in result.output
     assert summary["meta"]["cold"] is True
     assert (out / "speedup.png").exists() and (out / "summary.md").exists()
     assert bench_report.OVERALL in result.stdout
     # The same folder twice would mix two runs.
     again = CliRunner().invoke(cli_app(), args)
     assert again.exit_code == 2 and "already holds bench results" in again.output
+
+
+def test_bench_without_the_ceiling_measures_none_and_reports_the_runs(tiny_pair, tmp_path):
+    target, draft, _ = tiny_pair
+    out = tmp_path / "results"
+    args = ["bench", "--target", str(target), "--draft", str(draft), "--categories", "math",
+            "--limit", "1", "--max-tokens", "6", "--modes", "none,ngram", "--out", str(out),
+            "--threads", "1", "--ctx", "512", "--no-chart", "--no-ceiling"]  # fmt: skip
+    result = CliRunner().invoke(cli_app(), args)
+    assert result.exit_code == 0, result.output
+    assert "measuring the target's ceiling" not in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert not summary["ceiling"] and not summary["ceilings"]
+    assert "of_ceiling" not in summary["categories"]["math"]["ngram"]
+    assert len((out / "records.jsonl").read_text().splitlines()) == 2
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,7 @@ from localspec.bench.runner import CEILING_BATCHES, BenchConfig, BenchRunner, me
 from localspec.bench.summary import MIN_RATIO_TOKENS, summarize
 from localspec.errors import EXIT_CANCELLED, UsageError
 from localspec.models.resources import cpu_name
+from localspec.options.bench import BenchChoice
 from localspec.options.model import command_line, invalid_value
 from localspec.progress import Progress
 from localspec.session.open import open_session
@@ -213,6 +214,18 @@ def _ceiling(session: Session, prompt: str, raw: bool) -> dict[str, Any]:
     return ceiling
 
 
+def _ceilings(
+    session: Session, runner: BenchRunner, prompts: list[BenchPrompt], bench: BenchChoice
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The target's ceiling, and again per category at its answers' depth (none with
+    ``--no-ceiling``)."""
+    if not bench.ceiling:
+        return {}, {}
+    ceiling = _ceiling(session, prompts[0].prompt, bench.raw)
+    _echo("measuring it again at the depth where each category's answers run")
+    return ceiling, runner.ceilings(prompts)
+
+
 def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = None) -> int:
     """Run ``localspec bench`` with these arguments; the exit status (see the module)."""
     chosen, native_args = _choose_modes(args)
@@ -235,9 +248,7 @@ def run_bench(args: BenchArgs, on_progress: Callable[[Progress], None] | None = 
         if fresh is not None:
             closing.callback(fresh.close)
         runner = BenchRunner(session, config, native, fresh, load_s)
-        ceiling = _ceiling(session, prompts[0].prompt, args.bench.raw)
-        _echo("measuring it again at the depth where each category's answers run")
-        ceilings = runner.ceilings(prompts)
+        ceiling, ceilings = _ceilings(session, runner, prompts, args.bench)
         records, code = _run(runner, prompts, out_dir, len(chosen), config.repeat)
         meta = _meta(session, config, args, native, len(prompts))
     summary = summarize(records, chosen, config.greedy, ceilings)

@@ -116,3 +116,10 @@ class BenchChoice:
     ] = None
     chart: Annotated[bool, Option(help="draw speedup.png (needs matplotlib)")] = True
     warmup: Annotated[bool, Option(help="one short unrecorded run per mode first")] = True
+    ceiling: Annotated[
+        bool,
+        Option(
+            help="measure the target's ceiling first (its best batch throughput, overall and "
+            "at each category's depth); --no-ceiling when only the answers matter"
+        ),
+    ] = True
