@@ -180,7 +180,6 @@ class DraftSlot:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._opened = clock()
-        self.turns: Any = None  # the lanes' turns the model is used under, once loaded
         self.load_s: float | None = None  # how long the load took, once it has run
         self.ready_after_s: float | None = None  # since the slot opened, once loaded
         self._loaded = model is not None  # it was loaded (still so once closed and freed)
@@ -202,13 +201,7 @@ class DraftSlot:
         return "" if self._error is None else str(self._error)
 
     def ready(self) -> Any:
-        return self._under_turns(self._model) if self._done.is_set() else None
-
-    def _under_turns(self, model: Any) -> Any:
-        """``model``, its evaluations on the lanes' thread when lanes run (not gathered)."""
-        if model is not None and self.turns is not None:
-            model.use_turns(self.turns, gather=False)
-        return model
+        return self._model if self._done.is_set() else None
 
     def wait(self) -> Any:
         """The model, loaded now if it was left for later (or waited for while it loads);
@@ -221,7 +214,7 @@ class DraftSlot:
             self._thread.join()
         if self._model is None:
             raise self._error or RuntimeError("the draft model's load was stopped")
-        return self._under_turns(self._model)
+        return self._model
 
     # -- the session's view ----------------------------------------------------------------
 
