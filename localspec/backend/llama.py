@@ -318,11 +318,11 @@ class LlamaModel(LlamaLane):
         the load and this raises ``ModelFileError`` (a background load nobody waits for)."""
         weights = load_weights(Path(path), options, vocab_only, abort)
         self._weights: Weights | None = weights
-        self._lanes: dict[int, LlamaLane] = {}  # lane 0 is this model itself
+        self._lanes: dict[int, LlamaLane] = {}  # the other lanes (lane 0 is this model)
         if vocab_only:
             CachedModel.__init__(self)
             self._use_weights(weights)
-            self.n_ctx, self.exact = 0, False
+            self.n_ctx, self.exact, self.lanes = 0, False, 1
             return
         try:
             shared = SharedContext(weights, options)
@@ -330,6 +330,7 @@ class LlamaModel(LlamaLane):
             self.close()
             raise
         super().__init__(shared, 0)
+        self._lanes = {i: LlamaLane(shared, i) for i in range(1, shared.lanes)}
         if self.exact:
             self._check_batch_invariance()
         # Device greedy choices are set up by the warm-up pass, which a load whose costs are
@@ -343,7 +344,7 @@ class LlamaModel(LlamaLane):
         if i == 0:
             return self
         if i not in self._lanes:
-            self._lanes[i] = LlamaLane(self.shared, i)
+            raise ValueError(f"lane {i} of a context with {self.lanes} lane(s)")
         return self._lanes[i]
 
     def _warm_up(self, options: LoadOptions) -> None:
