@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from localspec.backend.lanes import LaneClock, Slice, Turns, gather_pays
+from localspec.backend.lanes import LaneClock, LaneScheduler, Slice, gather_pays
 from localspec.backend.llama import LlamaModel, LoadOptions
 from localspec.core.tree import DraftTree
 from localspec.errors import BackendError
@@ -88,27 +88,34 @@ def test_trees_on_a_lane_keep_to_its_own_sequences(load):
     assert other.cached == [*PROMPTS[0], 3, 4, 11]
 
 
-def run_lanes(model: LlamaModel, turns: Turns, steps: int) -> tuple[list, list[LaneClock]]:
-    """Each lane, in a thread of its own under ``turns``, evaluates its prompt and then
+def run_lanes(model: LlamaModel, gather: bool, steps: int) -> tuple[list, list[LaneClock]]:
+    """Each lane, in a thread of its own taking turns, evaluates its prompt and then
     ``steps`` greedy tokens, one per round; each lane's rows after every round."""
     results: list[list[np.ndarray]] = [[] for _ in PROMPTS]
-    clocks = [LaneClock() for _ in PROMPTS]
+    lanes = [model.lane(i) for i in range(len(PROMPTS))]
 
     def lane(i: int) -> None:
-        m = model.lane(i)
-        with turns.turn(clocks[i]):
+        m = lanes[i]
+        with m.turn(gather=gather) as turn:
             tokens = list(PROMPTS[i])
             for _ in range(steps):
                 row = m.forward(tokens, 1)[0].copy()
                 results[i].append(row)
                 tokens.append(int(np.argmax(row)))
-                turns.pass_on()
+                turn.pass_on()
 
-    run_queued(turns, [threading.Thread(target=lane, args=(i,)) for i in range(len(PROMPTS))])
-    return results, clocks
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(len(PROMPTS))]
+    run_queued(scheduler_of(model), threads)
+    return results, [m.clock for m in lanes]
 
 
-def run_queued(turns: Turns, threads: list[threading.Thread]) -> None:
+def scheduler_of(model: LlamaModel) -> LaneScheduler:
+    scheduler = model.shared.scheduler
+    assert scheduler is not None
+    return scheduler
+
+
+def run_queued(turns: LaneScheduler, threads: list[threading.Thread]) -> None:
     """Start the lanes' threads, every one queued for the turn before the first runs (as
     under load), and wait for them to end."""
     with turns.turn():
@@ -124,9 +131,8 @@ def run_queued(turns: Turns, threads: list[threading.Thread]) -> None:
 @pytest.mark.parametrize("gather", [False, True])
 def test_lanes_in_threads_match_each_lane_alone(load, gather):
     model = load(lanes=3)
-    turns = Turns(gather=gather)
-    model.use_turns(turns)
-    results, clocks = run_lanes(model, turns, steps=5)
+    turns = scheduler_of(model)
+    results, clocks = run_lanes(model, gather, steps=5)
     for i, prompt in enumerate(PROMPTS):
         solo = load()
         tokens = list(prompt)
@@ -144,12 +150,10 @@ def test_lanes_in_threads_match_each_lane_alone(load, gather):
 
 def test_a_failed_gathered_evaluation_fails_each_lane_and_rolls_it_back(load):
     model = load(lanes=2)
-    turns = Turns(gather=True)
-    model.use_turns(turns)
     lane = model.lane(1)
     lane.forward(PROMPTS[1], 0)
     bad = model.n_vocab + 5  # llama.cpp refuses a token id past its vocabulary
-    with turns.turn(), pytest.raises(BackendError):
+    with lane.turn(gather=True), pytest.raises(BackendError):
         lane.forward([*PROMPTS[1], bad], 1)
     assert lane.cached == list(PROMPTS[1])
     row = lane.forward([*PROMPTS[1], 3], 1)[0]
@@ -158,16 +162,16 @@ def test_a_failed_gathered_evaluation_fails_each_lane_and_rolls_it_back(load):
 
 
 def test_turns_pass_from_lane_to_lane_in_order():
-    turns = Turns()
+    turns = LaneScheduler()
     order: list[tuple[int, int]] = []
     started = threading.Barrier(2)
 
     def lane(i: int) -> None:
         started.wait()
-        with turns.turn():
+        with turns.turn() as turn:
             for step in range(3):
                 order.append((i, step))
-                turns.pass_on()
+                turn.pass_on()
 
     threads = [threading.Thread(target=lane, args=(i,)) for i in range(2)]
     for t in threads:
@@ -183,11 +187,12 @@ def test_turns_pass_from_lane_to_lane_in_order():
     )
 
 
-def test_park_without_a_turn_evaluates_at_once():
-    turns = Turns(gather=True)
+def test_park_in_a_turn_that_does_not_gather_evaluates_at_once():
+    turns = LaneScheduler()
     work = Slice([1], [0], [(0,)], [True])
-    result, seconds = turns.park(work, lambda slices: ([len(slices)], 0.5))
-    assert (result, seconds) == (1, 0.5)
+    with turns.turn(gather=False) as turn:
+        result, seconds = turn.park(work, lambda slices: ([len(slices)], 0.5))
+    assert (result, seconds) == (1, 0.5) and turns.evaluations == 0
 
 
 def test_gathering_pays_where_a_double_batch_costs_less_than_two():
@@ -204,19 +209,18 @@ def test_device_choices_gathered_match_each_lane_alone(load):
     model = load(lanes=2, device_greedy=True)
     if model.greedy_where != "device":
         pytest.skip("this llama.cpp build cannot run the samplers on its backend")
-    turns = Turns(gather=True)
-    model.use_turns(turns)
+    turns = scheduler_of(model)
     chosen: list[list[int]] = [[], []]
 
     def lane(i: int) -> None:
         m = model.lane(i)
-        with turns.turn():
+        with m.turn(gather=True) as turn:
             tokens = list(PROMPTS[i])
             for _ in range(4):
                 found = m.greedy(tokens, 2).ids
                 chosen[i].append(found[-1])
                 tokens.append(found[-1])
-                turns.pass_on()
+                turn.pass_on()
 
     run_queued(turns, [threading.Thread(target=lane, args=(i,)) for i in range(2)])
     assert turns.evaluations < turns.gathered
@@ -232,14 +236,14 @@ def test_an_interactive_lane_goes_first_but_never_starves_the_others():
     """An ordinary lane waiting while an interactive one runs gets one turn in SKIPS + 1."""
     from localspec.backend.lanes import SKIPS
 
-    turns = Turns()
+    turns = LaneScheduler()
     order: list[str] = []
 
     def lane(name: str, first: bool, steps: int) -> None:
-        with turns.turn(first=first):
+        with turns.turn(first=first) as turn:
             for _ in range(steps):
                 order.append(name)
-                turns.pass_on()
+                turn.pass_on()
 
     run_queued(turns, [
         threading.Thread(target=lane, args=("ordinary", False, 10)),
@@ -261,9 +265,6 @@ def test_interactive_lanes_go_first_where_joining_a_batch_slows_it():
     assert joining_slows(0.026, {1: 0.051})  # a CPU: two tokens cost two steps
     assert not joining_slows(0.010, {1: 0.0105})  # a GPU: one more token costs little
     assert joining_slows(0.010, {})  # nothing measured: as on a CPU
-    turns = Turns(defer=False)
-    with turns.turn(first=True):
-        assert not turns._holder.first  # every lane takes its turn in order
 
 
 def test_every_lane_evaluates_on_one_thread(load):
@@ -272,8 +273,6 @@ def test_every_lane_evaluates_on_one_thread(load):
     import llama_cpp
 
     model = load(lanes=2)
-    turns = Turns(gather=False)
-    model.use_turns(turns)
     callers: list[int] = []
     decode = llama_cpp.llama_decode
 
@@ -300,14 +299,14 @@ def test_every_lane_evaluates_on_one_thread(load):
 def test_a_client_holding_two_lanes_takes_no_more_rounds_than_one_holding_one(first):
     """Client a's two lanes and client b's one, of one kind, all waiting for the turn: the
     rounds alternate between the clients (in lane order, b would have one in three)."""
-    turns = Turns()
+    turns = LaneScheduler()
     order: list[str] = []
 
     def lane(name: str, client: str) -> None:
-        with turns.turn(first=first, client=client):
+        with turns.turn(first=first, client=client) as turn:
             for _ in range(12):
                 order.append(client)
-                turns.pass_on()
+                turn.pass_on()
 
     run_queued(turns, [
         threading.Thread(target=lane, args=("a1", "a")),
@@ -325,14 +324,14 @@ def test_other_clients_interactive_lanes_never_starve_an_ordinary_lane():
     round in SKIPS + 1, as against one client's interactive lane."""
     from localspec.backend.lanes import SKIPS
 
-    turns = Turns()
+    turns = LaneScheduler()
     order: list[str] = []
 
     def lane(client: str, first: bool, steps: int) -> None:
-        with turns.turn(first=first, client=client):
+        with turns.turn(first=first, client=client) as turn:
             for _ in range(steps):
                 order.append(client)
-                turns.pass_on()
+                turn.pass_on()
 
     run_queued(turns, [
         threading.Thread(target=lane, args=("b", False, 5)),
@@ -349,9 +348,21 @@ def test_the_clients_turns_remember_are_bounded():
     than CLIENTS_KEPT of them (and the one running), the latest among them."""
     from localspec.backend.lanes import CLIENTS_KEPT
 
-    turns = Turns()
+    turns = LaneScheduler()
     for i in range(3 * CLIENTS_KEPT):
-        with turns.turn(client=f"client {i}"):
-            turns.pass_on()
+        with turns.turn(client=f"client {i}") as turn:
+            turn.pass_on()
     assert len(turns._last) <= CLIENTS_KEPT + 1
     assert f"client {3 * CLIENTS_KEPT - 1}" in turns._last
+
+
+def test_the_schedulers_thread_ends_when_its_context_is_freed(load):
+    model = load(lanes=2)
+    scheduler = scheduler_of(model)
+    thread = scheduler.call(threading.current_thread)
+    assert thread.is_alive()
+    model.close()
+    thread.join(10)
+    assert not thread.is_alive()
+    with pytest.raises(RuntimeError):
+        scheduler.call(threading.current_thread)

@@ -8,7 +8,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from localspec.backend import llama
+from localspec.backend import weights
 from localspec.backend.llama import MAX_TREE_SEQS, LlamaModel, LoadOptions
 from localspec.core.tree import DraftTree, verify_tree_greedy
 from tests.fakes import branches_of, verdict_tokens
@@ -39,13 +39,13 @@ def models(tiny_pair):
 
 def cells(model: LlamaModel) -> int:
     """Bytes of the model's state: grows with every occupied cache cell."""
-    return llama_cpp.llama_state_get_size(model._ctx)
+    return llama_cpp.llama_state_get_size(model.shared.ctx)
 
 
 def test_tree_rows_match_each_branch_alone(models):
     model = models()
     assert model.supports_trees and model.tree_seqs == MAX_TREE_SEQS
-    assert llama_cpp.llama_n_seq_max(model._ctx) == 1 + MAX_TREE_SEQS
+    assert llama_cpp.llama_n_seq_max(model.shared.ctx) == 1 + MAX_TREE_SEQS
     tree = DraftTree.from_branches(BRANCHES)
     rows = model.forward_tree(COMMITTED, tree)
     assert rows.shape == (1 + len(tree), model.n_vocab)
@@ -75,7 +75,7 @@ def test_keep_path_leaves_only_committed_and_path(models, flash_attn, kept):
     model.keep_path(kept)
     path = [tree.tokens[i] for i in kept]
     assert model.cached == COMMITTED + path
-    memory = model._memory
+    memory = model.shared.memory
     assert llama_cpp.llama_memory_seq_pos_max(memory, 0) == len(COMMITTED) + len(path) - 1
     for seq in range(1, len(tree.leaves()) + 1):
         assert llama_cpp.llama_memory_seq_pos_max(memory, seq) == -1
@@ -144,19 +144,19 @@ def test_trees_too_large_for_one_pass_are_refused(models):
 def test_exact_mode_has_no_trees(models, monkeypatch):
     # Exact mode's process switch and its batch-invariance check (which an f32 model fails)
     # are beside the point here.
-    monkeypatch.setattr(llama, "exact_kernels", lambda: None)
+    monkeypatch.setattr(weights, "exact_kernels", lambda: None)
     monkeypatch.setattr(LlamaModel, "_check_batch_invariance", lambda self: None)
     model = models(LoadOptions(n_ctx=128, n_threads=1, exact=True))
     assert model.exact and not model.supports_trees
-    assert llama_cpp.llama_n_seq_max(model._ctx) == 1
+    assert llama_cpp.llama_n_seq_max(model.shared.ctx) == 1
     with pytest.raises(NotImplementedError):
         model.forward_tree(COMMITTED, DraftTree.from_branches([[3]]))
 
 
 def test_recurrent_models_and_tree_seqs_0_have_no_trees(models, monkeypatch):
     off = models(LoadOptions(n_ctx=128, n_threads=1, tree_seqs=0))
-    assert not off.supports_trees and llama_cpp.llama_n_seq_max(off._ctx) == 1
+    assert not off.supports_trees and llama_cpp.llama_n_seq_max(off.shared.ctx) == 1
     monkeypatch.setattr(llama_cpp, "llama_model_is_recurrent", lambda model: True)
     recurrent = models()
-    assert not recurrent.supports_trees and llama_cpp.llama_n_seq_max(recurrent._ctx) == 1
+    assert not recurrent.supports_trees and llama_cpp.llama_n_seq_max(recurrent.shared.ctx) == 1
     assert recurrent.forward(COMMITTED, 1).shape == (1, recurrent.n_vocab)

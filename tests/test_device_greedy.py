@@ -71,14 +71,14 @@ def test_greedy_decoding_reads_no_logits_row_and_decodes_what_the_host_decodes(
 ):
     host_target, host_draft = pair(device=False)
     expected = _generate(host_target, host_draft, max_tokens=40, drafter=drafter)
-    assert rows_read[_address(host_target._ctx)] > 0  # the host's way reads its rows
+    assert rows_read[_address(host_target.shared.ctx)] > 0  # the host's way reads its rows
     target, draft = pair(device=True)
     assert target.greedy_where == draft.greedy_where == DEVICE
     assert host_target.greedy_where == HOST
     rows_read.clear()
     assert _generate(target, draft, max_tokens=40, drafter=drafter) == expected
-    assert rows_read[_address(target._ctx)] == 0
-    assert rows_read[_address(draft._ctx)] == 0
+    assert rows_read[_address(target.shared.ctx)] == 0
+    assert rows_read[_address(draft.shared.ctx)] == 0
     assert target.evaluated_tokens > 0 and (drafter != "model" or draft.evaluated_tokens > 0)
 
 
@@ -86,8 +86,8 @@ def test_llama_cpp_copies_no_row_of_a_greedy_batch(pair):
     target, _ = pair(device=True)
     ids = target.greedy(PROMPT, 3).ids
     for i in range(-3, 0):
-        assert llama_cpp.llama_get_sampled_logits_count_ith(target._ctx, i) == 0
-        assert llama_cpp.llama_get_sampled_token_ith(target._ctx, i) == ids[3 + i]
+        assert llama_cpp.llama_get_sampled_logits_count_ith(target.shared.ctx, i) == 0
+        assert llama_cpp.llama_get_sampled_token_ith(target.shared.ctx, i) == ids[3 + i]
     reference = target.forward(PROMPT, 3)  # rows asked for: the samplers are set aside
     assert ids == reference.argmax(axis=-1).tolist()
 
@@ -97,7 +97,7 @@ def test_a_draft_tree_is_verified_from_the_devices_choices(pair, rows_read):
     tree = DraftTree.from_branches([[3, 4, 11], [3, 8], [6, 2, 2, 9]])
     rows_read.clear()
     choices = device.greedy_tree(PROMPT, tree)
-    assert rows_read[_address(device._ctx)] == 0
+    assert rows_read[_address(device.shared.ctx)] == 0
     assert choices == host.greedy_tree(PROMPT, tree)
     device.keep_path(verify_tree_greedy(choices, tree).path)
     host.keep_path(verify_tree_greedy(choices, tree).path)
@@ -107,9 +107,9 @@ def test_a_draft_tree_is_verified_from_the_devices_choices(pair, rows_read):
 def test_sampling_reads_rows_and_greedy_decoding_then_reads_none_again(pair, rows_read):
     target, draft = pair(device=True)
     sampled = _generate(target, draft, max_tokens=12, drafter="model", temperature=0.8)
-    assert len(sampled) == 12 and rows_read[_address(target._ctx)] > 0
-    assert rows_read[_address(draft._ctx)] > 0  # q: the draft's whole distribution
+    assert len(sampled) == 12 and rows_read[_address(target.shared.ctx)] > 0
+    assert rows_read[_address(draft.shared.ctx)] > 0  # q: the draft's whole distribution
     rows_read.clear()
     _generate(target, draft, max_tokens=12, drafter="model")
-    assert rows_read[_address(target._ctx)] == rows_read[_address(draft._ctx)] == 0
+    assert rows_read[_address(target.shared.ctx)] == rows_read[_address(draft.shared.ctx)] == 0
     assert target.greedy_where == DEVICE

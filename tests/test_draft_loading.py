@@ -262,31 +262,48 @@ def test_complete_json_says_the_draft_model_it_drafted_with_was_loaded(tiny_pair
 
 
 def test_loads_that_overlap_in_threads_leave_the_switch_interval_as_it_was():
-    from localspec.session.loading import LOADING_SWITCH_S, Loading
+    from localspec.session.loading import Loading
+    from localspec.session.switching import LOADING_SWITCH_S, fast_switching
 
     before = sys.getswitchinterval()
     go_a, go_b = threading.Event(), threading.Event()
-    a = Loading(lambda: go_a.wait(5))
-    b = Loading(lambda: go_b.wait(5))  # begins while a runs: a's short interval is current
-    assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_S)
-    go_a.set()
-    a.result()
-    assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_S)  # b still loads
-    go_b.set()
-    b.result()
+    with fast_switching():  # as the command line's entry allows it
+        a = Loading(lambda: go_a.wait(5))
+        b = Loading(lambda: go_b.wait(5))  # begins while a runs: a's short interval is current
+        assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_S)
+        go_a.set()
+        a.result()
+        assert sys.getswitchinterval() == pytest.approx(LOADING_SWITCH_S)  # b still loads
+        go_b.set()
+        b.result()
     assert sys.getswitchinterval() == pytest.approx(before)
 
 
 def test_a_load_whose_result_nobody_asks_for_restores_the_switch_interval():
     from localspec.session.loading import Loading
+    from localspec.session.switching import fast_switching
 
     before = sys.getswitchinterval()
     done = threading.Event()
-    Loading(done.set)
-    assert done.wait(5)
-    deadline = time.monotonic() + 5
-    while sys.getswitchinterval() != pytest.approx(before) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    with fast_switching():
+        Loading(done.set)
+        assert done.wait(5)
+        deadline = time.monotonic() + 5
+        while sys.getswitchinterval() != pytest.approx(before) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert sys.getswitchinterval() == pytest.approx(before)
+
+
+def test_a_load_leaves_the_switch_interval_alone_unless_the_entry_allows_it():
+    """The Python API loads in a process its caller owns: the interval stays theirs."""
+    from localspec.session.loading import Loading
+
+    before = sys.getswitchinterval()
+    go = threading.Event()
+    loading = Loading(lambda: go.wait(5))
+    assert sys.getswitchinterval() == pytest.approx(before)
+    go.set()
+    loading.result()
     assert sys.getswitchinterval() == pytest.approx(before)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.backend import llama
+from localspec.backend import kernels, llama
 from localspec.cli.calibrate import format_costs
 from localspec.core.costs import CostProfile
 from localspec.errors import BackendError
@@ -38,50 +38,50 @@ def kquant_pair(tmp_path_factory):
 
 
 def test_exact_kernels_sets_the_switch_before_any_evaluation(monkeypatch):
-    monkeypatch.delenv(llama.TILED_MM_SWITCH, raising=False)
-    monkeypatch.setattr(llama, "_decoded", False)
-    monkeypatch.setattr(llama, "_switched", False)
-    llama.exact_kernels()
-    assert os.environ[llama.TILED_MM_SWITCH] == "0"
-    # Child processes (llama.cpp's own tools in the bench) get their usual kernels back.
-    assert llama.TILED_MM_SWITCH not in llama.default_kernels_environ()
+    monkeypatch.delenv(kernels.TILED_MM_SWITCH, raising=False)
+    monkeypatch.setattr(kernels, "_decoded", False)
+    monkeypatch.setattr(kernels, "_switched", False)
+    kernels.exact_kernels()
+    assert os.environ[kernels.TILED_MM_SWITCH] == "0"
+    # Child processes (kernels.cpp's own tools in the bench) get their usual kernels back.
+    assert kernels.TILED_MM_SWITCH not in kernels.default_kernels_environ()
 
 
 def test_exact_kernels_refuses_once_the_process_has_evaluated(monkeypatch):
-    monkeypatch.delenv(llama.TILED_MM_SWITCH, raising=False)
-    monkeypatch.setattr(llama, "_decoded", True)
+    monkeypatch.delenv(kernels.TILED_MM_SWITCH, raising=False)
+    monkeypatch.setattr(kernels, "_decoded", True)
     with pytest.raises(BackendError, match="before this process evaluates"):
-        llama.exact_kernels()
-    assert llama.TILED_MM_SWITCH not in os.environ
+        kernels.exact_kernels()
+    assert kernels.TILED_MM_SWITCH not in os.environ
 
 
 def test_a_switch_the_user_set_is_kept_for_children(monkeypatch):
-    monkeypatch.setenv(llama.TILED_MM_SWITCH, "0")
-    monkeypatch.setattr(llama, "_decoded", True)
-    monkeypatch.setattr(llama, "_tiled_off", True)  # it was off at the first evaluation
-    monkeypatch.setattr(llama, "_switched", False)
-    llama.exact_kernels()  # already off: nothing to refuse
-    assert llama.default_kernels_environ()[llama.TILED_MM_SWITCH] == "0"
+    monkeypatch.setenv(kernels.TILED_MM_SWITCH, "0")
+    monkeypatch.setattr(kernels, "_decoded", True)
+    monkeypatch.setattr(kernels, "_tiled_off", True)  # it was off at the first evaluation
+    monkeypatch.setattr(kernels, "_switched", False)
+    kernels.exact_kernels()  # already off: nothing to refuse
+    assert kernels.default_kernels_environ()[kernels.TILED_MM_SWITCH] == "0"
 
 
 def test_a_switch_set_after_the_first_evaluation_does_not_count(monkeypatch):
-    """llama.cpp read the switch at this process's first evaluation; turning it off in the
+    """kernels.cpp read the switch at this process's first evaluation; turning it off in the
     environment afterwards changes nothing, so exact mode is still refused."""
-    monkeypatch.setenv(llama.TILED_MM_SWITCH, "0")
-    monkeypatch.setattr(llama, "_decoded", True)
-    monkeypatch.setattr(llama, "_tiled_off", False)
+    monkeypatch.setenv(kernels.TILED_MM_SWITCH, "0")
+    monkeypatch.setattr(kernels, "_decoded", True)
+    monkeypatch.setattr(kernels, "_tiled_off", False)
     with pytest.raises(BackendError, match="before this process evaluates"):
-        llama.exact_kernels()
+        kernels.exact_kernels()
 
 
 def test_the_first_evaluation_records_the_switch(monkeypatch):
-    monkeypatch.setattr(llama, "_decoded", False)
-    monkeypatch.setattr(llama, "_tiled_off", False)
-    monkeypatch.setenv(llama.TILED_MM_SWITCH, "0")
-    llama._note_decoded()
-    monkeypatch.delenv(llama.TILED_MM_SWITCH)
-    llama._note_decoded()  # later evaluations do not change what llama.cpp read
-    assert llama._decoded and llama._tiled_off
+    monkeypatch.setattr(kernels, "_decoded", False)
+    monkeypatch.setattr(kernels, "_tiled_off", False)
+    monkeypatch.setenv(kernels.TILED_MM_SWITCH, "0")
+    kernels.note_decoded()
+    monkeypatch.delenv(kernels.TILED_MM_SWITCH)
+    kernels.note_decoded()  # later evaluations do not change what kernels.cpp read
+    assert kernels._decoded and kernels._tiled_off
 
 
 PROBE = textwrap.dedent(
@@ -194,9 +194,9 @@ LANES_PROBE = textwrap.dedent(
     neighbour.forward(other, 0)  # another lane's tokens in the cache, then in the batch
     lane.forward(mine[:-5], 0)
     n = len(mine) - 5
-    rows, _ = m._evaluate_slices([
+    rows, _ = m.shared.evaluate_slices([
         Slice([1, 2, 3], [50, 51, 52], [(0,)] * 3, [True] * 3),
-        Slice(mine[-5:], list(range(n, n + 5)), [(lane._seq0,)] * 5, [True] * 5),
+        Slice(mine[-5:], list(range(n, n + 5)), [(m.shared.first_seq(1),)] * 5, [True] * 5),
     ])
     print(json.dumps({"equal": bool(np.array_equal(alone, rows[1]))}))
     """

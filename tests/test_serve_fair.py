@@ -7,24 +7,42 @@ until the test lets them end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-import types
 
 import pytest
 
+from localspec.backend.lanes import LaneScheduler
 from localspec.core.events import PrefillDone
 from localspec.core.params import GenerationParams
 from localspec.serve.worker import AGE_PASSES, FIM_TOKENS, GenerationWorker, Job
 
 
-def stand_in(lanes: int = 1) -> types.SimpleNamespace:
+class StandInLane:
+    """A lane's session that evaluates nothing (the jobs are the test's): it takes turns
+    under one scheduler, and its jobs pass the turn on after each round, as the engine does
+    (``round``)."""
+
+    def __init__(self, scheduler: LaneScheduler, sessions: list[StandInLane]) -> None:
+        self.scheduler, self.costs, self.held = scheduler, None, None
+        self.lanes = lambda: sessions
+
+    @contextlib.contextmanager
+    def turn(self, *, first: bool = False, client: str = "", gather: bool = False):
+        with self.scheduler.turn(first=first, client=client, gather=gather) as held:
+            self.held = held
+            yield held
+
+    def round(self) -> None:
+        self.held.pass_on()
+
+
+def stand_in(lanes: int = 1) -> StandInLane:
     """A session with ``lanes`` lanes that evaluate nothing (the jobs are the test's)."""
-    sessions = [types.SimpleNamespace(run_lanes=lambda turns, now: None) for _ in range(lanes)]
-    session = sessions[0]
-    session.costs = None
-    session.lanes = lambda: sessions
-    return session
+    scheduler, sessions = LaneScheduler(), []
+    sessions += [StandInLane(scheduler, sessions) for _ in range(lanes)]
+    return sessions[0]
 
 
 class Gate:
@@ -48,6 +66,8 @@ class Gate:
                     if self.cond.wait_for(lambda: name in self.released or cancel.is_set(), 0.01):
                         return
                 yield PrefillDone(1, 1, 0.0)
+                if len(session.lanes()) > 1:
+                    session.round()
 
         job = Job(start, GenerationParams(max_tokens=max_tokens), client=client, **kw)
         self.names[id(job)] = name
@@ -173,6 +193,7 @@ def test_a_client_holding_two_lanes_takes_no_more_rounds_than_one_holding_one(wo
             while not (until() or cancel.is_set()):
                 rounds.append(client)
                 yield PrefillDone(1, 1, 0.0)
+                session.round()
 
         return run
 
@@ -243,3 +264,19 @@ async def _read_all(job: Job) -> list:
     while (item := await job.events.next()) is not None:
         items.append(item)
     return items
+
+
+def test_interactive_jobs_go_first_only_where_joining_a_batch_slows_it():
+    """On a GPU (another lane's token in a batch costs little) every lane takes its turn in
+    order; where nothing is measured, as on a CPU, an interactive job's rounds go first."""
+    from localspec.core.costs import CostProfile
+
+    job = Job(lambda session, cancel: iter(()), GenerationParams(max_tokens=24))
+    assert job.first
+    for costs, first in ((CostProfile(plain_s=0.010, verify_s={1: 0.0105}), False), (None, True)):
+        session = stand_in(2)
+        session.costs = costs
+        w = GenerationWorker(session)
+        assert w.defer is first
+        with w._turn(w._lanes[0], job) as held:
+            assert held.first is first

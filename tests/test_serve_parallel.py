@@ -128,11 +128,12 @@ def test_every_lane_evaluates_both_models_on_the_lanes_thread(session):
         session.slot.wait()  # a draft model left for later, loaded now
     worker = GenerationWorker(session)
     sessions = [lane.session for lane in worker._lanes]
-    assert len(sessions) == 2 and worker.turns is not None
-    assert all(lane.target._turns is worker.turns for lane in sessions)
+    scheduler = session.target.shared.scheduler
+    assert len(sessions) == 2 and scheduler is not None
+    assert all(lane.target.shared.scheduler is scheduler for lane in sessions)
     # What the engines draft with: a lane made after the load holds the model from the start.
     drafts = [lane.decoder.draft for lane in sessions if lane.decoder.draft is not None]
-    assert drafts and all(draft._turns is worker.turns for draft in drafts)
+    assert drafts and all(draft.shared.scheduler is scheduler for draft in drafts)
 
 
 def test_two_streams_advance_side_by_side_and_answer_as_alone(session, slow):

@@ -602,7 +602,7 @@ async def test_real_session_answers_and_counts(tiny_pair) -> None:  # type: igno
         assert app.chat.conversation.turns[1].done
         session = app.chat.session
     assert session is not None and app.chat.session is None
-    assert session.closed and session.target._ctx is None  # its models were freed on quit
+    assert session.closed and session.target.shared.ctx is None  # its models were freed on quit
 
 
 @pytest.mark.asyncio

@@ -156,7 +156,7 @@ def _decode(target, draft, args: argparse.Namespace, drafter: str, costs) -> dic
 
 def lanes_speedup(model, rounds: int = LANE_ROUNDS, depth: int = 512) -> dict[str, Any]:
     """``model``'s lanes (all of them) each running ``rounds`` rounds of a ``LANE_BATCH``-token
-    greedy batch after a prompt of ``depth`` tokens of its own, in threads under ``Turns``:
+    greedy batch after a prompt of ``depth`` tokens of its own, in threads taking turns:
     the rounds' seconds in turn and gathered, and the speedup."""
     out: dict[str, Any] = {"lanes": model.lanes, "rounds": rounds, "batch": LANE_BATCH}
     out["in_turn_s"], _ = _time_lanes(model, False, rounds, depth)
@@ -169,10 +169,8 @@ def _time_lanes(model, gather: bool, rounds: int, depth: int) -> tuple[float, in
     """Seconds of every lane's rounds (after their prompts), and the gathered evaluations."""
     import threading
 
-    from localspec.backend.lanes import Turns
-
-    turns = Turns(gather=gather)
-    model.use_turns(turns)
+    turns = model.shared.scheduler  # the lanes' scheduler (backend/lanes.py)
+    before = turns.evaluations
     lanes = [model.lane(i) for i in range(model.lanes)]
     ready = threading.Barrier(len(lanes) + 1)
     prompts = threading.Lock()  # read one at a time, before the turns begin
@@ -185,11 +183,11 @@ def _time_lanes(model, gather: bool, rounds: int, depth: int) -> tuple[float, in
         with prompts:  # not timed: only the rounds are
             lane.greedy(tokens, 1)
         ready.wait()
-        with turns.turn():
+        with lane.turn(gather=gather) as turn:
             for r in range(rounds):
                 tokens += [(31 * (r + 1) * (j + 7) + i) % vocab for j in range(LANE_BATCH)]
                 lane.greedy(tokens, LANE_BATCH)
-                turns.pass_on()
+                turn.pass_on()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(lanes))]
     for thread in threads:
@@ -202,8 +200,7 @@ def _time_lanes(model, gather: bool, rounds: int, depth: int) -> tuple[float, in
     for thread in threads:
         thread.join()
     seconds = round(_now() - t0, 4)
-    model.use_turns(None)
-    return seconds, turns.evaluations
+    return seconds, turns.evaluations - before
 
 
 def _drafting_costs():

@@ -89,7 +89,7 @@ EOF
 fi
 export PYTHONPATH="$PWD:$PWD/$DEVICE/bindings:$PWD/$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export LLAMA_CPP_LIB_PATH=$BIN
-"$PY" -c "import llama_cpp, localspec.backend.sampling; print('bindings on', llama_cpp.llama_cpp._lib._name)"
+"$PY" -c "import llama_cpp, localspec.backend.device_greedy; print('bindings on', llama_cpp.llama_cpp._lib._name)"
 
 say "measuring"
 "$PY" experiments/device/check.py --mode "$MODE" --bin "$BIN" --shapes "$DEVICE/shapes" \

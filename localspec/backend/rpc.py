@@ -149,7 +149,8 @@ class Watched(Protocol):
     """A model whose evaluations the link times: ``busy_since`` is the monotonic time the
     running evaluation started, or None between evaluations."""
 
-    busy_since: float | None
+    @property
+    def busy_since(self) -> float | None: ...
 
 
 class _Relay:

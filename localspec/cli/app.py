@@ -123,12 +123,14 @@ def main() -> None:
     system, which reclaims a process's memory at once (llama.cpp freeing a 1.5B model takes
     a tenth of a second), and Python's teardown of every module is skipped."""
     from localspec.cli.common import echo_error
+    from localspec.session.switching import fast_switching
 
     name = command_named(sys.argv[1:])
     command = COMMANDS.get(name or "")
     PROCESS.ends_with_command = command is not None and command.quick_exit
     try:
-        build_app(name)(standalone_mode=True)
+        with fast_switching():  # this process is the command's: a load may shorten it
+            build_app(name)(standalone_mode=True)
     except SystemExit as done:
         if PROCESS.ends_with_command:
             _end_now(done.code)

@@ -279,7 +279,7 @@ def lanes_summary(worker) -> str:  # noqa: ANN001
     """One line on how many generations run at once, and whether their rounds are gathered."""
     if worker.lanes == 1:
         return "one generation at a time"
-    how = "gathered into one evaluation" if worker.turns.gather else "evaluated in turn"
+    how = "gathered into one evaluation" if worker.gather else "evaluated in turn"
     return f"{worker.lanes} generations at once, their rounds {how}"
 
 

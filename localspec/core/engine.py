@@ -106,6 +106,7 @@ class SpecDecoder:
         draft_name: str = "model",
         corpora: Corpora | Callable[[], Corpora] = (),
         restored: dict | None = None,
+        round_ended: Callable[[], None] | None = None,
     ) -> None:
         """``clock``: what rounds are timed with (default ``time.perf_counter``); a replay
         gives a virtual one that its models advance by what their evaluations cost.
@@ -113,7 +114,10 @@ class SpecDecoder:
         ``join_draft``). ``draft_name``: the draft model's drafter, ``self`` for a draft
         derived from the target's own layers. ``corpora``: the named corpora the datastore
         drafter looks up, or what gives them as each answer begins (a session's stores and
-        history). ``restored``: learned state (``learned``) every new planner starts from."""
+        history). ``restored``: learned state (``learned``) every new planner starts from.
+        ``round_ended``: called as each round ends (the prefill's too), once its event was
+        handed on and before anything else is evaluated: where a generation running beside
+        others lets them have their round."""
         self.target = target
         self.draft = draft
         self.pending_draft = pending_draft
@@ -123,6 +127,7 @@ class SpecDecoder:
         self.restored = restored
         self.corpora = corpora if callable(corpora) else lambda: corpora
         self.draft_name = draft_name
+        self.round_ended = round_ended or _nothing
         # Kept across answers, so that what it learns of its acceptance carries over.
         self.grammar_drafter = GrammarDrafter(target.n_vocab, target.token_bytes, target.is_eog)
 
@@ -239,6 +244,7 @@ class SpecDecoder:
             drafter.begin(prompt, params)  # the draft model may read the prompt: prefill time
         seconds = self.clock() - t0 + (restored.seconds if restored is not None else 0.0)
         yield emit(PrefillDone(len(prompt), evaluated, seconds, restored))
+        self.round_ended()
         run = Run(
             prompt, params, np.random.default_rng(params.seed), planner.controller,
             drafters, TextAssembler(params.stop), emit, self.target, self.clock,
@@ -324,6 +330,7 @@ class SpecDecoder:
             run.trace.append({k: v for k, v in asdict(event).items() if v not in ("", None)})
         run.rounds += 1
         yield run.emit(event)
+        self.round_ended()
         yield from self._drafter_warnings(run)
         return outcome.reason
 
@@ -352,6 +359,10 @@ class SpecDecoder:
             pending = getattr(drafter, "warnings", None)
             while pending:
                 yield run.emit(EngineWarning(pending.pop(0)))
+
+
+def _nothing() -> None:
+    pass
 
 
 def check_learned(

@@ -53,16 +53,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from localspec.backend.lanes import LaneClock, Turns, gather_pays, joining_slows
-from localspec.core.events import EngineWarning, Event, PrefillDone, RoundCompleted
+from localspec.backend.lanes import gather_pays, joining_slows
+from localspec.core.events import EngineWarning, Event
 from localspec.core.params import GenerationParams
 from localspec.serve.metrics import Metrics
 from localspec.session.session import Session
 
 log = logging.getLogger("localspec.serve")
-# The events after which a generation's next step is a round of its own: where a lane
-# passes the turn on (the events of a round's tokens come without evaluating anything).
-ROUND_ENDS = (PrefillDone, RoundCompleted)
 # A request whose whole work (its prompts times its max_tokens) is at most this many new
 # tokens is interactive: it goes before longer ones waiting for a lane. A fill-in-the-middle
 # (someone typing waits for it) is interactive up to FIM_TOKENS.
@@ -156,7 +153,6 @@ OnClient = Callable[[Session, str], None]
 @dataclass(eq=False)
 class _Lane:
     session: Session
-    clock: LaneClock = field(default_factory=LaneClock)
     client: str | None = None  # whose job it ran last (None: nobody's yet, or unknown)
     first: bool = False  # whether that job was interactive
     job: Job | None = None  # the job it runs
@@ -180,13 +176,11 @@ class GenerationWorker:
         self.on_client = on_client
         self.max_queue = max_queue
         self._lanes = [_Lane(lane) for lane in session.lanes()]  # lane 0: the session
-        self.turns: Turns | None = None
-        if len(self._lanes) > 1:
-            self.turns = Turns(
-                gather=_gathers(session) if gather is None else gather, defer=_defers(session)
-            )
-            for lane in self._lanes:
-                lane.session.run_lanes(self.turns, lane.clock.now)
+        # How the lanes' turns go (backend/lanes.py): their rounds gathered, interactive
+        # jobs' rounds first.
+        several = len(self._lanes) > 1
+        self.gather = several and (_gathers(session) if gather is None else gather)
+        self.defer = several and _defers(session)
         self._cond = threading.Condition()
         self._waiting: list[Job] = []  # in arrival order (``_take_next`` picks)
         self._order = itertools.count()
@@ -327,10 +321,8 @@ class GenerationWorker:
                     self._dispatch()
 
     def _serve(self, lane: _Lane, job: Job) -> None:
-        turns = self.turns
         try:
-            turn = turns and turns.turn(lane.clock, first=job.first, client=job.client)
-            with turn or contextlib.nullcontext():
+            with self._turn(lane, job):
                 if self._stopping:  # cancel_all may have looked before this job was running
                     job.stopped = True
                     job.cancel.set()
@@ -345,8 +337,6 @@ class GenerationWorker:
                         log.warning("%s", event.message)
                     self.metrics.observe(job, event, time.monotonic())
                     job.events.put(event)
-                    if turns is not None and isinstance(event, ROUND_ENDS):
-                        turns.pass_on()  # the next event begins a round
         except BaseException as err:  # handed to the request, which renders it
             self._count_end(job, "failed")
             job.events.put(err)
@@ -354,6 +344,14 @@ class GenerationWorker:
             cut = job.stopped and "stopped" or job.cancel.is_set() and "cancelled"
             self._count_end(job, cut or "completed")
             job.events.put(None)
+
+    def _turn(self, lane: _Lane, job: Job) -> contextlib.AbstractContextManager[Any]:
+        """The lane's turn for ``job`` where several lanes take turns; the engine passes it
+        on after every round."""
+        if len(self._lanes) == 1:
+            return contextlib.nullcontext()
+        first = job.first and self.defer
+        return lane.session.turn(first=first, client=job.client, gather=self.gather)
 
 
 def _lane_for(job: Job, free: list[_Lane]) -> _Lane:

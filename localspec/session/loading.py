@@ -4,8 +4,8 @@ drafter needs it (``DraftSlot``).
 
 ``Loading(load)`` runs ``load()`` in a thread and ``result()`` waits for it (raising its
 error): llama.cpp's load runs without Python's lock, so the imports and set-up that do not
-need the model go on beside it. While any load runs the interpreter switches threads more
-often (``LOADING_SWITCH_S``), and once the last one ends, as it was before the first.
+need the model go on beside it. Where the process's entry allows it, the interpreter
+switches threads more often while it runs (session/switching.py).
 
 A draft model costs a second load (about a second for a 0.5B model on a small CPU) and,
 where no draft of it can pay, buys nothing. ``plan_draft`` decides from the drafter asked
@@ -31,7 +31,6 @@ so a short answer does not wait for it; the model is freed at ``close``.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,35 +41,7 @@ from typing import Any
 
 from localspec.core.costs import CostProfile
 from localspec.core.drafting.model import could_pay_at
-
-LOADING_SWITCH_S = 0.0002  # the interpreter's switch interval while a load runs beside
-
-
-class _FastSwitching:
-    """The short switch interval while at least one ``Loading`` runs, in any thread: the
-    first to begin saves the process's own interval, the last to end puts it back (loads
-    that overlap would otherwise save each other's short one and leave it for good)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running = 0
-        self._saved = 0.0
-
-    def begin(self) -> None:
-        with self._lock:
-            if self._running == 0:
-                self._saved = sys.getswitchinterval()
-                sys.setswitchinterval(LOADING_SWITCH_S)
-            self._running += 1
-
-    def end(self) -> None:
-        with self._lock:
-            self._running -= 1
-            if self._running == 0:
-                sys.setswitchinterval(self._saved)
-
-
-_SWITCHING = _FastSwitching()
+from localspec.session.switching import load_begins, load_ends
 
 
 class Loading:
@@ -79,15 +50,13 @@ class Loading:
     def __init__(self, load: Callable[[], Any]) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
-        # llama.cpp reports each step of a load through a Python callback, which must take
-        # the interpreter's lock from the thread importing beside it: a short switch
-        # interval hands it over at once instead of after the default 5 ms.
-        _SWITCHING.begin()
+        # The switch interval is short while it loads, where the process's entry allows it.
+        self._switched = load_begins()
         self._thread = threading.Thread(target=self._run, args=(load,), name="load", daemon=True)
         try:
             self._thread.start()
         except BaseException:
-            _SWITCHING.end()
+            self._ended()
             raise
 
     def _run(self, load: Callable[[], Any]) -> None:
@@ -96,7 +65,11 @@ class Loading:
         except BaseException as err:  # handed to the caller of result()
             self._error = err
         finally:  # as soon as the load ends, whether or not anyone asks for its result
-            _SWITCHING.end()
+            self._ended()
+
+    def _ended(self) -> None:
+        if self._switched:
+            load_ends()
 
     def result(self) -> Any:
         self._thread.join()
@@ -180,7 +153,6 @@ class DraftSlot:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._opened = clock()
-        self.turns: Any = None  # the lanes' turns the model is used under, once loaded
         self.load_s: float | None = None  # how long the load took, once it has run
         self.ready_after_s: float | None = None  # since the slot opened, once loaded
         self._loaded = model is not None  # it was loaded (still so once closed and freed)
@@ -202,13 +174,7 @@ class DraftSlot:
         return "" if self._error is None else str(self._error)
 
     def ready(self) -> Any:
-        return self._under_turns(self._model) if self._done.is_set() else None
-
-    def _under_turns(self, model: Any) -> Any:
-        """``model``, its evaluations on the lanes' thread when lanes run (not gathered)."""
-        if model is not None and self.turns is not None:
-            model.use_turns(self.turns, gather=False)
-        return model
+        return self._model if self._done.is_set() else None
 
     def wait(self) -> Any:
         """The model, loaded now if it was left for later (or waited for while it loads);
@@ -221,7 +187,7 @@ class DraftSlot:
             self._thread.join()
         if self._model is None:
             raise self._error or RuntimeError("the draft model's load was stopped")
-        return self._under_turns(self._model)
+        return self._model
 
     # -- the session's view ----------------------------------------------------------------
 

@@ -206,7 +206,9 @@ def _load_pair(
     slot = None
     try:
         if draft_path is not None and decision is not None:
-            draft_load = replace(load, greedy_confidence=True, greedy_vocab=target.n_vocab)
+            # Its lanes evaluate on the target's lanes' thread (backend/lanes.py).
+            draft_load = replace(load, greedy_confidence=True, greedy_vocab=target.n_vocab,
+                                 scheduler=target.shared.scheduler)  # fmt: skip
             slot = _draft_slot(
                 options, draft_load, placement, target, draft_path, decision, on_progress
             )

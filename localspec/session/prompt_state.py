@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec import __version__
-from localspec.backend.llama import LlamaModel
+from localspec.backend.llama import LlamaLane
 from localspec.core.cached_model import common_prefix_length
 from localspec.core.events import Restored
 from localspec.errors import BackendError
@@ -89,8 +89,8 @@ class PromptState:
 
     def restore(
         self,
-        target: LlamaModel,
-        draft: LlamaModel | None,
+        target: LlamaLane,
+        draft: LlamaLane | None,
         prompt: list[int],
         warnings: list[str],
         slot: DraftSlot | None = None,
@@ -128,7 +128,7 @@ class PromptState:
         cost = entry.prefill_s or self.fallback_prefill_s
         return Restored(restored, found.tier, seconds, max(0.0, restored * cost - seconds))
 
-    def keep(self, target: LlamaModel, draft: LlamaModel | None, prefill_s: float) -> str:
+    def keep(self, target: LlamaLane, draft: LlamaLane | None, prefill_s: float) -> str:
         """Save what the models hold after an answer (see the module docstring); "" or why
         it could not be saved."""
         tokens = list(target.cached)
@@ -147,7 +147,7 @@ class PromptState:
         disk = self.disk and new * prefill_s >= WORTH * 2 * entry.nbytes / self.cache.io_rate
         return self.cache.save(entry, memory=self.memory, disk=disk)
 
-    def stash(self, target: LlamaModel, draft: LlamaModel | None) -> None:
+    def stash(self, target: LlamaLane, draft: LlamaLane | None) -> None:
         """Keep what the target holds in memory before it is overwritten (a server's lane)."""
         tokens = list(target.cached)
         if not self.memory or len(tokens) < MIN_TOKENS:
@@ -162,7 +162,7 @@ class PromptState:
         )  # fmt: skip
         self.cache.save(entry, memory=True, disk=False)
 
-    def _draft_part(self, draft: LlamaModel | None, tokens: list[int]) -> Saved | None:
+    def _draft_part(self, draft: LlamaLane | None, tokens: list[int]) -> Saved | None:
         """The draft model's sequence where it holds most of the target's tokens."""
         if draft is None or not self.draft_key or not draft.cached:
             return None
@@ -171,8 +171,8 @@ class PromptState:
         return Saved(as_tokens(draft.cached), draft.sequence_state())
 
 
-def _restoring(part: Saved) -> Callable[[LlamaModel], None]:
-    def restore(model: LlamaModel) -> None:
+def _restoring(part: Saved) -> Callable[[LlamaLane], None]:
+    def restore(model: LlamaLane) -> None:
         with contextlib.suppress(BackendError):  # a draft model's state is only a shortcut
             model.restore_sequence(part.tokens.tolist(), part.state)
 
@@ -182,7 +182,7 @@ def _restoring(part: Saved) -> Callable[[LlamaModel], None]:
 def open_prompt_state(
     tiers: tuple[str, ...],
     size: int | None,
-    target: LlamaModel,
+    target: LlamaLane,
     draft_path: Path | None,
     plain_s: float | None,
 ) -> PromptState | None:

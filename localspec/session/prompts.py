@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from localspec.backend.llama import LlamaModel
+from localspec.backend.llama import LlamaLane
 from localspec.errors import InputError, UnsupportedByModelError, empty_input
 from localspec.session.chat_template import render_chat
 
 
 class Prompts:
-    def __init__(self, target: LlamaModel) -> None:
+    def __init__(self, target: LlamaLane) -> None:
         self.target = target
         self.label = target.description()
         self._template = target.chat_template()

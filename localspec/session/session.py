@@ -27,15 +27,16 @@ they were restored at start), and gives each client its own ``answers``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from localspec.backend.grammar import compile_lazy, model_grammar
-from localspec.backend.llama import LlamaModel
+from localspec.backend.lanes import Turn
+from localspec.backend.llama import LlamaLane, LlamaModel
 from localspec.backend.rpc import RpcLink
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
@@ -65,8 +66,8 @@ MEASURED_PREFILL = 16
 class Session:
     def __init__(
         self,
-        target: LlamaModel,
-        draft: LlamaModel | None,
+        target: LlamaLane,
+        draft: LlamaLane | None,
         costs: CostProfile | None,
         costs_file: Path | None = None,
         learning: tuple[LearningStore, str] | None = None,
@@ -98,13 +99,15 @@ class Session:
         pending = slot if slot is not None and draft is None else None
         self.derived = derived and (draft is not None or slot is not None)
         self.corpora: list[tuple[str, Any]] = []  # what the next answer drafts from
+        # A lane of several is timed by its own work, and lets the others have their round
+        # after each of its own (backend/lanes.py).
         self.decoder = SpecDecoder(
             target, draft, costs, pending_draft=pending, corpora=lambda: self.corpora,
             draft_name=SELF_DRAFT if self.derived else "model", restored=restored,
+            clock=target.clock.now if target.scheduled else None, round_ended=target.pass_on,
         )  # fmt: skip
         self._restored = restored
         self.prompt_state = prompt_state
-        self._lanes_run = False  # rounds ran beside other lanes' (see forget_stale_costs)
         self.lane_of: Session | None = None  # the session whose pair a lane's session shares
         self.learning = learning  # where the auto controller's evidence is kept, and its key
         self._said: set[str] = set()  # the warnings said: each once in a session
@@ -133,7 +136,7 @@ class Session:
     # -- the draft model --------------------------------------------------------------------
 
     @property
-    def draft(self) -> LlamaModel | None:
+    def draft(self) -> LlamaLane | None:
         """The draft model if it is loaded now (it may load later: ``has_draft``)."""
         return self.slot.model if self.slot is not None else self._draft
 
@@ -197,14 +200,16 @@ class Session:
         tokens, drafters and learning over the same loaded models; the datastores, the
         learning store and the limits learned with are this one's. Closing a lane's session
         frees nothing: this one frees the pair."""
-        n = getattr(self.target, "lanes", 1)
-        return [self] + [self._lane(i) for i in range(1, n)]
+        target = self.target
+        if not isinstance(target, LlamaModel):
+            return [self]
+        return [self] + [self._lane(target, i) for i in range(1, target.lanes)]
 
-    def _lane(self, i: int) -> Session:
+    def _lane(self, target: LlamaModel, i: int) -> Session:
         slot = LaneSlot(self.slot, i) if isinstance(self.slot, DraftSlot) else None
-        draft = self._draft.lane(i) if self._draft is not None else None
+        draft = self._draft.lane(i) if isinstance(self._draft, LlamaModel) else None
         lane = Session(
-            self.target.lane(i), draft, self.costs, None, self.learning,
+            target.lane(i), draft, self.costs, None, self.learning,
             placement=self.placement, slot=slot, derived=self.derived, restored=self._restored,
             prompt_state=dataclasses.replace(self.prompt_state) if self.prompt_state else None,
         )  # fmt: skip
@@ -215,20 +220,15 @@ class Session:
         lane.answers = list(self.answers)  # the same histories (a server's clients: its own)
         return lane
 
-    def run_lanes(self, turns: Any, clock: Callable[[], float] | None) -> None:
-        """This session's generations run under ``turns`` (backend/lanes.py), timed by
-        ``clock`` (a ``LaneClock``'s ``now``: the lane's own work); None leaves them alone."""
-        self.target.use_turns(turns)
-        # The draft model's evaluations on the lanes' thread, not gathered: the one loaded
-        # now, and one the slot hands out once it is loaded.
-        slot = self.slot.slot if isinstance(self.slot, LaneSlot) else self.slot
-        if slot is not None:
-            slot.turns = turns
-        draft = self.draft
-        if draft is not None:
-            draft.use_turns(turns, gather=False)
-        self.decoder.clock = clock or time.perf_counter
-        self._lanes_run = turns is not None
+    @contextlib.contextmanager
+    def turn(
+        self, *, first: bool = False, client: str = "", gather: bool = False
+    ) -> Iterator[Turn]:
+        """Hold this lane's turn among the pair's lanes (backend/lanes.py) while a request
+        of ``client`` runs on it (``first``: an interactive one; ``gather``: its rounds may
+        be evaluated with the other lanes'); its engine passes it on after every round."""
+        with self.target.turn(first=first, client=client, gather=gather) as held:
+            yield held
 
     # -- clients of a server ----------------------------------------------------------------
 
@@ -468,7 +468,7 @@ class Session:
         """Drop the cached calibration when live plain steps ran far from it, so the next
         session measures again (the live correction already served this one). Not after
         rounds shared with other lanes: their steps' times were shares of joint batches."""
-        if self.costs_file is None or self._lanes_run:
+        if self.costs_file is None or self.target.scheduled:
             return
         for controller in self.decoder.controllers():
             drift = controller.costs.plain_drift()
