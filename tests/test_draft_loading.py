@@ -172,17 +172,18 @@ def _auto_session(monkeypatch, tiny_pair, costs: CostProfile | None):
     """An auto session opened with ``costs`` cached for the pair; the draft's loads by
     path, counted where session.open calls the loader."""
     from localspec.session import open as open_module
+    from localspec.session import plan as plan_module
     from localspec.session.costcache import cost_cache, costs_key
     from localspec.session.options import model_options
 
     target, draft, _ = tiny_pair
-    monkeypatch.setattr(open_module, "gpu_devices", lambda: [])
-    monkeypatch.setattr(open_module, "gpu_hardware", lambda: None)
+    monkeypatch.setattr(plan_module, "gpu_devices", lambda: [])
+    monkeypatch.setattr(plan_module, "gpu_hardware", lambda: None)
     options = model_options(
         GenerationParams().drafter, target=str(target), draft=str(draft), n_ctx=256
     )
     if costs is not None:
-        placement = open_module.plan_placement(options, target, draft)
+        placement = plan_module.plan_placement(options, target, draft)
         cost_cache().save(costs_key(options, placement, target, draft), costs)
     loads: list[str] = []
     real = open_module.LlamaModel

@@ -52,6 +52,7 @@ from pydantic import ValidationError
 from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
 from localspec.backend.rpc import parse_endpoints
 from localspec.core.params import DrafterMode, GenerationParams
+from localspec.environment import device_verification
 from localspec.errors import UsageError, validation_problem
 from localspec.session.pair import SELF_DRAFT, ModelOptions
 from localspec.session.placement import parse_layers
@@ -352,6 +353,12 @@ class ModelChoice(PairChoice):
             "drafter (batch-invariant kernels; slower)",
         ),
     ] = False
+
+    def options(self, drafter: DrafterMode | None = None, **fields: Any) -> ModelOptions:
+        """``PairChoice.options``, with where greedy choices are made: the environment's
+        ``LOCALSPEC_DEVICE_VERIFY``, read here, into the options of every loading front end."""
+        fields.setdefault("device_verify", device_verification())
+        return super().options(drafter, **fields)
 
 
 @dataclass(frozen=True)
