@@ -6,7 +6,7 @@ The option set: each group is a frozen dataclass whose fields are options, typed
 - ``PairChoice``: which target and draft, and where their layers run (``doctor``);
 - ``ModelChoice``: that, plus the RPC workers and ``--exact`` (every command that loads the
   pair, the Python API's ``load``); ``options(...)`` checks the values and returns the
-  ``ModelOptions``;
+  ``ModelOptions``, with ``LOCALSPEC_DEVICE_VERIFY`` read into them;
 - ``StoreChoice``: the datastores to draft from (``complete``, ``chat``);
   ``SharedStoreChoice``: those every client of ``serve`` drafts from;
 - ``SamplingChoice`` and ``DraftingChoice``: how tokens are sampled and drafted;

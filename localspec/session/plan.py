@@ -100,7 +100,7 @@ def plan_load(options: ModelOptions, on_progress: OnProgress | None = None) -> L
     )
     learns = options.calibrate and options.learn
     return LoadPlan(
-        options, target, draft, derives and draft is not None, placement,
+        options, target, draft, derives, placement,
         tuple(parse_endpoints(list(options.rpc))) if options.rpc else (), load,
         _target_load(options, load), decision, measuring, learns,
         learns and options.save_learning,

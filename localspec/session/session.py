@@ -22,7 +22,7 @@ timings show to be far off is dropped at ``close``, so the next session measures
 
 A server keeps its clients apart with ``forget_context`` (both models' caches emptied, so
 no prompt's prefix is reused for another client) and ``restart_learning`` (the drafters as
-they were restored at start), and gives each client its own ``answers``.
+they were restored at start), and gives each client its own ``answers`` (``own_answers``).
 """
 
 from __future__ import annotations
