@@ -109,7 +109,7 @@ class Session:
         self.n_ctx = target.n_ctx
         self.prompts = Prompts(target)
         self.target_label = self.prompts.label
-        described = draft.description() if draft is not None else None
+        described = draft.description() if slot is None and draft is not None else None
         self.draft_label: str | None = slot.label if slot is not None else described
         # Where greedy verification picks the target's tokens: "device" (llama.cpp's
         # backend sampler; only token ids come back) or "host" (from logits rows).
