@@ -174,15 +174,16 @@ def _auto_session(monkeypatch, tiny_pair, costs: CostProfile | None):
     from localspec.machine.costcache import cost_cache, costs_key
     from localspec.options.model import model_options
     from localspec.session import open as open_module
+    from localspec.session import plan as plan_module
 
     target, draft, _ = tiny_pair
-    monkeypatch.setattr(open_module, "gpu_devices", lambda: [])
-    monkeypatch.setattr(open_module, "gpu_hardware", lambda: None)
+    monkeypatch.setattr(plan_module, "gpu_devices", lambda: [])
+    monkeypatch.setattr(plan_module, "gpu_hardware", lambda: None)
     options = model_options(
         GenerationParams().drafter, target=str(target), draft=str(draft), n_ctx=256
     )
     if costs is not None:
-        placement = open_module.plan_placement(options, target, draft)
+        placement = plan_module.plan_placement(options, target, draft)
         cost_cache().save(costs_key(options, placement, target, draft), costs)
     loads: list[str] = []
     real = open_module.LlamaModel

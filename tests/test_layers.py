@@ -1,6 +1,7 @@
 """The import contract: each layer imports only from the layers below it.
 
-Layers, lowest first: ``errors`` and ``progress`` (values every layer may use); ``core``;
+Layers, lowest first: ``errors`` and ``progress`` (values every layer may use); ``core``,
+and beside it ``environment`` (the environment variables the front ends read);
 ``statefiles`` (how every layer above the core writes and reads its small files);
 ``backend``; ``models`` (which uses the backend only to measure drafts it derives from a
 target; the backend never imports it); ``storage`` (what is kept on disk: datastores, the
@@ -33,6 +34,7 @@ RANK = {
     "errors": 0,
     "progress": 0,
     "core": 1,
+    "environment": 1,
     "statefiles": 2,
     "backend": 3,
     "models": 4,
@@ -65,8 +67,8 @@ MODULES = sorted(
 
 
 def layer_of(module: str) -> str | None:
-    """``core.engine`` -> ``core``; top-level modules other than ``errors`` and
-    ``progress`` have no layer."""
+    """``core.engine`` -> ``core``; top-level modules other than ``errors``, ``progress``
+    and ``environment`` have no layer."""
     head = module.split(".")[0]
     return head if head in RANK else None
 

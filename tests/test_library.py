@@ -297,16 +297,6 @@ def test_history_opt_outs(tmp_path, monkeypatch):
 # -- the session: what it records and drafts from ---------------------------------------------
 
 
-class FakeSession:
-    def __init__(self, target) -> None:
-        self.target = target
-        self.answers: list = []
-        self.attached: list = []
-
-    def attach_stores(self, corpora) -> None:
-        self.attached = list(corpora)
-
-
 @pytest.fixture
 def vocab_model(tiny_pair):
     from localspec.backend.llama import LlamaModel
@@ -334,10 +324,9 @@ def test_the_session_records_answers_unless_turned_off(
     if env is not None:
         monkeypatch.setenv("LOCALSPEC_HISTORY", env)
     Library().set_history(setting)
-    session = FakeSession(vocab_model)
-    _open_stores(session, ModelOptions(**options), None)
+    kept, _ = _open_stores(vocab_model, ModelOptions(**options), None)
     key = vocabulary_fingerprint(vocab_model)
-    for answers in session.answers:
+    for answers in kept:
         assert answers.fingerprint == key
         assert answers.record([5, 6, 7]) == []
     kept = History(Library().history_dir(key)).summary()
@@ -353,17 +342,15 @@ def test_the_session_drafts_from_the_stores_of_its_tokenizer(vocab_model, tmp_pa
     add(library, [project(tmp_path, {"a.py": "mine"})], fingerprint=key)
     add(library, [project(tmp_path / "o", {"b.py": "other"})], name="other", fingerprint=OTHER)
     library.record(key, [5, 6, 7])
-    session = FakeSession(vocab_model)
     warnings: list[str] = []
-    _open_stores(session, ModelOptions(), warnings.append)
-    assert [name for name, _ in session.attached] == ["proj"] and warnings == []
-    (answers,) = session.answers
+    kept, stores = _open_stores(vocab_model, ModelOptions(), warnings.append)
+    assert [name for name, _ in stores] == ["proj"] and warnings == []
+    (answers,) = kept
     assert [name for name, _ in answers.corpora()[0]] == ["history"]
-    session = FakeSession(vocab_model)
-    _open_stores(session, ModelOptions(stores=()), warnings.append)  # --no-store
-    assert session.attached == [] and all(not a.draft for a in session.answers)
+    kept, stores = _open_stores(vocab_model, ModelOptions(stores=()), warnings.append)  # --no-store
+    assert stores == [] and all(not a.draft for a in kept)
     with pytest.raises(UsageError, match="another tokenizer"):
-        _open_stores(FakeSession(vocab_model), ModelOptions(stores=("other",)), None)
+        _open_stores(vocab_model, ModelOptions(stores=("other",)), None)
     with pytest.raises(UsageError, match="no datastore named"):
         Library().check_exist(("proj", "history", "nope"))
 

@@ -162,15 +162,15 @@ def test_footprint_reads_layers_and_kv_from_the_file(tiny_pair):
 
 
 def _fake_devices(monkeypatch, found, hardware=None):
-    from localspec.session import open as open_module
+    from localspec.session import plan as plan_module
 
-    monkeypatch.setattr(open_module, "gpu_devices", lambda: [d for d in found if d.is_gpu])
-    monkeypatch.setattr(open_module, "gpu_hardware", lambda: hardware)
+    monkeypatch.setattr(plan_module, "gpu_devices", lambda: [d for d in found if d.is_gpu])
+    monkeypatch.setattr(plan_module, "gpu_hardware", lambda: hardware)
 
 
 def test_plan_placement_uses_the_devices_and_rpc_keeps_the_draft_here(monkeypatch, tiny_pair):
-    from localspec.session.open import plan_placement
     from localspec.session.pair import ModelOptions
+    from localspec.session.plan import plan_placement
 
     target, draft, _ = tiny_pair
     _fake_devices(monkeypatch, [gpu(4)])

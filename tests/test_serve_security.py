@@ -166,7 +166,7 @@ def timings_of(r: httpx.Response) -> dict:
 
 
 # A kept answer is drafted from by the history's store, or, asked again word for word, as
-# the prediction of the session (Session._earlier_answer): either tells of earlier text.
+# the prediction of the session (storage.answers.earlier_answer): either tells of earlier text.
 FROM_EARLIER = ("store", "prediction")
 
 

@@ -56,7 +56,7 @@ def test_a_longer_context_needs_more_room():
 
 
 def _fake_gpu_build(monkeypatch, found: list[Device]) -> None:
-    from localspec.session import open as open_module
+    from localspec.session import plan as plan_module
 
     real = device_module.build_info()
     monkeypatch.setattr(
@@ -64,8 +64,8 @@ def _fake_gpu_build(monkeypatch, found: list[Device]) -> None:
         "build_info",
         lambda: BuildInfo(real.llama_cpp_python, ("CPU", "CUDA"), True, real.rpc, "CUDA"),
     )
-    monkeypatch.setattr(open_module, "gpu_devices", lambda: found)
-    monkeypatch.setattr(open_module, "gpu_hardware", lambda: None)
+    monkeypatch.setattr(plan_module, "gpu_devices", lambda: found)
+    monkeypatch.setattr(plan_module, "gpu_hardware", lambda: None)
 
 
 def test_doctor_suggests_a_target_for_the_gpu_and_says_how_it_verifies(monkeypatch, tiny_pair):

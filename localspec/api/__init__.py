@@ -130,6 +130,9 @@ def load(
         stores=(stores,) if isinstance(stores, str) else stores,
         history=history,
         show_download_progress=False,
+        # What was learned is restored (a warm start); without learn, this script's answers
+        # add nothing to it.
+        save_learning=learn,
         **PromptCacheChoice(_size_text(prompt_cache_size), not prompt_cache).fields(
             (MEMORY, DISK), LOAD
         ),
@@ -145,7 +148,4 @@ def load(
 
     # A callback of its own also keeps downloads from drawing progress bars on the terminal.
     session = open_session(options, on_progress=told)
-    if not learn:
-        # What was learned is restored (a warm start) but this script's answers add nothing.
-        session.learning = None
     return Speculator(session, mode, warnings)

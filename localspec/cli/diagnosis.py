@@ -132,7 +132,7 @@ def _pair(report: Diagnosis, options: Any) -> None:
     """Where each model of the pair would run, for the files already on disk."""
     from localspec.machine.costcache import cached_costs
     from localspec.models.catalog import Role, default_name, locate_model, looks_like_path
-    from localspec.session.open import plan_placement
+    from localspec.session.plan import plan_placement
 
     paths: dict[str, Path | None] = {}
     refs: tuple[tuple[Role, str | None], ...] = (
@@ -173,7 +173,7 @@ def _pair(report: Diagnosis, options: Any) -> None:
 
 def _verification(report: Diagnosis) -> None:
     """Where greedy verification picks the target's tokens, as the next load will."""
-    from localspec.session.open import DEVICE_VERIFY, device_verification
+    from localspec.environment import DEVICE_VERIFY, device_verification
 
     try:
         setting = device_verification()
@@ -203,11 +203,11 @@ def _verification(report: Diagnosis) -> None:
 def _suggestion(report: Diagnosis, options: Any) -> None:
     """A target that suits the GPU's free memory, when it is not the one chosen."""
     from localspec.machine.suggest import suggest_target
-    from localspec.session import open as opening
+    from localspec.session import plan as planning
 
     if report.build is None or not report.build.get("gpu_offload"):
         return
-    found = suggest_target(opening.gpu_devices(), options.n_ctx)
+    found = suggest_target(planning.gpu_devices(), options.n_ctx)
     if found is None:
         return
     report.suggestion = found.to_dict()

@@ -30,13 +30,14 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import typer
 
 from localspec.cli.common import cli_errors, echo_error, echo_progress, is_loopback
 from localspec.cli.groups import option_groups
+from localspec.environment import gathering
 from localspec.errors import UsageError
 from localspec.options.generation import DraftingChoice, SamplingChoice
 from localspec.options.model import ModelChoice
@@ -45,6 +46,11 @@ from localspec.progress import Progress
 from localspec.serve.access import Access
 from localspec.session.pair import MAX_LANES as MAX_PARALLEL
 from localspec.storage.prompt_cache import MEMORY
+
+if TYPE_CHECKING:  # imported when the server starts (see below)
+    from localspec.serve.app import ServerState
+    from localspec.serve.worker import GenerationWorker
+    from localspec.session.pair import ModelOptions
 
 # The longest a server waits for a request's body: an hour is past any link a client
 # would wait on, and a slot held longer is one a slow sender took from the others.
@@ -139,10 +145,13 @@ def serve(
         params = sampling.params(drafting, max_tokens=max_tokens)
         # In memory only: each client's prompts are its own, and end with the server.
         options = model.options(params.drafter, **stores.fields(), **cache.fields((MEMORY,)))
-        options = options.model_copy(update={"lanes": parse_parallel(parallel)})
-        gather = gather_setting()  # a bad value is said before anything loads
+        gather = gathering()  # a bad value is said before anything loads
         body_timeout_s = parse_body_timeout(body_timeout)
         keys = read_keys(api_key or [], api_key_file)
+        # With several clients, what auto learns from one client's answers would shape
+        # another's next start: restored, not saved.
+        update = {"lanes": parse_parallel(parallel), "save_learning": len(keys) <= 1}
+        options = options.model_copy(update=update)
     _warn_of_exposure(host, keys)
     state = ServerState(
         defaults=params,
@@ -191,9 +200,6 @@ def _warn_of_exposure(host: str, keys: tuple[str, ...]) -> None:
             "it; pass --api-key-file or set LOCALSPEC_API_KEY",
             err=True,
         )
-
-
-GATHER = "LOCALSPEC_GATHER"
 
 
 def parse_parallel(value: str) -> int:
@@ -265,17 +271,7 @@ def _log_to_stderr() -> None:
         logger.propagate = False
 
 
-def gather_setting() -> bool | None:
-    """Whether the lanes' rounds are gathered into one evaluation (``LOCALSPEC_GATHER``):
-    ``auto``, the default (None: where this machine's measured costs say it pays), ``1``
-    (always) or ``0`` (never: the lanes evaluate in turn)."""
-    value = os.environ.get(GATHER, "auto").strip().lower()
-    if value not in ("auto", "0", "1"):
-        raise UsageError(f"{GATHER}={value!r} is neither auto, 0 nor 1", f"unset {GATHER}")
-    return None if value == "auto" else value == "1"
-
-
-def lanes_summary(worker) -> str:  # noqa: ANN001
+def lanes_summary(worker: GenerationWorker) -> str:
     """One line on how many generations run at once, and whether their rounds are gathered."""
     if worker.lanes == 1:
         return "one generation at a time"
@@ -289,8 +285,12 @@ class StoppedLoading(BaseException):
     Not an ``Exception``: no step takes it for a failure of its own."""
 
 
-def load_into(  # noqa: ANN001
-    state, options, queue_size: int, history: bool = False, gather: bool | None = None
+def load_into(
+    state: ServerState,
+    options: ModelOptions,
+    queue_size: int,
+    history: bool = False,
+    gather: bool | None = None,
 ) -> None:
     """Load the pair, then serve it (``ServerState.serve_with``). A failure is left in
     ``state.load_error``, which stops the server (serve/server.py); ``serve`` then says it
@@ -317,9 +317,6 @@ def load_into(  # noqa: ANN001
         session.close()
         state.loading = False
         return
-    if len(state.access.keys) > 1:
-        # What auto learns from one client's answers would shape another's next start.
-        session.learning = None
     session.learn_with(state.defaults)  # a request's own limits learn apart, unsaved
     worker = GenerationWorker(
         session, max_queue=queue_size, on_client=keep_apart(history), gather=gather

@@ -7,7 +7,7 @@ what every group is made of, and the pair's groups:
 - ``PairChoice``: which target and draft, and where their layers run (``doctor``);
 - ``ModelChoice``: that, plus the RPC workers and ``--exact`` (every command that loads the
   pair, the Python API's ``load``); ``options(...)`` checks the values and returns the
-  ``ModelOptions``.
+  ``ModelOptions``, with ``LOCALSPEC_DEVICE_VERIFY`` read into them.
 
 The other groups: the datastores and the prompt cache (``stores.py``), sampling and
 drafting (``generation.py``), the bench's own (``bench.py``).
@@ -49,6 +49,7 @@ from pydantic import ValidationError
 from localspec.backend.rpc import DEFAULT_TIMEOUT as DEFAULT_RPC_TIMEOUT
 from localspec.backend.rpc import parse_endpoints
 from localspec.core.params import DrafterMode
+from localspec.environment import device_verification
 from localspec.errors import UsageError, validation_problem
 from localspec.machine.placement import parse_layers
 from localspec.session.pair import SELF_DRAFT, ModelOptions
@@ -322,6 +323,12 @@ class ModelChoice(PairChoice):
             "drafter (batch-invariant kernels; slower)",
         ),
     ] = False
+
+    def options(self, drafter: DrafterMode | None = None, **fields: Any) -> ModelOptions:
+        """``PairChoice.options``, with where greedy choices are made: the environment's
+        ``LOCALSPEC_DEVICE_VERIFY``, read here, into the options of every loading front end."""
+        fields.setdefault("device_verify", device_verification())
+        return super().options(drafter, **fields)
 
 
 # Fields of ModelOptions whose option has another name, in every front end (``ctx``).

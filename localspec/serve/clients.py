@@ -27,11 +27,10 @@ def keep_apart(history: bool) -> OnClient:
     def begin_client(session: Session, client: str) -> None:
         session.forget_context(client or "")
         session.restart_learning()
-        shared = [answers for answers in session.answers if not answers.client]
         own = []
         if history:
             fingerprint = vocabulary_fingerprint(session.target)
             own = [KeptAnswers(Library(), fingerprint, client or KEYLESS)]
-        session.answers = shared + own
+        session.own_answers(own)
 
     return begin_client

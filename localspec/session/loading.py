@@ -138,7 +138,6 @@ class DraftSlot:
         *,
         model: Any = None,
         label: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``model``: already loaded (``NOW``); else ``loader`` loads it when asked."""
         self.path = Path(path)
@@ -146,13 +145,12 @@ class DraftSlot:
         self._loader = loader
         self._model = model
         self._label = label
-        self._clock = clock
         self._error: BaseException | None = None
         self._closing = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._opened = clock()
+        self._opened = time.monotonic()
         self.load_s: float | None = None  # how long the load took, once it has run
         self.ready_after_s: float | None = None  # since the slot opened, once loaded
         self._loaded = model is not None  # it was loaded (still so once closed and freed)
@@ -213,7 +211,7 @@ class DraftSlot:
 
     def _load(self) -> None:
         assert self._loader is not None
-        started = self._clock()
+        started = time.monotonic()
         try:
             model = self._loader(self._closing.is_set)
         except BaseException as err:  # kept for wait() and said by the engine
@@ -226,8 +224,8 @@ class DraftSlot:
                 if prepare is not None:
                     prepare(model)
                 self._model, self._loaded = model, True
-                self.load_s = self._clock() - started
-                self.ready_after_s = self._clock() - self._opened
+                self.load_s = time.monotonic() - started
+                self.ready_after_s = time.monotonic() - self._opened
         finally:
             self._done.set()
 

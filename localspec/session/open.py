@@ -1,64 +1,52 @@
 """The composition root: ``open_session(options, on_progress, on_lost)`` loads a
 target/draft pair and returns the ``Session`` around it.
 
-It reads as its steps: resolve the model references (``pair.resolve_pair``: paths, catalog
-names, Hub references; the default pair when none is given), connect to the RPC workers if
-any, plan where each model runs (``plan_placement``), load both models with the same
-context size, check that the draft's vocabulary fits the target's (llama.cpp's rules),
-calibrate (this machine's costs, measured once per pair and cached on disk:
-``costcache``), restore what ``auto`` learned for the pair (``storage.learning``; a damaged
-or foreign state file is ignored with a warning), and attach the user's datastores built
-with the target's tokenizer and the history of answers (``storage``; a damaged store is
-left out with a warning). A model loaded before a step fails is freed before the error goes
-on. RPC workers lost mid-evaluation are reported to ``on_lost`` from another thread; by
-default that ends the process with a ``WorkersLostError``, reported as every error is
-(``errors.exit_with``).
+It reads as its two steps: plan the load (``plan.plan_load``: which files, where each model
+runs, when the draft model loads, what is measured and learned), then carry the plan out:
+connect to the RPC workers if any, load both models with the same context size, check that
+the draft's vocabulary fits the target's (llama.cpp's rules), calibrate (this machine's
+costs, measured once per pair and cached on disk: ``costcache``), restore what ``auto``
+learned for the pair (``storage.learning``; a damaged or foreign state file is ignored with
+a warning), open the prompt cache, and attach the user's datastores built with the target's
+tokenizer and the history of answers (``storage``; a damaged store is left out with a
+warning); the ``Session`` is built with all of it. A model loaded before a step fails is
+freed before the error goes on. RPC workers lost mid-evaluation are reported to ``on_lost``
+from another thread; by default that ends the process with a ``WorkersLostError``, reported
+as every error is (``errors.exit_with``).
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localspec.backend.compat import check_vocabularies
-from localspec.backend.devices import gpu_devices, gpu_hardware
 from localspec.backend.llama import LlamaModel, LoadOptions, exact_kernels
-from localspec.backend.rpc import RpcLink, attach, parse_endpoints
+from localspec.backend.rpc import RpcLink, attach
 from localspec.core.costs import CostProfile
 from localspec.core.engine import check_learned
-from localspec.core.params import GenerationParams
-from localspec.errors import IncompatibleModelsError, UsageError, WorkersLostError, exit_with
+from localspec.errors import IncompatibleModelsError, WorkersLostError, exit_with
 from localspec.machine.calibrate import file_identity, machine_key
-from localspec.machine.costcache import cached_costs, step_costs
-from localspec.machine.placement import ALL, ModelPlace, Placement, place
-from localspec.models.resources import footprint, model_name
+from localspec.machine.costcache import step_costs
+from localspec.models.resources import model_name
 from localspec.progress import OnProgress, ProgressKind, tell
-from localspec.session.loading import DraftDecision, DraftPlan, DraftSlot, Loading, plan_draft
-from localspec.session.pair import (
-    AUTO_LANES_CPU,
-    AUTO_LANES_GPU,
-    SELF_DRAFT,
-    ModelOptions,
-    resolve_pair,
-)
+from localspec.session.loading import DraftPlan, DraftSlot, Loading
+from localspec.session.pair import ModelOptions
+from localspec.session.plan import LoadPlan, plan_load
 
 if TYPE_CHECKING:  # imported while the target loads (see _load_pair)
     from localspec.session.session import Session
+    from localspec.storage.answers import KeptAnswers
     from localspec.storage.learning import LearningStore
 
 # Modules the session needs once the target is loaded (the engine, its drafters, the
 # stores): imported while it loads, which llama.cpp does without Python's lock.
 WHILE_LOADING = ("localspec.session.session", "localspec.storage.answers")
 
-DEVICE_VERIFY = "LOCALSPEC_DEVICE_VERIFY"  # auto, 1 or 0: see device_verification
-
 LostHandler = Callable[[str], None]
-# The draft length the draft model is judged by before loading it: the drafter's default.
-DEFAULT_DRAFT_MAX = GenerationParams.model_fields["draft_max"].default
 
 
 def _exit_on_loss(message: str) -> None:
@@ -83,121 +71,80 @@ def open_session(
         Library().check_exist(options.stores)  # a misspelt --store fails before any load
     if options.exact:
         exact_kernels()  # process-wide, so before anything evaluates (deriving a self-draft)
-    target_path, draft_path = resolve_pair(options, on_progress)
-    rpc = _connect(options, on_lost, on_progress)
-    if options.lanes == 0:  # auto: what suits where the target runs
-        lanes = _auto_lanes(options, target_path, draft_path)
-        options = options.model_copy(update={"lanes": lanes})
-    placement = plan_placement(options, target_path, draft_path)
-    cached = cached_costs(options, placement, target_path, draft_path)
-    measuring = options.calibrate and (options.recalibrate or cached is None)
-    decision = _draft_decision(options, draft_path, cached, measuring)
-    loaded_draft = draft_path if decision and decision.plan is not DraftPlan.ON_DEMAND else None
-    _warn_before_loading(options, placement, rpc, target_path, loaded_draft, on_progress)
-    target, slot, costs, costs_file = _load_pair(
-        options, placement, rpc, target_path, draft_path, decision, measuring, on_progress
-    )
+    return open_planned(plan_load(options, on_progress), on_progress, on_lost)
+
+
+def open_planned(
+    plan: LoadPlan, on_progress: OnProgress | None, on_lost: LostHandler = _exit_on_loss
+) -> Session:
+    """Carry ``plan`` out: the pair loaded, and the ``Session`` around it."""
+    rpc = _connect(plan, on_lost, on_progress)
+    _warn_before_loading(plan, rpc, on_progress)
+    target, slot, costs, costs_file = _load_pair(plan, rpc, on_progress)
     from localspec.session.prompt_state import open_prompt_state
     from localspec.session.session import Session
 
-    learning: tuple[LearningStore, str] | None = None
-    restored: dict | None = None
-    if options.calibrate and options.learn:
-        draft = slot.model if slot is not None else None
-        paths = (target_path, draft_path)
-        learning, restored = _learned(target, draft, costs, placement, paths, on_progress)
+    draft = slot.model if slot is not None else None
+    learned = _learned(plan, target, draft, costs, on_progress) if plan.restores_learning else None
+    options = plan.options
     prompt_state = open_prompt_state(
-        options.prompt_cache_tiers, options.prompt_cache_size, target, draft_path,
+        options.prompt_cache_tiers, options.prompt_cache_size, target, plan.draft,
         costs.plain_s if costs is not None else None,
     )  # fmt: skip
-    session = Session(
-        target, None, costs, costs_file, learning, rpc=rpc, placement=placement, slot=slot,
-        derived=options.draft == SELF_DRAFT, restored=restored, prompt_state=prompt_state,
-    )  # fmt: skip
     try:
-        _open_stores(session, options, on_progress)
+        answers, stores = _open_stores(target, options, on_progress)
     except BaseException:  # a --store that names nothing: the models are not kept loaded
-        session.close()
+        _free(target, slot, rpc)
         raise
-    return session
+    return Session(
+        target, None, costs, costs_file, learned[0] if learned and plan.saves_learning else None,
+        rpc=rpc, placement=plan.placement, slot=slot, derived=plan.derived,
+        restored=learned[1] if learned else None, prompt_state=prompt_state, answers=answers,
+        stores=stores,
+    )  # fmt: skip
 
 
-def _auto_lanes(options: ModelOptions, target_path: Path, draft_path: Path | None) -> int:
-    """Generations at once where none were asked for: several where the target runs on a GPU
-    (one batch verifies their rounds for little more than one), else two (an editor's
-    completions beside a chat: the cores run one generation at full speed already)."""
-    single = plan_placement(options.model_copy(update={"lanes": 1}), target_path, draft_path)
-    return AUTO_LANES_GPU if single.target.on_gpu else AUTO_LANES_CPU
+def _free(target: LlamaModel, slot: DraftSlot | None, rpc: RpcLink | None) -> None:
+    """Free what was loaded for a session that will not open."""
+    if rpc is not None and rpc.lost:
+        return  # freeing a target whose workers are gone would wait on them forever
+    target.close()
+    if slot is not None:
+        slot.close()
+    if rpc is not None:
+        rpc.close()
 
 
 def _connect(
-    options: ModelOptions, on_lost: LostHandler, on_progress: OnProgress | None
+    plan: LoadPlan, on_lost: LostHandler, on_progress: OnProgress | None
 ) -> RpcLink | None:
     """The link to the RPC workers the target's layers go to; None without ``--rpc``."""
-    if not options.rpc:
+    if not plan.endpoints:
         return None
-    endpoints = parse_endpoints(list(options.rpc))
-    tell(on_progress, f"connecting to RPC workers {', '.join(map(str, endpoints))}")
-    return attach(endpoints, options.rpc_timeout, on_lost)
+    tell(on_progress, f"connecting to RPC workers {', '.join(map(str, plan.endpoints))}")
+    return attach(list(plan.endpoints), plan.options.rpc_timeout, on_lost)
 
 
 def _warn_before_loading(
-    options: ModelOptions,
-    placement: Placement,
-    rpc: RpcLink | None,
-    target_path: Path,
-    draft_path: Path | None,
-    on_progress: OnProgress | None,
+    plan: LoadPlan, rpc: RpcLink | None, on_progress: OnProgress | None
 ) -> None:
-    for notice in placement.notices:
+    for notice in plan.placement.notices:
         tell(on_progress, notice, ProgressKind.WARNING)
-    if not rpc and not placement.target.on_gpu:
-        memory_warning = _memory_warning(target_path, draft_path, options.n_ctx * options.lanes)
+    if not rpc and not plan.placement.target.on_gpu:
+        n_ctx = plan.options.n_ctx * plan.options.lanes
+        memory_warning = _memory_warning(plan.target, plan.draft_now, n_ctx)
         if memory_warning:  # said before loading, which may be what runs out of memory
             tell(on_progress, memory_warning, ProgressKind.WARNING)
 
 
-def _draft_decision(
-    options: ModelOptions,
-    draft_path: Path | None,
-    cached: CostProfile | None,
-    measuring: bool,
-) -> DraftDecision | None:
-    """When the draft model is loaded (session/loading.py), from the costs cached for
-    the pair; None without one."""
-    if draft_path is None:
-        return None
-    optional = options.draft_on_demand
-    return plan_draft(cached, DEFAULT_DRAFT_MAX, optional=optional, measuring=measuring)
-
-
 def _load_pair(
-    options: ModelOptions,
-    placement: Placement,
-    rpc: RpcLink | None,
-    target_path: Path,
-    draft_path: Path | None,
-    decision: DraftDecision | None,
-    measuring: bool,
-    on_progress: OnProgress | None,
+    plan: LoadPlan, rpc: RpcLink | None, on_progress: OnProgress | None
 ) -> tuple[LlamaModel, DraftSlot | None, CostProfile | None, Path | None]:
     """The target loaded, the draft loaded now, or in the background, or left for later as
-    ``decision`` says (checked against the target once loaded), and their costs; what was
+    the plan says (checked against the target once loaded), and their costs; what was
     loaded is freed again if a later step fails."""
-    load = LoadOptions(
-        n_ctx=options.n_ctx,
-        lanes=options.lanes,
-        n_threads=options.threads,
-        n_gpu_layers=placement.target.n_gpu_layers,
-        flash_attn=options.flash_attn,
-        warm_up=measuring,  # the steps measured now must not pay the first pass's mapping
-        device_greedy=device_verification(),
-    )
-    # Only the target needs batch-invariant kernels: what the draft proposes never changes
-    # what the target accepts, so the draft keeps the fast ones.
-    target_load = replace(_target_load(options, load), exact=options.exact)
-    _say_loading(options, placement, rpc, target_path, on_progress)
-    loading = Loading(lambda: _load_target(target_load, rpc, target_path))
+    _say_loading(plan, rpc, on_progress)
+    loading = Loading(lambda: _load_target(plan.target_load, rpc, plan.target))
     try:
         for module in WHILE_LOADING:
             importlib.import_module(module)
@@ -205,44 +152,34 @@ def _load_pair(
         target = loading.result()
     slot = None
     try:
-        if draft_path is not None and decision is not None:
-            # Its lanes evaluate on the target's lanes' thread (backend/lanes.py).
-            draft_load = replace(load, greedy_confidence=True, greedy_vocab=target.n_vocab,
-                                 scheduler=target.shared.scheduler)  # fmt: skip
-            slot = _draft_slot(
-                options, draft_load, placement, target, draft_path, decision, on_progress
-            )
+        if plan.draft is not None and plan.decision is not None:
+            slot = _draft_slot(plan, target, on_progress)
         draft = slot.model if slot is not None else None
         costs, costs_file = step_costs(
-            options, placement, target, draft, target_path, draft_path, on_progress
+            plan.options, plan.placement, target, draft, plan.target, plan.draft, on_progress
         )
     except BaseException:
         target.close()
         if slot is not None:
             slot.close()
         raise
-    if slot is not None and decision is not None and decision.plan is DraftPlan.BACKGROUND:
+    if slot is not None and slot.decision.plan is DraftPlan.BACKGROUND:
         slot.start()
     return target, slot, costs, costs_file
 
 
-def _draft_slot(
-    options: ModelOptions,
-    load: LoadOptions,
-    placement: Placement,
-    target: LlamaModel,
-    draft_path: Path,
-    decision: DraftDecision,
-    on_progress: OnProgress | None,
-) -> DraftSlot:
+def _draft_slot(plan: LoadPlan, target: LlamaModel, on_progress: OnProgress | None) -> DraftSlot:
     """The draft's slot: loaded and checked now (``NOW``), or with a loader that does so
     later, quietly, in whatever thread asks."""
-    target_path = target.path
+    draft_path, decision = plan.draft, plan.decision
+    assert draft_path is not None and decision is not None
+    # Its lanes evaluate on the target's lanes' thread (backend/lanes.py).
+    load = replace(plan.draft_load(target.n_vocab), scheduler=target.shared.scheduler)
 
     def loader(abort: Callable[[], bool], report: OnProgress | None = None) -> LlamaModel:
-        draft = _load_draft(options, load, placement, draft_path, target_path, report, abort)
+        draft = _load_draft(plan, load, report, abort)
         try:
-            _check_vocabularies(target, draft, target_path, draft_path, report)
+            _check_vocabularies(target, draft, report)
         except BaseException:
             draft.close()
             raise
@@ -254,43 +191,11 @@ def _draft_slot(
     return DraftSlot(draft_path, decision, loader, label=model_name(draft_path))
 
 
-def device_verification() -> bool | None:
-    """Where greedy choices are made (``LOCALSPEC_DEVICE_VERIFY``): ``auto``, the default
-    (None: on the device where the output layer is offloaded, else from rows on the host),
-    ``1`` (always on the device, the CPU's backend included) or ``0`` (always on the host)."""
-    value = os.environ.get(DEVICE_VERIFY, "auto").strip().lower()
-    if value not in ("auto", "0", "1"):
-        raise UsageError(
-            f"{DEVICE_VERIFY}={value!r} is neither auto, 0 nor 1",
-            f"set {DEVICE_VERIFY}=0 to verify on the host, or unset it",
-        )
-    return None if value == "auto" else value == "1"
-
-
-def _target_load(options: ModelOptions, load: LoadOptions) -> LoadOptions:
-    """The target's load options: with ``--rpc-split``, its layers shared among the workers
-    as told (one non-negative share per worker, else a ``UsageError``)."""
-    if not options.rpc_split:
-        return load
-    if len(options.rpc_split) != len(options.rpc) or min(options.rpc_split) < 0:
-        raise UsageError(
-            f"--rpc-split gives {len(options.rpc_split)} shares for {len(options.rpc)} worker(s)",
-            "give one non-negative share per --rpc worker, e.g. --rpc-split 3,1",
-        )
-    return replace(load, tensor_split=options.rpc_split)
-
-
-def _say_loading(
-    options: ModelOptions,
-    placement: Placement,
-    rpc: RpcLink | None,
-    target_path: Path,
-    on_progress: OnProgress | None,
-) -> None:
-    where = f" onto {len(options.rpc)} RPC worker(s)" if rpc else ""
-    if not rpc and placement.target.on_gpu:
-        where = f" onto {placement.target.summary()}"
-    tell(on_progress, f"loading target {target_path.name}{where}")
+def _say_loading(plan: LoadPlan, rpc: RpcLink | None, on_progress: OnProgress | None) -> None:
+    where = f" onto {len(plan.endpoints)} RPC worker(s)" if rpc else ""
+    if not rpc and plan.placement.target.on_gpu:
+        where = f" onto {plan.placement.target.summary()}"
+    tell(on_progress, f"loading target {plan.target.name}{where}")
 
 
 def _load_target(load: LoadOptions, rpc: RpcLink | None, target_path: Path) -> LlamaModel:
@@ -301,47 +206,41 @@ def _load_target(load: LoadOptions, rpc: RpcLink | None, target_path: Path) -> L
 
 
 def _load_draft(
-    options: ModelOptions,
+    plan: LoadPlan,
     load: LoadOptions,
-    placement: Placement,
-    draft_path: Path,
-    target_path: Path,
     on_progress: OnProgress | None,
     abort: Callable[[], bool] | None = None,
 ) -> LlamaModel:
-    draft_place = placement.draft
-    assert draft_place is not None
+    draft_path, draft_place = plan.draft, plan.placement.draft
+    assert draft_path is not None and draft_place is not None
     where = f" onto {draft_place.summary()}" if draft_place.on_gpu else ""
     tell(on_progress, f"loading draft {draft_path.name}{where}")
-    draft_load = replace(load, n_gpu_layers=draft_place.n_gpu_layers)
-    if options.draft == SELF_DRAFT:  # a file localspec wrote: its hint says re-derive
+    if plan.derived:  # a file localspec wrote: its hint says re-derive
         from localspec.models.selfdraft import load_derived
 
-        return load_derived(draft_path, draft_load, str(target_path), abort=abort)
-    return LlamaModel(draft_path, draft_load, abort=abort)
+        return load_derived(draft_path, load, str(plan.target), abort=abort)
+    return LlamaModel(draft_path, load, abort=abort)
 
 
 def _check_vocabularies(
-    target: LlamaModel,
-    draft: LlamaModel,
-    target_path: Path,
-    draft_path: Path,
-    on_progress: OnProgress | None,
+    target: LlamaModel, draft: LlamaModel, on_progress: OnProgress | None
 ) -> None:
     tell(on_progress, "checking that the draft's vocabulary fits the target's")
     report = check_vocabularies(target, draft)
     if not report.compatible:
         raise IncompatibleModelsError(
-            f"draft {draft_path.name} cannot draft for target {target_path.name}: "
+            f"draft {draft.path.name} cannot draft for target {target.path.name}: "
             + report.summary(),
             "pick a draft of the target's model family (localspec models list), "
             "or run without one: --drafter ngram",
         )
 
 
-def _open_stores(session: Session, options: ModelOptions, on_progress: OnProgress | None) -> None:
-    """Attach the datastores auto may draft from, and the history answers are kept in and
-    drafted from (whether it is on is read at each answer). The tokenizer's fingerprint is
+def _open_stores(
+    target: LlamaModel, options: ModelOptions, on_progress: OnProgress | None
+) -> tuple[list[KeptAnswers], list[tuple[str, Any]]]:
+    """The histories answers are kept in and drafted from (whether it is on is read at each
+    answer), and the datastores auto may draft from. The tokenizer's fingerprint is
     computed only when a store or the history needs it."""
     from localspec.storage.answers import KeptAnswers
     from localspec.storage.library import HISTORY, Library, vocabulary_fingerprint
@@ -355,21 +254,21 @@ def _open_stores(session: Session, options: ModelOptions, on_progress: OnProgres
     stores = drafting and (bool(store_names) or (store_names is None and bool(library.names())))
     history = drafting and (names is None or named_history)
     if not (options.history or history or stores):
-        return
+        return [], []
 
     def warn(text: str) -> None:
         tell(on_progress, text, ProgressKind.WARNING)
 
-    fingerprint = vocabulary_fingerprint(session.target, warn)
-    session.answers = [
+    fingerprint = vocabulary_fingerprint(target, warn)
+    answers = [
         KeptAnswers(library, fingerprint, keep=options.history, draft=history, named=named_history)
     ]
-    if stores:
-        opened = library.open(fingerprint, store_names)
-        for warning in opened.warnings:
-            warn(warning)
-        if opened.stores:
-            session.attach_stores(opened.stores)
+    if not stores:
+        return answers, []
+    opened = library.open(fingerprint, store_names)
+    for warning in opened.warnings:
+        warn(warning)
+    return answers, list(opened.stores)
 
 
 def learning_store() -> LearningStore:
@@ -379,34 +278,11 @@ def learning_store() -> LearningStore:
     return LearningStore(cache_root() / "learning")
 
 
-def plan_placement(options: ModelOptions, target_path: Path, draft_path: Path | None) -> Placement:
-    """Where each model of the pair will run, from the devices this build sees now (see
-    machine/placement.py). With RPC workers the target goes to them (all its layers unless
-    told otherwise) and the draft stays on this machine's CPU: its steps are many and
-    small, and a network round trip for each would cost more than the step."""
-    n_ctx = options.n_ctx * options.lanes  # every lane's context is in the cache
-    target = footprint(target_path, n_ctx)
-    draft = footprint(draft_path, n_ctx) if draft_path is not None else None
-    if options.rpc:
-        request = ALL if options.n_gpu_layers is None else options.n_gpu_layers
-        layers = target.layers if request == ALL else min(request, target.layers)
-        return Placement(
-            ModelPlace(layers, target.layers, "RPC workers" if layers else "CPU"),
-            ModelPlace(0, draft.layers, "CPU") if draft else None,
-            "--rpc: the target's layers run on the workers, the draft on this machine",
-        )
-    return place(
-        options.n_gpu_layers, options.draft_gpu_layers, target, draft, gpu_devices(),
-        gpu_hardware(),
-    )  # fmt: skip
-
-
 def _learned(
+    plan: LoadPlan,
     target: LlamaModel,
     draft: LlamaModel | None,
     costs: CostProfile | None,
-    placement: Placement | None,
-    paths: tuple[Path, Path | None],
     on_progress: OnProgress | None,
 ) -> tuple[tuple[LearningStore, str], dict | None]:
     """Where what the auto controller learns for this pair is kept, where it runs now (the
@@ -415,8 +291,8 @@ def _learned(
     from localspec.statefiles import STATE_ERRORS
 
     store = learning_store()
-    where = placement.key() if placement else ()
-    key = machine_key(*(file_identity(path) for path in paths), *where)
+    paths = (plan.target, plan.draft)
+    key = machine_key(*(file_identity(path) for path in paths), *plan.placement.key())
     learned, problem = store.load(key)
     if problem:
         tell(on_progress, problem, ProgressKind.WARNING)

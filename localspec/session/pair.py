@@ -4,9 +4,10 @@
 ``resolve_pair(options, on_progress)`` resolves paths, catalog names and Hub references (the
 default pair when none is given; fetched on first use), picks the draft a catalog target
 is paired with when no ``--draft`` is given (``NO_DRAFT`` where its family has none, or where
-a target file's header names another tokenizer than the default draft's), and
-derives the target's own draft for ``SELF_DRAFT`` (once per target, then cached). Nothing
-is loaded here.
+a target file's header names another tokenizer than the default draft's). A draft of the
+target's own layers (``SELF_DRAFT``: ``derives_draft``) is not resolved here but derived by a
+step of its own, ``derive_self_draft`` (once per target, then cached), when the load's plan
+says so (session/plan.py). Nothing is loaded here.
 """
 
 from __future__ import annotations
@@ -71,11 +72,19 @@ class ModelOptions(BaseModel):
     # (None: from this machine's memory and free disk).
     prompt_cache_tiers: tuple[str, ...] = ()
     prompt_cache_size: int | None = Field(None, ge=0)
+    # Where greedy choices are made: None as suits where the output layer runs, True on the
+    # device, False from rows on the host (a front end reads LOCALSPEC_DEVICE_VERIFY).
+    device_verify: bool | None = None
+    # Save what auto learns for the next session (with learn): False restores it and saves
+    # nothing (a script's, a server's of several clients).
+    save_learning: bool = True
 
 
 def resolve_pair(
     options: ModelOptions, on_progress: OnProgress | None = None
 ) -> tuple[Path, Path | None]:
+    """The target's file and the draft's (None: no draft model, or one that
+    ``derives_draft`` says is derived from the target)."""
     from localspec.models.catalog import resolve_model
 
     # A front end that draws its own screen (no rich bars) gets a fetch's notes and shares.
@@ -87,9 +96,7 @@ def resolve_pair(
         ref = options.draft if options.draft else _paired_draft(options.target)
         if ref is None and options.target:  # a file or Hub reference: the default draft?
             ref = _default_draft_for(target, on_progress)
-        if ref == SELF_DRAFT:
-            return target, _self_draft(target, options, on_progress)
-        if ref is not NO_DRAFT:
+        if ref not in (NO_DRAFT, SELF_DRAFT):
             tell(on_progress, "locating the draft model (fetched on first use)")
             draft = resolve_model(ref, "draft", progress=shown)
     return target, draft
@@ -99,14 +106,19 @@ NO_DRAFT = ""  # a target whose model family has no draft: auto drafts by copyin
 SELF_DRAFT = "self"  # --draft self: a draft of the target's own layers
 
 
-def _self_draft(target: Path, options: ModelOptions, on_progress: OnProgress | None) -> Path:
+def derives_draft(options: ModelOptions) -> bool:
+    """Whether the pair's draft is derived from the target's own layers (``--draft self``)."""
+    return options.use_draft and options.draft == SELF_DRAFT
+
+
+def derive_self_draft(target: Path, threads: int | None, on_progress: OnProgress | None) -> Path:
     """The target's derived draft: cached, or measured and written now (once per target)."""
     from localspec.models.selfdraft import cached_derived, derived_draft
 
     if cached_derived(target) is None:
         tell(on_progress, "deriving a draft from the target's own layers (once per target; "
              "measures which layers to keep, about two minutes)")  # fmt: skip
-    return derived_draft(target, threads=options.threads, on_progress=on_progress).path
+    return derived_draft(target, threads=threads, on_progress=on_progress).path
 
 
 # The tokenizer (GGUF ``tokenizer.ggml.model`` and ``.pre``) of each catalog family's models,

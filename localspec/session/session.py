@@ -22,7 +22,7 @@ timings show to be far off is dropped at ``close``, so the next session measures
 
 A server keeps its clients apart with ``forget_context`` (both models' caches emptied, so
 no prompt's prefix is reused for another client) and ``restart_learning`` (the drafters as
-they were restored at start), and gives each client its own ``answers``.
+they were restored at start), and gives each client its own ``answers`` (``own_answers``).
 """
 
 from __future__ import annotations
@@ -34,31 +34,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from localspec.backend.grammar import compile_lazy, model_grammar
 from localspec.backend.lanes import Turn
 from localspec.backend.llama import LlamaLane, LlamaModel
 from localspec.backend.rpc import RpcLink
 from localspec.core.costs import CostProfile
 from localspec.core.engine import SpecDecoder
-from localspec.core.events import EngineWarning, Event, Finished, FinishReason, PrefillDone
-from localspec.core.grammar import Grammar
+from localspec.core.events import EngineWarning, Event, Finished, PrefillDone
 from localspec.core.params import GenerationParams, Policy
 from localspec.core.planner import planner_key
 from localspec.core.preflight import PairFacts, check_request
-from localspec.errors import UsageError
 from localspec.machine.placement import Placement
 from localspec.session.loading import DraftSlot, LaneSlot
 from localspec.session.pair import SELF_DRAFT
 from localspec.session.prompt_state import PromptState
 from localspec.session.prompts import Prompts
-from localspec.session.tools import NONE, Tools, call_grammar
-from localspec.session.tools import OPEN as TOOL_OPEN
-from localspec.storage.answers import KeptAnswers
+from localspec.session.tools import NONE, Tools, answer_grammar, takes_tools, tool_call_token
+from localspec.storage.answers import KeptAnswers, earlier_answer, kept_document
 from localspec.storage.learning import LearningStore
-from localspec.storage.library import HISTORY
 
-HISTORY_MIN_TOKENS = 16  # shorter answers are not worth keeping
-HISTORY_PROMPT_TOKENS = 64  # of the prompt, kept before each answer in the history
 # A prefill of fewer tokens is too short to time a token's evaluation by.
 MEASURED_PREFILL = 16
 
@@ -78,14 +71,18 @@ class Session:
         derived: bool = False,
         restored: dict | None = None,
         prompt_state: PromptState | None = None,
+        answers: list[KeptAnswers] | None = None,
+        stores: list[tuple[str, Any]] | None = None,
     ) -> None:
         """``draft``: a loaded draft model; or ``slot``: the pair's draft model, loaded at
         once, in the background or when needed (session/loading.py). ``derived``: that draft
         model was derived from the target's own layers (``--draft self``): its drafts are
         labelled as the target's own, and the ``self`` drafter drafts with it. ``restored``:
-        what ``auto`` learned in earlier sessions (``learning``), to start from.
-        ``prompt_state``: the prompt cache this session restores prompts from and keeps
-        its answers in (session/prompt_state.py); None keeps none."""
+        what ``auto`` learned in earlier sessions, to start from; ``learning``: where what
+        it learns is saved (None: nowhere). ``prompt_state``: the prompt cache this session
+        restores prompts from and keeps its answers in (session/prompt_state.py); None keeps
+        none. ``answers``: the histories answers are kept in and drafted from; ``stores``:
+        the datastores auto drafts from (``(name, TokenIndex)`` pairs)."""
         self.target = target
         self.rpc = rpc  # the workers the target runs on, if any
         self.placement = placement  # where each model runs, and why
@@ -98,7 +95,8 @@ class Session:
             draft = slot.model
         pending = slot if slot is not None and draft is None else None
         self.derived = derived and (draft is not None or slot is not None)
-        self.corpora: list[tuple[str, Any]] = []  # what the next answer drafts from
+        self.store_corpora = list(stores or [])  # the datastores auto may draft from
+        self.corpora = list(self.store_corpora)  # what the next answer drafts from
         # A lane of several is timed by its own work, and lets the others have their round
         # after each of its own (backend/lanes.py).
         self.decoder = SpecDecoder(
@@ -114,23 +112,19 @@ class Session:
         self.n_ctx = target.n_ctx
         self.prompts = Prompts(target)
         self.target_label = self.prompts.label
-        if slot is not None:
-            self.draft_label: str | None = slot.label
-        else:
-            self.draft_label = draft.description() if draft is not None else None
+        described = draft.description() if slot is None and draft is not None else None
+        self.draft_label: str | None = slot.label if slot is not None else described
         # Where greedy verification picks the target's tokens: "device" (llama.cpp's
         # backend sampler; only token ids come back) or "host" (from logits rows).
         self.verification: str = target.greedy_where
         # The files of the pair, as resolved: a saved chat names them to be continued with
         # them (the draft's even where it was not loaded: it is the pair's).
         self.target_path: Path | None = target.path
-        self.draft_path: Path | None = (
-            slot.path if slot is not None else draft.path if draft is not None else None
-        )
+        draft_file = draft.path if draft is not None else None
+        self.draft_path: Path | None = slot.path if slot is not None else draft_file
         self.fim = self.prompts.fim
-        self.store_corpora: list[tuple[str, Any]] = []  # the datastores auto may draft from
         # The histories answers are kept in and drafted from (storage/answers.py).
-        self.answers: list[KeptAnswers] = []
+        self.answers = list(answers or [])
         self._stores_on = True
 
     # -- the draft model --------------------------------------------------------------------
@@ -161,11 +155,6 @@ class Session:
         return self.slot.to_dict() if self.slot is not None else None
 
     # -- datastores -------------------------------------------------------------------------
-
-    def attach_stores(self, corpora: list[tuple[str, Any]]) -> None:
-        """Let auto draft from these datastores (``(name, TokenIndex)`` pairs)."""
-        self.store_corpora = list(corpora)
-        self.use_stores(True)
 
     def use_stores(self, on: bool) -> None:
         """Draft from the attached datastores and the history, or from none (``bench``'s
@@ -212,12 +201,12 @@ class Session:
             target.lane(i), draft, self.costs, None, self.learning,
             placement=self.placement, slot=slot, derived=self.derived, restored=self._restored,
             prompt_state=dataclasses.replace(self.prompt_state) if self.prompt_state else None,
+            # The same datastores and histories (a server's clients: their own).
+            stores=self.store_corpora, answers=self.answers,
         )  # fmt: skip
         lane.lane_of = self
         lane.decoder.planners.home = self.decoder.planners.home
-        lane.store_corpora = list(self.store_corpora)
         lane.use_stores(self._stores_on)
-        lane.answers = list(self.answers)  # the same histories (a server's clients: its own)
         return lane
 
     @contextlib.contextmanager
@@ -244,6 +233,11 @@ class Session:
         draft = self.draft
         if draft is not None:
             draft.reset()
+
+    def own_answers(self, own: list[KeptAnswers]) -> None:
+        """The histories of the client about to be served: those every client shares, and
+        ``own`` (its own, in place of the last client's)."""
+        self.answers = [answers for answers in self.answers if not answers.client] + own
 
     def restart_learning(self) -> None:
         """The drafters and controllers as this session restored them at start: nothing
@@ -299,12 +293,12 @@ class Session:
         # that does not fit. A draft model still loading is waited for here when the drafter
         # needs it, so that a failed load is raised here too.
         check_request(self.facts, tokens, params)
-        matcher = self._matcher(grammar, tools)
+        matcher = answer_grammar(self.target, self.prompts, grammar, tools)
         if params.drafter.needs_draft_model:
             self.decoder.join_draft(wait=True)
         problems = self._refresh_corpora()
         if params.drafter.policy is Policy.PRICED and not params.prediction:
-            earlier = self._earlier_answer(tokens, params.max_tokens)
+            earlier = earlier_answer(self.corpora, tokens, params.max_tokens)
             if earlier:
                 params = params.model_copy(update={"prediction": earlier})
         restored = None
@@ -322,49 +316,13 @@ class Session:
             return events
         return self._saving_learning(events, params)
 
-    def _matcher(self, grammar: str | None, tools: Tools | None) -> Grammar | None:
-        if tools is not None and tools.choice != NONE:
-            calls = call_grammar(tools)
-            if tools.lazy:
-                return compile_lazy(self.target, calls, [self.tool_call_token()])
-            return model_grammar(self.target, calls)
-        return model_grammar(self.target, grammar) if grammar is not None else None
-
     def takes_tools(self) -> bool:
         """Whether the target's chat template takes tools (``tool_call_token``)."""
-        try:
-            self.tool_call_token()
-        except UsageError:
-            return False
-        return True
+        return takes_tools(self.target, self.prompts)
 
     def tool_call_token(self) -> int:
-        """The token that opens a tool call in the target's chat template; a ``UsageError``
-        when the template shows the model no tools or the vocabulary has no such token."""
-        spelled = self.target.tokenize(TOOL_OPEN, add_special=False, parse_special=True)
-        # A tokenizer may put a space before it (SentencePiece's): the tag is one token.
-        found = [t for t in spelled if self.target.token_bytes(t) == TOOL_OPEN.encode()]
-        if not self.prompts.has_tools() or len(found) != 1:
-            raise UsageError(
-                f"tools: the chat template of {self.target_label} has no tool calls",
-                "use a model whose template takes tools, such as Qwen2.5's",
-            )
-        return found[0]
-
-    def _earlier_answer(self, tokens: list[int], max_tokens: int) -> tuple[int, ...]:
-        """The answer the history kept for this very prompt (the same last
-        ``HISTORY_PROMPT_TOKENS`` tokens: the question asked again), if it drafts from the
-        history: the one kept most often (else the longest) is as good a prediction as an
-        editor's, drafted from its first token. Empty when there is none."""
-        tail = tokens[-HISTORY_PROMPT_TOKENS:]
-        for name, corpus in self.corpora:
-            if name != HISTORY:
-                continue
-            match = corpus.longest_match(tail, n_max=len(tail), n_min=len(tail))
-            runs = corpus.continuations(match, max_tokens) if match is not None else []
-            if runs:
-                return runs[0][0]
-        return ()
+        """The token that opens a tool call in the target's chat template (session/tools.py)."""
+        return tool_call_token(self.target, self.prompts)
 
     def _keeping_prompt(self, events: Iterator[Event], state: PromptState) -> Iterator[Event]:
         """Pass the events through; as the answer finishes (before ``Finished`` is handed
@@ -392,14 +350,8 @@ class Session:
         """Pass the events through; add a finished answer to the history store (before
         ``Finished`` is handed on). A cancelled answer is not kept."""
         for event in events:
-            if (
-                isinstance(event, Finished)
-                and event.reason != FinishReason.CANCELLED
-                and len(event.token_ids) >= HISTORY_MIN_TOKENS
-            ):
-                # With the end of its prompt (the question and the template's turn header),
-                # so that asking again matches at the answer's first token.
-                document = [*tokens[-HISTORY_PROMPT_TOKENS:], *event.token_ids]
+            document = kept_document(tokens, event) if isinstance(event, Finished) else None
+            if document is not None:
                 for answers in self.answers:
                     yield from self._warnings(answers.record(document))
             yield event

@@ -12,6 +12,8 @@ until the model writes ``<tool_call>``), ``required`` and a named function from 
 token, ``none`` not at all (the tools are then not shown to the model). ``split_calls(text)``
 is the answer's text before its first call and the calls in OpenAI's shape; an answer that
 is one call as bare JSON (no tags: small models often answer so) is read as that call.
+``tool_call_token(target, prompts)`` is that token in the target's vocabulary, and
+``answer_grammar`` the grammar an answer of a loaded target must match.
 """
 
 from __future__ import annotations
@@ -20,10 +22,21 @@ import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localspec.backend.grammar import GrammarError, check_grammar, schema_grammar
+from localspec.backend.grammar import (
+    GrammarError,
+    check_grammar,
+    compile_lazy,
+    model_grammar,
+    schema_grammar,
+)
 from localspec.errors import UsageError
+
+if TYPE_CHECKING:
+    from localspec.backend.llama import LlamaLane
+    from localspec.core.grammar import Grammar
+    from localspec.session.prompts import Prompts
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 64
@@ -180,3 +193,39 @@ def split_calls(text: str, names: Collection[str] = ()) -> tuple[str, list[dict[
         bare = bare_call(text, names) if names else None
         return ("", [bare]) if bare is not None else (text, [])
     return text[: text.find(OPEN)].rstrip(), calls
+
+
+def tool_call_token(target: LlamaLane, prompts: Prompts) -> int:
+    """The token that opens a tool call in the target's chat template; a ``UsageError``
+    when the template shows the model no tools or the vocabulary has no such token."""
+    spelled = target.tokenize(OPEN, add_special=False, parse_special=True)
+    # A tokenizer may put a space before it (SentencePiece's): the tag is one token.
+    found = [t for t in spelled if target.token_bytes(t) == OPEN.encode()]
+    if not prompts.has_tools() or len(found) != 1:
+        raise UsageError(
+            f"tools: the chat template of {prompts.label} has no tool calls",
+            "use a model whose template takes tools, such as Qwen2.5's",
+        )
+    return found[0]
+
+
+def takes_tools(target: LlamaLane, prompts: Prompts) -> bool:
+    """Whether the target's chat template takes tools (``tool_call_token``)."""
+    try:
+        tool_call_token(target, prompts)
+    except UsageError:
+        return False
+    return True
+
+
+def answer_grammar(
+    target: LlamaLane, prompts: Prompts, grammar: str | None, tools: Tools | None
+) -> Grammar | None:
+    """The grammar an answer must match, compiled for the target's vocabulary: its tool
+    calls' (from the tool-call token on, when lazy), else ``grammar``'s GBNF; None: free."""
+    if tools is not None and tools.choice != NONE:
+        calls = call_grammar(tools)
+        if tools.lazy:
+            return compile_lazy(target, calls, [tool_call_token(target, prompts)])
+        return model_grammar(target, calls)
+    return model_grammar(target, grammar) if grammar is not None else None

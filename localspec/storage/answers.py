@@ -12,7 +12,9 @@ history (storage/library.py: one per tokenizer, and per client of a server):
 - ``record(document)``: keep an answer, if ``keep`` and the history is on now.
 
 Neither raises: each returns what went wrong as warnings, so that answering never fails
-because of the history.
+because of the history. ``kept_document`` is what the history keeps of an answer: the answer
+after the last ``HISTORY_PROMPT_TOKENS`` tokens of its prompt, so that ``earlier_answer``
+finds it when the question is asked again.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from localspec.core.events import Finished, FinishReason
 from localspec.storage.history import LOG_FILE, History
 from localspec.storage.library import HISTORY, Library
 
 Corpora = list[tuple[str, Any]]
+HISTORY_PROMPT_TOKENS = 64  # of the prompt, kept before each answer in the history
+HISTORY_MIN_TOKENS = 16  # shorter answers are not worth keeping
 
 
 class KeptAnswers:
@@ -91,3 +96,29 @@ def _identity(path: Any) -> tuple[int, int, int, int] | None:
     except FileNotFoundError:
         return None
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def kept_document(tokens: list[int], finished: Finished) -> list[int] | None:
+    """What the history keeps of a finished answer to ``tokens``; None for a cancelled one
+    or one too short to be worth keeping."""
+    if finished.reason == FinishReason.CANCELLED or len(finished.token_ids) < HISTORY_MIN_TOKENS:
+        return None
+    # With the end of its prompt (the question and the template's turn header), so that
+    # asking again matches at the answer's first token.
+    return [*tokens[-HISTORY_PROMPT_TOKENS:], *finished.token_ids]
+
+
+def earlier_answer(corpora: Corpora, tokens: list[int], max_tokens: int) -> tuple[int, ...]:
+    """The answer the history among ``corpora`` kept for this very prompt (the same last
+    ``HISTORY_PROMPT_TOKENS`` tokens: the question asked again): the one kept most often
+    (else the longest) is as good a prediction as an editor's, drafted from its first
+    token. Empty when there is none."""
+    tail = tokens[-HISTORY_PROMPT_TOKENS:]
+    for name, corpus in corpora:
+        if name != HISTORY:
+            continue
+        match = corpus.longest_match(tail, n_max=len(tail), n_min=len(tail))
+        runs = corpus.continuations(match, max_tokens) if match is not None else []
+        if runs:
+            return runs[0][0]
+    return ()
