@@ -32,20 +32,27 @@ def is_edit(text: str) -> bool:
     return text == COMMAND or text.startswith(COMMAND + " ")
 
 
-def parse_edit(text: str) -> EditRequest:
-    """``/edit PATH [instruction...]``; the instruction may go on over more lines."""
+def file_command(text: str, command: str, example: str, usage: str) -> tuple[Path, str]:
+    """``COMMAND PATH [words...]``: the path, and the words after it with the lines that
+    follow (``example``: a file name to quote in the hint; ``usage``: how to type it)."""
     first, _, more = text.partition("\n")
     try:
-        words = shlex.split(first[len(COMMAND) :])
+        words = shlex.split(first[len(command) :])
     except ValueError as err:
-        raise InputError(
-            f"cannot read the /edit command: {err}", 'quote the path: /edit "my file.py" ...'
-        ) from None
+        hint = f'quote the path: {command} "{example}" ...'
+        raise InputError(f"cannot read the {command} command: {err}", hint) from None
     if not words:
-        raise InputError("/edit needs a file", "type /edit PATH and what to change")
-    instruction = " ".join(words[1:])
-    instruction = "\n".join(part for part in (instruction, more.strip()) if part)
-    return EditRequest(Path(words[0]).expanduser(), instruction or "Edit this file.")
+        raise InputError(f"{command} needs a file", usage)
+    rest = "\n".join(part for part in (" ".join(words[1:]), more.strip()) if part)
+    return Path(words[0]).expanduser(), rest
+
+
+def parse_edit(text: str) -> EditRequest:
+    """``/edit PATH [instruction...]``; the instruction may go on over more lines."""
+    path, instruction = file_command(
+        text, COMMAND, "my file.py", "type /edit PATH and what to change"
+    )
+    return EditRequest(path, instruction or "Edit this file.")
 
 
 def read_edited(path: Path, limit: int = MAX_BYTES) -> str:

@@ -14,7 +14,6 @@ grammar. Errors are ``InputError`` with a hint, shown by the app as a notificati
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from localspec.backend.grammar import MAX_SCHEMA_CHARS
 from localspec.errors import InputError, UsageError
 from localspec.session.constraints import Names, constraint
 from localspec.storage.textfile import decode_utf8, read_bounded
+from localspec.tui.edit import file_command
 
 COMMAND = "/schema"
 NAMES = Names(json_schema=COMMAND)
@@ -39,18 +39,11 @@ def is_schema(text: str) -> bool:
 
 def parse_schema(text: str) -> SchemaRequest:
     """``/schema FILE message...``; the message may go on over more lines."""
-    first, _, more = text.partition("\n")
-    try:
-        words = shlex.split(first[len(COMMAND) :])
-    except ValueError as err:
-        hint = 'quote the path: /schema "my schema.json" ...'
-        raise InputError(f"cannot read the /schema command: {err}", hint) from None
-    if not words:
-        raise InputError("/schema needs a file", "type /schema FILE and your message")
-    message = "\n".join(part for part in (" ".join(words[1:]), more.strip()) if part)
+    usage = "type /schema FILE and your message"
+    path, message = file_command(text, COMMAND, "my schema.json", usage)
     if not message:
-        raise InputError("/schema needs a message", "type /schema FILE and your message")
-    return SchemaRequest(Path(words[0]).expanduser(), message)
+        raise InputError("/schema needs a message", usage)
+    return SchemaRequest(path, message)
 
 
 def schema_grammar_of(path: Path) -> str:
