@@ -133,7 +133,7 @@ def _target_load(options: ModelOptions, load: LoadOptions) -> LoadOptions:
 
 def plan_placement(options: ModelOptions, target_path: Path, draft_path: Path | None) -> Placement:
     """Where each model of the pair will run, from the devices this build sees now (see
-    session/placement.py). With RPC workers the target goes to them (all its layers unless
+    machine/placement.py). With RPC workers the target goes to them (all its layers unless
     told otherwise) and the draft stays on this machine's CPU: its steps are many and
     small, and a network round trip for each would cost more than the step."""
     n_ctx = options.n_ctx * options.lanes  # every lane's context is in the cache
