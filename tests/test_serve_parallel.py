@@ -136,6 +136,15 @@ def test_every_lane_evaluates_both_models_on_the_lanes_thread(session):
     assert drafts and all(draft.shared.scheduler is scheduler for draft in drafts)
 
 
+def test_a_session_of_several_lanes_is_built_with_a_session_for_each(session):
+    """The lanes' sessions are made with the pair's session, once: each over its own lane of
+    the one context, with its own copies of the histories."""
+    lanes = session.lanes()
+    assert len(lanes) == 2 and lanes[0] is session and session.lanes()[1] is lanes[1]
+    assert lanes[1].target is session.target.lane(1) and lanes[1].lane_of is session
+    assert lanes[1].answers == session.answers and lanes[1].answers is not session.answers
+
+
 def test_two_streams_advance_side_by_side_and_answer_as_alone(session, slow):
     params = GenerationParams(max_tokens=30, drafter="auto")
     with serving(session, defaults=params) as served:

@@ -126,6 +126,9 @@ class Session:
         # The histories answers are kept in and drafted from (storage/answers.py).
         self.answers = list(answers or [])
         self._stores_on = True
+        self._lanes: list[Session] = [self]  # a pair of several lanes: a session each
+        if isinstance(target, LlamaModel):
+            self._lanes += [self._lane(target, i) for i in range(1, target.lanes)]
 
     # -- the draft model --------------------------------------------------------------------
 
@@ -158,9 +161,10 @@ class Session:
 
     def use_stores(self, on: bool) -> None:
         """Draft from the attached datastores and the history, or from none (``bench``'s
-        auto without them)."""
-        self._stores_on = on
-        self.corpora = list(self.store_corpora) if on else []
+        auto without them); its lanes' sessions the same."""
+        for lane in self._lanes:
+            lane._stores_on = on
+            lane.corpora = list(lane.store_corpora) if on else []
 
     def _refresh_corpora(self) -> list[str]:
         """The corpora of the answer about to begin: the stores, and the history as it is
@@ -188,11 +192,8 @@ class Session:
         """A session for each lane of the pair (this one is lane 0), each with its own cached
         tokens, drafters and learning over the same loaded models; the datastores, the
         learning store and the limits learned with are this one's. Closing a lane's session
-        frees nothing: this one frees the pair."""
-        target = self.target
-        if not isinstance(target, LlamaModel):
-            return [self]
-        return [self] + [self._lane(target, i) for i in range(1, target.lanes)]
+        frees nothing: this one frees the pair. They are built with this one."""
+        return list(self._lanes)
 
     def _lane(self, target: LlamaModel, i: int) -> Session:
         slot = LaneSlot(self.slot, i) if isinstance(self.slot, DraftSlot) else None
@@ -206,7 +207,6 @@ class Session:
         )  # fmt: skip
         lane.lane_of = self
         lane.decoder.planners.home = self.decoder.planners.home
-        lane.use_stores(self._stores_on)
         return lane
 
     @contextlib.contextmanager
