@@ -173,14 +173,16 @@ def _time_lanes(model, gather: bool, rounds: int, depth: int) -> tuple[float, in
     before = turns.evaluations
     lanes = [model.lane(i) for i in range(model.lanes)]
     ready = threading.Barrier(len(lanes) + 1)
-    prompts = threading.Lock()  # read one at a time, before the turns begin
+    prompts = threading.Lock()
     vocab = min(model.n_vocab, 150_000)  # ordinary tokens (see _prompt)
 
     def run(i: int) -> None:
         lane = lanes[i]
         tokens = _prompt(model.n_vocab, depth + i)[i:]
-        lane.reset()
-        with prompts:  # not timed: only the rounds are
+        # One lane at a time, before the turns begin (not timed: only the rounds are): a
+        # lane's rollback and prompt use the context, which another lane's evaluation holds.
+        with prompts:
+            lane.reset()
             lane.greedy(tokens, 1)
         ready.wait()
         with lane.turn(gather=gather) as turn:
