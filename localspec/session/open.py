@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -173,8 +172,7 @@ def _draft_slot(plan: LoadPlan, target: LlamaModel, on_progress: OnProgress | No
     later, quietly, in whatever thread asks."""
     draft_path, decision = plan.draft, plan.decision
     assert draft_path is not None and decision is not None
-    # Its lanes evaluate on the target's lanes' thread (backend/lanes.py).
-    load = replace(plan.draft_load(target.n_vocab), scheduler=target.shared.scheduler)
+    load = plan.draft_load(target.n_vocab, target.shared.scheduler)
 
     def loader(abort: Callable[[], bool], report: OnProgress | None = None) -> LlamaModel:
         draft = _load_draft(plan, load, report, abort)

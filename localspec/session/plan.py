@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localspec.backend.devices import gpu_devices, gpu_hardware
+from localspec.backend.lanes import LaneScheduler
 from localspec.backend.llama import LoadOptions
 from localspec.backend.rpc import Endpoint, parse_endpoints
 from localspec.core.params import GenerationParams
@@ -64,13 +65,14 @@ class LoadPlan:
         on_demand = self.decision is None or self.decision.plan is DraftPlan.ON_DEMAND
         return None if on_demand else self.draft
 
-    def draft_load(self, n_vocab: int) -> LoadOptions:
+    def draft_load(self, n_vocab: int, scheduler: LaneScheduler | None = None) -> LoadOptions:
         """The draft's load options, once the target (with ``n_vocab`` tokens) is loaded: the
-        confidence of its greedy choices measured over the target's vocabulary."""
+        confidence of its greedy choices measured over the target's vocabulary, and its
+        lanes evaluated under the target's lanes' ``scheduler`` (backend/lanes.py)."""
         assert self.placement.draft is not None
         return replace(
             self.load, greedy_confidence=True, greedy_vocab=n_vocab,
-            n_gpu_layers=self.placement.draft.n_gpu_layers,
+            n_gpu_layers=self.placement.draft.n_gpu_layers, scheduler=scheduler,
         )  # fmt: skip
 
 

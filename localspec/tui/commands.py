@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localspec.core.params import GenerationParams
-from localspec.tui.edit import edit_message, is_edit, parse_edit, read_edited
-from localspec.tui.schema import is_schema, parse_schema, schema_grammar_of
+from localspec.tui import edit, schema
+from localspec.tui.edit import edit_message, names_command, parse_edit, read_edited
+from localspec.tui.schema import parse_schema, schema_grammar_of
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,13 @@ def outgoing(
 ) -> Outgoing:
     """What ``text`` sends with ``params`` (``plain_tokens``: a text's tokens, for a
     prediction)."""
-    if is_edit(text):
+    if names_command(text, edit.COMMAND):
         request = parse_edit(text)
         content = read_edited(request.path)
         prediction = tuple(plain_tokens(content))
         predicted = params.model_copy(update={"prediction": prediction})
         return Outgoing(edit_message(request, content), predicted)
-    if is_schema(text):
+    if names_command(text, schema.COMMAND):
         asked = parse_schema(text)
         return Outgoing(asked.message, params, schema_grammar_of(asked.path))
     return Outgoing(text, params)

@@ -28,8 +28,9 @@ class EditRequest:
     instruction: str
 
 
-def is_edit(text: str) -> bool:
-    return text == COMMAND or text.startswith(COMMAND + " ")
+def names_command(text: str, command: str) -> bool:
+    """Whether ``text`` is ``command`` (``/edit``, ``/schema``) and what follows it."""
+    return text == command or text.startswith(command + " ")
 
 
 def file_command(text: str, command: str, example: str, usage: str) -> tuple[Path, str]:

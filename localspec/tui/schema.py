@@ -33,10 +33,6 @@ class SchemaRequest:
     message: str
 
 
-def is_schema(text: str) -> bool:
-    return text == COMMAND or text.startswith(COMMAND + " ")
-
-
 def parse_schema(text: str) -> SchemaRequest:
     """``/schema FILE message...``; the message may go on over more lines."""
     usage = "type /schema FILE and your message"
