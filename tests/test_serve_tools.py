@@ -87,8 +87,27 @@ def test_a_tool_list_not_in_openais_shape_is_a_400_naming_the_field(served, extr
     assert r.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize(
+    ("message", "says"),
+    [
+        ({"role": "assistant", "content": None, "tool_calls": [{"type": "function",
+          "function": {"name": "now", "arguments": "{oops"}}]},
+         "messages[1].tool_calls: arguments must be JSON text"),
+        ({"role": "assistant", "content": None, "tool_calls": "now"},
+         "messages[1].tool_calls must be a list"),
+        ({"role": "robot", "content": "a"}, "messages[1] needs a role"),
+    ],
+)  # fmt: skip
+def test_a_message_the_template_cannot_read_is_a_400_naming_messages(served, message, says):
+    body = {"model": "x", "messages": [*ASK, message], "tools": [WEATHER]}
+    r = httpx.post(served.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "messages" and error["message"].startswith(says)
+
+
 def test_held_calls_stream_text_until_a_tag_even_split_over_pieces():
-    from localspec.serve.tool_replies import HeldCalls
+    from localspec.session.tools import HeldCalls
 
     held = HeldCalls(["now"])
     sent = [held.piece(p) for p in ["Let me ", "check <", "tool_", "call>\n", '{"name": "now", ',
@@ -102,8 +121,8 @@ def test_held_calls_stream_text_until_a_tag_even_split_over_pieces():
 
 
 def test_an_answer_that_is_one_bare_call_is_read_as_that_call():
-    from localspec.serve.tool_replies import HeldCalls, tool_message
-    from localspec.session.tools import split_calls
+    from localspec.serve.tool_replies import tool_message
+    from localspec.session.tools import HeldCalls, split_calls
 
     fenced = '```json\n{"name": "now", "arguments": {}}\n```'
     message, reason = tool_message(fenced, ["now"])

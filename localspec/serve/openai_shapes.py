@@ -23,16 +23,17 @@ server's options are the defaults.
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeGuard
 
 from pydantic import ValidationError
 
 from localspec.core.params import GenerationParams
 from localspec.core.stats import GenerationStats
+from localspec.errors import UsageError
 from localspec.serve.errors import ApiError, is_whole
 from localspec.serve.logprob_shapes import logprob_count
 from localspec.serve.speculation import SPECULATIVE_PARAMS, speculative_fields
+from localspec.session.tools import template_message
 
 MAX_PROMPTS = 16  # prompts in one /v1/completions request; each is generated in turn
 MAX_STOPS = 4  # stop strings in one request, as OpenAI's API allows
@@ -229,48 +230,10 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
-            raise ApiError(400, f"messages[{i}] needs a role of system, user, assistant or tool",
-                           param="messages")  # fmt: skip
-        content = m.get("content")
-        calls = m.get("tool_calls") if m["role"] == "assistant" else None
-        if content is None and calls:
-            content = ""  # an assistant's turn that only called tools
-        if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise ApiError(400, f"messages[{i}]: only text content is supported",
-                               param="messages")  # fmt: skip
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be text", param="messages")
-        message: dict[str, Any] = {"role": m["role"], "content": content}
-        if calls:
-            message["tool_calls"] = _past_calls(i, calls)
-        out.append(message)
-    return out
-
-
-def _past_calls(i: int, calls: Any) -> list[dict[str, Any]]:
-    """An assistant message's ``tool_calls`` as its template reads them: each function's
-    ``arguments`` (JSON text in OpenAI's shape) as the object it spells."""
-    where = f"messages[{i}].tool_calls"
-    if not isinstance(calls, list):
-        raise ApiError(400, f"{where} must be a list", param="messages")
-    out = []
-    for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        arguments = function.get("arguments", "{}") if isinstance(function, dict) else None
-        if not isinstance(name, str) or not isinstance(arguments, str):
-            raise ApiError(400, f'{where}: each must be {{"type": "function", "function": '
-                           '{"name": ..., "arguments": "..."}}', param="messages")  # fmt: skip
         try:
-            parsed = json.loads(arguments)
-        except json.JSONDecodeError:
-            raise ApiError(400, f"{where}: arguments must be JSON text",
-                           param="messages") from None  # fmt: skip
-        out.append({"type": "function", "id": call.get("id"),
-                    "function": {"name": name, "arguments": parsed}})  # fmt: skip
+            out.append(template_message(m, f"messages[{i}]"))
+        except UsageError as error:
+            raise ApiError(400, error.message, param="messages") from None
     return out
 
 

@@ -36,8 +36,9 @@ from localspec.errors import (
 from localspec.serve.errors import ApiError
 from localspec.serve.logprob_shapes import chat_logprobs, completion_logprobs
 from localspec.serve.openai_shapes import finish_reason, timings, usage
-from localspec.serve.tool_replies import TOOL_CALLS, HeldCalls, tool_message
+from localspec.serve.tool_replies import TOOL_CALLS, tool_message
 from localspec.serve.worker import Job
+from localspec.session.tools import HeldCalls
 
 log = logging.getLogger("localspec.serve")
 

@@ -12,15 +12,20 @@ until the model writes ``<tool_call>``), ``required`` and a named function from 
 token, ``none`` not at all (the tools are then not shown to the model). ``split_calls(text)``
 is the answer's text before its first call and the calls in OpenAI's shape; an answer that
 is one call as bare JSON (no tags: small models often answer so) is read as that call.
-``tool_call_token(target, prompts)`` is that token in the target's vocabulary, and
-``answer_grammar`` the grammar an answer of a loaded target must match.
+``HeldCalls`` streams an answer's text until its first call and holds the rest, so that a
+front end sends the calls whole at the end. ``template_message(message, where)`` is an
+OpenAI-style message as the chat template reads it (an assistant's earlier ``tool_calls``
+with their arguments as objects, a ``tool`` message's result as text), each refusal a
+``UsageError`` whose message begins with ``where``. ``tool_call_token(target, prompts)`` is
+that token in the target's vocabulary, and ``answer_grammar`` the grammar an answer of a
+loaded target must match.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +37,7 @@ from localspec.backend.grammar import (
     schema_grammar,
 )
 from localspec.errors import UsageError
+from localspec.session.chat_template import ROLES
 
 if TYPE_CHECKING:
     from localspec.backend.llama import LlamaLane
@@ -43,6 +49,7 @@ MAX_TOOLS = 64
 AUTO, NONE, REQUIRED = "auto", "none", "required"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
+BARE_STARTS = ("{", "```json")  # how an answer that is one bare call begins
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,96 @@ def split_calls(text: str, names: Collection[str] = ()) -> tuple[str, list[dict[
         bare = bare_call(text, names) if names else None
         return ("", [bare]) if bare is not None else (text, [])
     return text[: text.find(OPEN)].rstrip(), calls
+
+
+class HeldCalls:
+    """One streamed answer's text: what to send now, and what its end adds."""
+
+    def __init__(self, names: Collection[str]) -> None:
+        self.names = names
+        self.sent = ""
+        self.pending = ""  # the end of the text so far, which may begin a tag
+        self.held = ""
+
+    def piece(self, text: str) -> str:
+        """The part of ``text`` to stream now ('' once a call has begun). A tag may come as
+        several tokens: text that may begin one waits for the next piece. An answer that
+        begins as a bare call would (``{`` or a json code block) is held whole."""
+        if self.held:
+            self.held += text
+            return ""
+        text = self.pending + text
+        self.pending = ""
+        if not self.sent:
+            lead = text.lstrip()
+            if lead.startswith(BARE_STARTS):
+                self.held = text
+                return ""
+            if not lead or any(start.startswith(lead) for start in BARE_STARTS):
+                self.pending = text
+                return ""
+        if OPEN in text:
+            cut = text.index(OPEN)
+            self.held, text = text[cut:], text[:cut]
+        else:
+            keep = next((n for n in range(len(OPEN) - 1, 0, -1) if text.endswith(OPEN[:n])), 0)
+            if keep:
+                self.pending, text = text[-keep:], text[:-keep]
+        self.sent += text
+        return text
+
+    def end(self) -> tuple[str, list[dict[str, Any]]]:
+        """Text still to stream, and the calls (with their ``index``) for ``delta.tool_calls``."""
+        _, calls = split_calls(self.sent + self.pending + self.held, self.names)
+        if not calls:
+            return self.pending + self.held, []
+        return "", [{"index": i, **call} for i, call in enumerate(calls)]
+
+
+def template_message(message: Any, where: str) -> dict[str, Any]:
+    """An OpenAI-style message as the chat template reads it: text content (content parts of
+    text joined), an assistant's ``tool_calls`` with each function's ``arguments`` (JSON text
+    in OpenAI's shape) as the object it spells, and no content for a turn that only called
+    tools. ``where`` names the message in a refusal (``messages[2]``)."""
+    example = "e.g. {'role': 'user', 'content': 'Hello'}"
+    if not isinstance(message, Mapping) or message.get("role") not in ROLES:
+        raise UsageError(f"{where} needs a role of system, user, assistant or tool", example)
+    content = message.get("content")
+    calls = message.get("tool_calls") if message["role"] == "assistant" else None
+    if content is None and calls:
+        content = ""  # an assistant's turn that only called tools
+    if isinstance(content, list):  # content parts: text only
+        if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            raise UsageError(f"{where}: only text content is supported", example)
+        content = "".join(str(p.get("text", "")) for p in content)
+    if not isinstance(content, str):
+        raise UsageError(f"{where}.content must be text", example)
+    out: dict[str, Any] = {"role": message["role"], "content": content}
+    if calls:
+        out["tool_calls"] = _past_calls(calls, f"{where}.tool_calls")
+    return out
+
+
+def _past_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` with their arguments as objects."""
+    shape = '{"type": "function", "function": {"name": ..., "arguments": "..."}}'
+    again = "give the calls as the answer's tool_calls gave them"
+    if not isinstance(calls, list):
+        raise UsageError(f"{where} must be a list", f"each call {shape}")
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments", "{}") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            raise UsageError(f"{where}: each must be {shape}", again)
+        try:
+            parsed = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise UsageError(f"{where}: arguments must be JSON text", again) from None
+        out.append({"type": "function", "id": call.get("id"),
+                    "function": {"name": name, "arguments": parsed}})  # fmt: skip
+    return out
 
 
 def tool_call_token(target: LlamaLane, prompts: Prompts) -> int:
