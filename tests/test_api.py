@@ -203,7 +203,7 @@ def test_a_prompt_that_is_not_text_is_a_usage_error(pair):
         pair.complete(None)
     with pytest.raises(UsageError, match="a list of"):
         pair.chat("the cat")
-    with pytest.raises(UsageError, match="malformed chat message"):
+    with pytest.raises(UsageError, match=r"messages\[0\] needs a role of system, user"):
         pair.chat([{"role": "robot", "content": "the cat"}])
     with pytest.raises(InputError, match="prediction is empty"):
         pair.complete("the cat", prediction=" ")

@@ -43,16 +43,22 @@ NOW = {
 }
 
 
+def write_tools_pair(d):
+    """A tiny target and draft whose chat template takes tools (``TEMPLATE``), under ``d``."""
+    from tests.tiny_gguf import DEFAULT_PIECES, write_tiny_llama
+
+    pieces = [*DEFAULT_PIECES, "<tool_call>", "</tool_call>", "<|im_start|>", "<|im_end|>"]
+    target = write_tiny_llama(d / "t.gguf", seed=1, vocab=pieces, chat_template=TEMPLATE)
+    draft = write_tiny_llama(d / "d.gguf", seed=2, vocab=pieces, chat_template=TEMPLATE)
+    return target, draft
+
+
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     from localspec.session.open import open_session
     from localspec.session.pair import ModelOptions
-    from tests.tiny_gguf import DEFAULT_PIECES, write_tiny_llama
 
-    d = tmp_path_factory.mktemp("tools")
-    pieces = [*DEFAULT_PIECES, "<tool_call>", "</tool_call>", "<|im_start|>", "<|im_end|>"]
-    target = write_tiny_llama(d / "t.gguf", seed=1, vocab=pieces, chat_template=TEMPLATE)
-    draft = write_tiny_llama(d / "d.gguf", seed=2, vocab=pieces, chat_template=TEMPLATE)
+    target, draft = write_tools_pair(tmp_path_factory.mktemp("tools"))
     s = open_session(ModelOptions(target=str(target), draft=str(draft), n_ctx=512, threads=1,
                                   calibrate=False, stores=(), history=False))  # fmt: skip
     yield s

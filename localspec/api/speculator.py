@@ -1,8 +1,9 @@
 """A loaded pair as a script uses it: ``Speculator``'s completions and chats.
 
 Contract: each call checks its keywords (``GenerationParams``' fields, ``prediction`` as
-text, and the prompt's own options: ``raw``, ``system``, ``parse_special``) and its prompt
-before anything runs, raising ``UsageError`` or ``InputError``; a prompt the context cannot
+text, the prompt's own options: ``raw``, ``system``, ``parse_special``, and a chat's
+``tools`` and ``tool_choice`` in OpenAI's shapes, ``session.tools``) and its prompt before
+anything runs, raising ``UsageError`` or ``InputError``; a prompt the context cannot
 hold is a ``ContextOverflowError``, and a text past ``input_limit(n_ctx)`` bytes (more than a
 context could hold) an ``InputError`` before it is tokenized. Starting a generation ends the
 stream before it; while another thread reads that stream, starting one is a ``UsageError``.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -36,14 +38,16 @@ from localspec.options.generation import build_params, drafter_mode
 from localspec.options.model import Spelling
 from localspec.session.constraints import constraint
 from localspec.session.session import Session
+from localspec.session.tools import NONE, Tools, call_grammar, read_tools, template_message
 
 # How a generation's call names an option in an error, and where its options are described.
 CALL = Spelling("", "_", "see help(localspec.Speculator.complete)")
 
 # Options of a generation besides GenerationParams' fields, per method.
 CONSTRAINTS = frozenset({"grammar", "json_schema"})
+TOOLS = frozenset({"tools", "tool_choice"})  # a chat's only: tools go through its template
 COMPLETE_OPTIONS = frozenset({"raw", "system", "parse_special"}) | CONSTRAINTS
-CHAT_OPTIONS = frozenset({"parse_special"}) | CONSTRAINTS
+CHAT_OPTIONS = frozenset({"parse_special"}) | CONSTRAINTS | TOOLS
 # A text longer than this many UTF-8 bytes per context token (at least MIN_INPUT_BYTES) holds
 # more tokens than the context: refused before the tokenizer reads it.
 BYTES_PER_CONTEXT_TOKEN = 16
@@ -123,23 +127,32 @@ class Speculator:
             )
             return self._start(session, tokens, params, _constraint(prompt_options))
 
-    def chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Completion:
+    def chat(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> Completion:
         """The assistant's next message; see ``stream_chat``."""
         return self.stream_chat(messages, **options).finish()
 
-    def stream_chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Stream:
+    def stream_chat(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> Stream:
         """The assistant's next message after ``messages`` (OpenAI-style: ``{"role":
-        "system" | "user" | "assistant", "content": text}``), through the target's chat
-        template, as it comes. Options: as ``stream_complete``'s, but ``parse_special``
-        only (no ``raw``, no ``system``: a system message says it)."""
+        "system" | "user" | "assistant" | "tool", "content": text}``, an assistant's with
+        the ``tool_calls`` it made), through the target's chat template, as it comes.
+        Options: as ``stream_complete``'s, but ``parse_special`` only (no ``raw``, no
+        ``system``: a system message says it), and ``tools``: functions the model may call
+        (OpenAI's ``[{"type": "function", "function": {"name", "description",
+        "parameters"}}]``) with ``tool_choice``: ``"auto"`` (the default: text, or calls),
+        ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``.
+        The calls come back as the result's ``tool_calls``, its finish reason
+        ``tool_calls``."""
         with _api_words(), self._using() as session:
             prompt_options, params = self._parse(session, options, CHAT_OPTIONS)
             listed = _messages(messages)
-            self._bound("the conversation", [m.get("content") for m in listed])
+            tools, shown = _tools(session, prompt_options)
+            self._bound("the conversation", [*_message_texts(listed), shown])
             tokens = session.chat_tokens(
-                listed, parse_special=bool(prompt_options.get("parse_special", False))
+                listed,
+                parse_special=bool(prompt_options.get("parse_special", False)),
+                tools=tools.shown if tools is not None and tools.shown else None,
             )
-            return self._start(session, tokens, params, _constraint(prompt_options))
+            return self._start(session, tokens, params, _constraint(prompt_options), tools)
 
     def _bound(self, what: str, texts: Sequence[Any]) -> None:
         """An ``InputError`` when ``texts`` hold more bytes than a context could hold
@@ -162,6 +175,12 @@ class Speculator:
         """``(the prompt's options, the generation's params)`` of a call's keywords."""
         known = set(GenerationParams.model_fields) | prompt_names
         for name in options:
+            if name in TOOLS and name not in known:
+                raise UsageError(
+                    f"{name} is a chat's option: complete() takes no tools",
+                    "give the prompt as a message: pair.chat([{'role': 'user', "
+                    "'content': prompt}], tools=[...])",
+                )
             if name not in known:
                 raise _unknown_option(name, known)
         prompt = {name: options.pop(name) for name in prompt_names if name in options}
@@ -197,13 +216,16 @@ class Speculator:
         tokens: list[int],
         params: GenerationParams,
         grammar: str | None = None,
+        tools: Tools | None = None,
     ) -> Stream:
         self._check_thread()
         self._end_stream()
         # The session's preflight runs here: a request it cannot run fails at the call.
         cancel = threading.Event()
-        events = session.generate(tokens, params, cancel, grammar=grammar)
-        self._stream = Stream(events, cancel, self._said.append)
+        events = session.generate(tokens, params, cancel, grammar=grammar, tools=tools)
+        # The calls are read out of the answer only when the model was shown the tools.
+        names = tools.names if tools is not None and tools.choice != NONE else ()
+        self._stream = Stream(events, cancel, self._said.append, tools=names)
         return self._stream
 
     def _end_stream(self) -> None:
@@ -305,8 +327,9 @@ def _prompt_text(prompt: Any) -> str:
     return prompt
 
 
-def _messages(messages: Any) -> list[dict[str, str]]:
-    """OpenAI-style messages as the chat template takes them (each a dict of its own)."""
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI-style messages as the chat template takes them (each a dict of its own), as
+    the server reads them: tool results, and an assistant's calls with their arguments."""
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
         raise UsageError(
             "messages must be a list of {'role': ..., 'content': ...} dicts",
@@ -317,10 +340,47 @@ def _messages(messages: Any) -> list[dict[str, str]]:
             "each message must be a dict with a role and a content",
             "e.g. {'role': 'user', 'content': 'Hello'}",
         )
-    listed = [dict(m) for m in messages]
-    if not any(isinstance(m.get("content"), str) and m["content"].strip() for m in listed):
+    listed = [template_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    if not any(m["content"].strip() or m.get("tool_calls") for m in listed):
         raise InputError("the conversation is empty", "give at least one message with text")
     return listed
+
+
+def _message_texts(listed: list[dict[str, Any]]) -> list[str]:
+    """The texts a conversation sends the template: contents and earlier calls."""
+    texts = [m["content"] for m in listed]
+    texts += [json.dumps(m["tool_calls"]) for m in listed if m.get("tool_calls")]
+    return texts
+
+
+def _tools(session: Session, prompt_options: dict[str, Any]) -> tuple[Tools | None, str]:
+    """A chat's ``tools`` and ``tool_choice`` in OpenAI's shapes, checked before anything
+    runs (each refusal a ``UsageError`` naming the keyword), and their JSON text (what the
+    template shows the model, bounded with the conversation)."""
+    hint = "see help(localspec.Speculator.stream_chat)"
+    try:
+        tools = read_tools(prompt_options.get("tools"), prompt_options.get("tool_choice"))
+    except UsageError as error:
+        raise error.reworded(error.message, hint) from None
+    if tools is None or tools.choice == NONE:
+        return tools, ""
+    for name in sorted(CONSTRAINTS):
+        if prompt_options.get(name) is not None:
+            raise UsageError(
+                f"tools and {name} are both given",
+                f"give one: a call's arguments follow its function's parameters, not {name}",
+            )
+    try:
+        shown = json.dumps(tools.shown)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"tools: must be JSON data ({e})", hint) from None
+    session.tool_call_token()  # a template that takes no tools says so
+    try:
+        call_grammar(tools)  # a function's parameters the converter cannot take: refused now
+    except UsageError as error:
+        hint = "give each function's parameters as a JSON schema"
+        raise error.reworded(error.message, hint) from None
+    return tools, shown
 
 
 def _unknown_option(name: str, known: set[str]) -> UsageError:

@@ -6,35 +6,48 @@ the generation after its current round, from any thread; ``close()`` ends it (ca
 never begun if nothing was read), from any thread too: it waits for the event another
 thread is reading (the models are never used by two threads), then reads the rest itself.
 One lock is held while an event is read, so two threads never run the generation at once;
-``reader`` is the thread that reads it. See the package's docstring for the whole API.
+``reader`` is the thread that reads it. A chat's stream that offered tools reads the calls out
+of the answer at its end (``session.tools``): the ``Completion`` has them in OpenAI's shape,
+its text is what came before them, and ``pieces()`` holds a call's text back. See the
+package's docstring for the whole API.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from localspec.core.events import EngineWarning, Event, Finished, FinishReason, TokenEmitted
 from localspec.core.stats import GenerationStats
 from localspec.errors import UsageError
+from localspec.session.tools import HeldCalls, split_calls
 
 
 @dataclass(frozen=True)
 class Completion:
-    """One finished generation. ``text`` is the answer (a stop string cut off);
-    ``token_ids`` are the tokens generated; ``stats`` the generation's own totals."""
+    """One finished generation. ``text`` is the answer (a stop string cut off; the text
+    before its tool calls when it made any); ``token_ids`` are the tokens generated;
+    ``stats`` the generation's own totals; ``tool_calls`` the calls of a chat that offered
+    tools, in OpenAI's shape (``id``, ``type: "function"``, ``function: {name, arguments}``
+    with the arguments as JSON text)."""
 
     text: str
     token_ids: tuple[int, ...]
-    finish_reason: FinishReason  # eos, length, stop or cancelled
+    finish_reason: FinishReason  # eos, length, stop, cancelled or tool_calls
     stats: GenerationStats
     warnings: tuple[str, ...] = ()
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
     @property
-    def message(self) -> dict[str, str]:
-        """The answer as a chat message, to append to the conversation."""
-        return {"role": "assistant", "content": self.text}
+    def message(self) -> dict[str, Any]:
+        """The answer as a chat message, to append to the conversation (OpenAI's shape:
+        with its ``tool_calls``, and no content when it is only calls)."""
+        if not self.tool_calls:
+            return {"role": "assistant", "content": self.text}
+        calls = [dict(call) for call in self.tool_calls]
+        return {"role": "assistant", "content": self.text or None, "tool_calls": calls}
 
 
 class Stream:
@@ -44,18 +57,27 @@ class Stream:
 
     The answer's text is every ``TokenEmitted.text`` followed by ``Finished.tail`` (text
     held back while it might have begun a stop string); ``pieces()`` yields both, and
-    ``result`` is the ``Completion`` once ``Finished`` has passed (None before)."""
+    ``result`` is the ``Completion`` once ``Finished`` has passed (None before).
+
+    With tools offered, the events still carry the answer's whole text, while ``pieces()``
+    holds back a tool call's text (from its tag on, or an answer that begins as a bare call
+    would) and yields it at the end only if it was no call after all; once finished,
+    ``text`` is the result's (the text before the calls)."""
 
     def __init__(
         self,
         events: Iterator[Event],
         cancel: threading.Event,
         on_warning: Callable[[str], None] | None = None,
+        tools: Collection[str] = (),
     ) -> None:
-        """``on_warning``: told each ``EngineWarning``'s message as it passes."""
+        """``on_warning``: told each ``EngineWarning``'s message as it passes. ``tools``: the
+        names of the functions offered (none: the answer is text)."""
         self._events = events
         self._cancel = cancel
         self._on_warning = on_warning
+        self._tools = tools
+        self._held = HeldCalls(tools) if tools else None
         self._seen = self._observe()
         self._lock = threading.Lock()  # held while an event is read (the models in use)
         self.reader: threading.Thread | None = None  # the thread that reads the events
@@ -69,6 +91,10 @@ class Stream:
         return self
 
     def __next__(self) -> Event:
+        return self._advance()[0]
+
+    def _advance(self) -> tuple[Event, str]:
+        """The next event, and the text ``pieces()`` yields for it."""
         with self._lock:
             if self._ended:  # closed, from this thread or another
                 raise StopIteration
@@ -81,32 +107,46 @@ class Stream:
         """Begun and not over: ``Finished`` has not passed, nor was it closed."""
         return self._started and not self._ended and self.result is None
 
-    def _observe(self) -> Generator[Event, None, None]:
+    def _observe(self) -> Generator[tuple[Event, str], None, None]:
         for event in self._events:
+            piece = ""
             if isinstance(event, TokenEmitted):
                 self._pieces.append(event.text)
+                piece = self._held.piece(event.text) if self._held else event.text
             elif isinstance(event, EngineWarning):
                 self._warnings.append(event.message)
                 if self._on_warning is not None:
                     self._on_warning(event.message)
             elif isinstance(event, Finished):
                 self._pieces.append(event.tail)
+                piece = event.tail
+                if self._held:  # the held text, unless it was calls
+                    piece = self._held.piece(event.tail) + self._held.end()[0]
                 self.result = self._completion(event)
-            yield event
+            yield event, piece
 
     def _completion(self, finished: Finished) -> Completion:
-        warnings = dict.fromkeys(self._warnings)
+        warnings = tuple(dict.fromkeys(self._warnings))
+        text, reason = finished.text, finished.reason
+        content, calls = split_calls(text, self._tools) if self._tools else (text, [])
+        if not calls:
+            return Completion(text, finished.token_ids, reason, finished.stats, warnings)
+        if reason != FinishReason.CANCELLED:  # a cancelled answer still says it was
+            reason = FinishReason.TOOL_CALLS
         return Completion(
-            finished.text, finished.token_ids, finished.reason, finished.stats, tuple(warnings)
+            content, finished.token_ids, reason, finished.stats, warnings, tuple(calls)
         )
 
     def pieces(self) -> Iterator[str]:
-        """The answer's text as it comes (the rest of it, if some events were read)."""
-        for event in self:
-            if isinstance(event, TokenEmitted) and event.text:
-                yield event.text
-            elif isinstance(event, Finished) and event.tail:
-                yield event.tail
+        """The answer's text as it comes (the rest of it, if some events were read); with
+        tools offered, without its calls."""
+        while True:
+            try:
+                _, piece = self._advance()
+            except StopIteration:
+                return
+            if piece:
+                yield piece
 
     @property
     def text(self) -> str:

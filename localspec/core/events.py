@@ -32,6 +32,9 @@ class FinishReason(StrEnum):
     LENGTH = "length"  # --max-tokens reached
     STOP = "stop"  # a stop string matched
     CANCELLED = "cancelled"  # the caller asked to stop (Ctrl-C, Escape)
+    # A chat answer that ended in tool calls: never the engine's own reason (such an answer
+    # ends at eos); a front end that offered tools gives it once it has read the calls.
+    TOOL_CALLS = "tool_calls"
 
 
 @dataclass(frozen=True)
