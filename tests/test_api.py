@@ -15,6 +15,7 @@ import pytest
 import localspec
 from localspec.core.events import Finished, PrefillDone, RoundCompleted, TokenEmitted
 from localspec.errors import ContextOverflowError, InputError, LocalspecError, UsageError
+from tests.test_tools import write_tools_pair
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "python-api.md"
 REPEATING = "the cat and the dog and the cat and the dog and the cat and the"
@@ -280,13 +281,15 @@ def docs_scripts() -> list[str]:
     return re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
 
 
-def test_the_scripts_of_the_docs_run_as_written(tiny_pair, capsys):
+def test_the_scripts_of_the_docs_run_as_written(tiny_pair, tmp_path, capsys):
     target, draft, _ = tiny_pair
+    tools_pair = write_tools_pair(tmp_path)  # the tool-call script's: a template with tools
     scripts = docs_scripts()
-    assert len(scripts) == 3
+    assert len(scripts) == 4
     for script in scripts:
         assert script.count("localspec.load()") == 1
-        tiny = f"localspec.load({str(target)!r}, {str(draft)!r}, ctx=512, threads=1)"
+        t, d = tools_pair if "tools=" in script else (target, draft)
+        tiny = f"localspec.load({str(t)!r}, {str(d)!r}, ctx=512, threads=1)"
         exec(compile(script.replace("localspec.load()", tiny), str(DOCS), "exec"), {})
     out = capsys.readouterr().out
     assert re.search(r"^30 tokens at [\d.]+ tok/s$", out, re.M)

@@ -17,7 +17,7 @@ The contract:
   ...), from the same cache and home as the command line (``LOCALSPEC_HOME``): a model
   fetched by one is there for the other.
 - ``Speculator.complete(prompt, **options)`` and ``chat(messages, **options)`` return a
-  ``Completion`` (text, token ids, finish reason, final ``GenerationStats``);
+  ``Completion`` (text, token ids, finish reason, final ``GenerationStats``, tool calls);
   ``stream_complete`` and ``stream_chat`` take the same arguments and return a ``Stream`` of
   the engine's own events (``localspec.core.events``) as they come. Streaming has methods
   of its own rather than a ``stream=True`` flag so that each method has one return type
@@ -27,6 +27,10 @@ The contract:
   ``temperature``, ``seed``, ``drafter``, ``stop``, ...), with ``prediction`` given as text.
   ``complete`` sends the prompt through the target's chat template, as the command line
   does, unless ``raw=True``; ``chat`` takes OpenAI-style messages.
+- ``chat`` takes ``tools`` and ``tool_choice`` in OpenAI's shapes, shown to the model
+  through the target's own template (a template without tools is a ``UsageError``), as
+  ``serve`` does: the calls come back as ``Completion.tool_calls`` in OpenAI's shape, with
+  finish reason ``tool_calls``, and go back with their results as ``tool`` messages.
 - Greedy output (``temperature=0``, the default) is the target's own, whatever the drafter.
 - Nothing is printed: loading reports to ``on_progress`` if given, and warnings are kept in
   ``Speculator.warnings`` and ``Completion.warnings``.
