@@ -95,6 +95,8 @@ def test_tool_results_and_earlier_calls_go_back_to_the_model(pair):
     without = [*ASK, {"role": "assistant", "content": ""}, result]
     shorter = pair.chat(without, tools=[WEATHER], tool_choice="none", max_tokens=1)
     assert answer.stats.prompt_tokens > shorter.stats.prompt_tokens
+    odd_id = {**called.message, "tool_calls": [{**called.tool_calls[0], "id": object()}]}
+    assert pair.chat([*ASK, odd_id, result], max_tokens=2).stats.generated_tokens == 2
     parts = [{"role": "user", "content": [{"type": "text", "text": "the weather"}]}]
     assert pair.chat(parts, max_tokens=2).stats.generated_tokens == 2
 

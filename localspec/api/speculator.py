@@ -349,7 +349,7 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
 def _message_texts(listed: list[dict[str, Any]]) -> list[str]:
     """The texts a conversation sends the template: contents and earlier calls."""
     texts = [m["content"] for m in listed]
-    texts += [json.dumps(m["tool_calls"]) for m in listed if m.get("tool_calls")]
+    texts += [json.dumps(m["tool_calls"], default=str) for m in listed if m.get("tool_calls")]
     return texts
 
 
