@@ -14,6 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from localspec.backend.native import NativeRunner, parse_native_output
+from localspec.bench import ceiling as bench_ceiling
 from localspec.bench import modes as bench_modes
 from localspec.bench import prompts as bench_prompts
 from localspec.bench import report as bench_report
@@ -133,6 +134,8 @@ class FakeBenchSession:
         self.costs = costs
         self.forgotten = 0  # forget_learning calls
         self.store_corpora = []
+        self.grammars = []  # what each generate was constrained by
+        self.tools_shown = []  # the tools each chat_tokens showed
 
     @property
     def has_draft(self):
@@ -159,8 +162,13 @@ class FakeBenchSession:
     def plain_tokens(self, text):
         return [ord(c) % 24 for c in text]
 
-    def generate(self, tokens, params, cancel=None):
+    def generate(self, tokens, params, cancel=None, *, grammar=None):
+        self.grammars.append(grammar)
         return self.decoder.generate(tokens, params, cancel)
+
+    def chat_tokens(self, messages, *, tools=None):
+        self.tools_shown.append(tools)
+        return [ord(c) % 24 for m in messages for c in m["content"]]
 
 
 def fake_prompts():
@@ -222,14 +230,14 @@ def test_runner_refuses_model_mode_without_a_draft_and_native_without_binary():
 
 def test_measure_ceiling_times_every_batch_and_restores_an_empty_cache():
     model = TimedFake(n_vocab=24, n_ctx=512)
-    ceiling = bench_runner.measure_ceiling(model, list(range(20)))
+    ceiling = bench_ceiling.measure_ceiling(model, list(range(20)))
     assert model.cached == []
     # 16, 32 and 64 tokens with logits for each, after the same 20-token context:
     # one warm-up and three timed batches each.
     batches = [(start, n, k) for start, n, k in model.calls if k > 1]
-    for size in bench_runner.CEILING_BATCHES:
+    for size in bench_ceiling.CEILING_BATCHES:
         assert batches.count((20, size, size)) == 4
-    assert [b["batch"] for b in ceiling["by_batch"]] == list(bench_runner.CEILING_BATCHES)
+    assert [b["batch"] for b in ceiling["by_batch"]] == list(bench_ceiling.CEILING_BATCHES)
     best = max(ceiling["by_batch"], key=lambda b: b["tokens_per_s"])
     assert ceiling["batch"] == best["batch"] and ceiling["tokens_per_s"] == best["tokens_per_s"]
     assert ceiling["ceiling_ratio"] == pytest.approx(
@@ -239,18 +247,18 @@ def test_measure_ceiling_times_every_batch_and_restores_an_empty_cache():
 
 def test_measure_ceiling_caps_the_batches_at_the_context_left():
     model = TimedFake(n_vocab=24, n_ctx=60)
-    ceiling = bench_runner.measure_ceiling(model, list(range(20)))
+    ceiling = bench_ceiling.measure_ceiling(model, list(range(20)))
     assert [b["batch"] for b in ceiling["by_batch"]] == [16, 32, 40]  # 60 - 20 tokens left
     assert max(start + n for start, n, _ in model.calls) == 60
-    assert bench_runner.ceiling_batches(4096, 256) == [16, 32, 64]
+    assert bench_ceiling.ceiling_batches(4096, 256) == [16, 32, 64]
 
 
 def test_a_ceiling_after_a_depth_reads_the_context_repeated_to_it():
-    assert bench_runner.ceiling_context([1, 2, 3], 7, 512) == [1, 2, 3, 1, 2, 3, 1]
-    assert len(bench_runner.ceiling_context([1, 2, 3], 5000, 512)) == 512 - 16  # room left
-    assert bench_runner.ceiling_context(list(range(300)), None, 512) == list(range(256))
+    assert bench_ceiling.ceiling_context([1, 2, 3], 7, 512) == [1, 2, 3, 1, 2, 3, 1]
+    assert len(bench_ceiling.ceiling_context([1, 2, 3], 5000, 512)) == 512 - 16  # room left
+    assert bench_ceiling.ceiling_context(list(range(300)), None, 512) == list(range(256))
     model = TimedFake(n_vocab=24, n_ctx=512)
-    ceiling = bench_runner.measure_ceiling(model, [1, 2, 3], depth=100)
+    ceiling = bench_ceiling.measure_ceiling(model, [1, 2, 3], depth=100)
     assert ceiling["depth"] == 100
     batches = [(start, n, k) for start, n, k in model.calls if k > 1]
     assert {(start, n) for start, n, _ in batches} == {(100, 16), (100, 32), (100, 64)}
@@ -516,7 +524,7 @@ def test_bench_command_on_the_tiny_pair(tiny_pair, tmp_path):
         assert r["generated_tokens"] >= 1 and 0.0 <= r["outside_share"] <= 1.0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["categories"]) == {"math", "translation"}
-    assert summary["ceiling"]["batch"] in bench_runner.CEILING_BATCHES
+    assert summary["ceiling"]["batch"] in bench_ceiling.CEILING_BATCHES
     assert "measuring the target's ceiling" in result.output
     assert summary["meta"]["cold"] is True
     assert (out / "speedup.png").exists() and (out / "summary.md").exists()

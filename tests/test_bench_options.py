@@ -110,11 +110,11 @@ class StartingStates(FakeBenchSession):
         super().__init__()
         self.started: list[tuple[str, dict]] = []
 
-    def generate(self, tokens, params, cancel=None):
+    def generate(self, tokens, params, cancel=None, *, grammar=None):
         if params.drafter in ("auto", "model"):
             learned = self.decoder.learned(params)
             self.started.append((params.drafter.value, learned))
-        return super().generate(tokens, params, cancel)
+        return super().generate(tokens, params, cancel, grammar=grammar)
 
 
 def starting_states(cold: bool) -> tuple[StartingStates, list[RunRecord]]:

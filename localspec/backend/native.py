@@ -38,6 +38,8 @@ The prompt is the bench's own token sequence turned back into text with special 
 spelled out, so the binary (which tokenizes with special tokens parsed) sees the same chat
 template; ``--no-escape`` keeps backslashes in code prompts as they are. The binaries come
 from ``scripts/build_native.sh``; they are a separate build of the same llama.cpp sources.
+A run given a grammar (GBNF) passes it as ``--grammar-file``: llama.cpp's grammar sampler then
+constrains the target's sampling in every mode, plain and speculative alike.
 ``check_binary`` fails early, with that hint, when a mode's binary is missing or too old.
 """
 
@@ -47,6 +49,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -318,7 +321,13 @@ class NativeRunner:
         return self.detokenize(tokens)
 
     def command(
-        self, mode: str, prompt: str, max_tokens: int, temperature: float, seed: int | None
+        self,
+        mode: str,
+        prompt: str,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+        grammar_file: Path | None = None,
     ) -> list[str]:
         threads = str(self.threads)
         cmd = [
@@ -338,6 +347,8 @@ class NativeRunner:
             cmd += ["--top-k", "1"]
         if seed is not None:
             cmd += ["--seed", str(seed)]
+        if grammar_file is not None:
+            cmd += ["--grammar-file", str(grammar_file)]
         cmd += ["--spec-type", SPEC_TYPES[mode]]
         if mode == "native-draft":
             cmd += ["-md", str(self.draft), "-td", threads, "-tbd", threads]
@@ -369,12 +380,24 @@ class NativeRunner:
         return " ".join(cmd[1:])
 
     def run(
-        self, mode: str, prompt: str, max_tokens: int, temperature: float, seed: int | None
+        self,
+        mode: str,
+        prompt: str,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+        grammar: str | None = None,
     ) -> NativeResult:
-        cmd = self.command(mode, prompt, max_tokens, temperature, seed)
-        started = time.perf_counter()
-        stdout, stderr = _run(cmd, self.binary.name, mode, self.timeout_s, self.env)
-        wall = round(time.perf_counter() - started, 4)
+        """One run; ``grammar``: GBNF the answer must match (``--grammar-file``)."""
+        with tempfile.TemporaryDirectory(prefix="localspec-native-") as folder:
+            grammar_file = None
+            if grammar is not None:
+                grammar_file = Path(folder) / "answer.gbnf"
+                grammar_file.write_text(grammar, encoding="utf-8")
+            cmd = self.command(mode, prompt, max_tokens, temperature, seed, grammar_file)
+            started = time.perf_counter()
+            stdout, stderr = _run(cmd, self.binary.name, mode, self.timeout_s, self.env)
+            wall = round(time.perf_counter() - started, 4)
         result = parse_native_output(stderr + "\n" + stdout, mode)  # the timings are logged
         return replace(result, wall_s=wall)
 

@@ -20,7 +20,9 @@ first evaluated (its ``restored_tokens``). Mode ``auto-again`` runs two processe
 with the history on, emptied before the first: the first answers the prompt's ``first``
 question (else the prompt itself), the second, recorded, asks the prompt, so the history
 drafts from the first answer; ``same_as_first`` says whether the two answers to the same
-question are the same, token for token.
+question are the same, token for token. A ``FreshPrompt`` may carry a constraint (its grammar
+passed as ``--grammar``; the record says whether the answer is valid) and be raw text
+(``--raw --parse-special``: a prompt already through the chat template, tools and all).
 
 ``check_modes`` refuses, before anything loads, the modes the chosen runner cannot run.
 """
@@ -36,9 +38,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localspec.bench.constrained import Constraint, answer_valid
 from localspec.bench.modes import (
     AGAIN_MODE,
     CHAINS_MODE,
@@ -59,6 +63,16 @@ from localspec.storage.library import HISTORY, HISTORY_ENV, datastores_dir
 # derived drafts, which the private home does not hold.
 NOT_FRESH = (STORE_MODE, SELF_MODE)
 TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True)
+class FreshPrompt:
+    """What a fresh process reads: the text, what its answer must match, and whether the
+    text is sent raw with its control tokens parsed."""
+
+    text: str
+    constraint: Constraint | None = None
+    raw: bool = False
 
 
 def check_modes(modes: Sequence[BenchMode], *, fresh: bool) -> None:
@@ -142,6 +156,8 @@ class FreshRunner:
         temperature: float,
         seed: int | None,
         prediction: Path | None,
+        grammar: Path | None = None,
+        raw: bool = False,
     ) -> list[str]:
         # Each mode evaluates its prompt as a first run does: none restores what another
         # mode's process saved of the same prompt.
@@ -154,8 +170,12 @@ class FreshRunner:
         cmd += ["--temperature", str(temperature), *self.flags]
         if seed is not None:
             cmd += ["--seed", str(seed)]
-        if self.raw:
+        if self.raw or raw:
             cmd.append("--raw")
+        if raw:
+            cmd.append("--parse-special")
+        if grammar is not None:
+            cmd += ["--grammar", str(grammar)]
         if mode == CHAINS_MODE:
             cmd.append("--no-trees")
         if mode == PREDICTION_MODE and prediction is not None:
@@ -165,7 +185,7 @@ class FreshRunner:
 
     def run(
         self,
-        prompt: str,
+        prompt: str | FreshPrompt,
         mode: BenchMode,
         max_tokens: int,
         temperature: float,
@@ -174,17 +194,22 @@ class FreshRunner:
         first: str | None = None,
     ) -> dict[str, Any]:
         """One fresh process (two for ``auto-again``): its record's measured fields."""
+        given = prompt if isinstance(prompt, FreshPrompt) else FreshPrompt(prompt)
+        prompt = given.text
         if self.cold:
             shutil.rmtree(self.home / "learning", ignore_errors=True)
-        predicted = None
+        predicted = grammar = None
         if mode == PREDICTION_MODE and prediction:
             predicted = self.home / "prediction.txt"
             predicted.write_text(prediction, encoding="utf-8")
-        cmd = self.command(mode, max_tokens, temperature, seed, predicted)
+        if given.constraint is not None:
+            grammar = self.home / "grammar.gbnf"
+            grammar.write_text(given.constraint.grammar, encoding="utf-8")
+        cmd = self.command(mode, max_tokens, temperature, seed, predicted, grammar, given.raw)
         if mode == WARM_MODE:
             return self._warm(cmd, prompt, mode)
         if mode != AGAIN_MODE:
-            return self._process(cmd, prompt, mode)
+            return self._process(cmd, prompt, mode, given.constraint)
         self._forget_history()
         try:
             earlier = self._process(cmd, prompt if first is None else first, mode)
@@ -213,7 +238,9 @@ class FreshRunner:
         history = datastores_dir().relative_to(cache_root()) / HISTORY
         shutil.rmtree(self.home / history, ignore_errors=True)
 
-    def _process(self, cmd: list[str], prompt: str, mode: BenchMode) -> dict[str, Any]:
+    def _process(
+        self, cmd: list[str], prompt: str, mode: BenchMode, constrained: Constraint | None = None
+    ) -> dict[str, Any]:
         """One ``complete`` process, timed; the history on for ``auto-again`` only."""
         history = "1" if mode == AGAIN_MODE else "0"
         env = {**os.environ, ENV_HOME: str(self.home), HISTORY_ENV: history}
@@ -228,7 +255,11 @@ class FreshRunner:
                 f"localspec complete ({mode}) failed with exit code {done.returncode}: {tail}",
                 "run it by hand with the same options to see why",
             )
-        return self._record(json.loads(done.stdout.strip().splitlines()[-1]), spawned, wall)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        record = self._record(result, spawned, wall)
+        if constrained is not None:
+            record["answer_valid"] = answer_valid(constrained, result.get("text", ""))
+        return record
 
     def _record(self, result: dict[str, Any], spawned: float, wall: float) -> dict[str, Any]:
         stats, timing = result["stats"], result.get("timing") or {}

@@ -5,8 +5,13 @@ the check sets, and a user's own prompt file.
 ``{"id", "prompt", "source"}`` per line); ``load_prompt_file`` reads a user's own JSONL file
 (``prompt`` required; ``id``, ``category``, ``source`` default to ``line-N``, the file's stem
 and its path; an optional ``prediction`` is what mode ``auto-prediction`` drafts from, an
-optional ``first`` the question mode ``auto-again`` asks before). Bad sets and files raise
-``InputError``, bad choices (``--categories``, ``--limit``) ``UsageError``.
+optional ``first`` the question mode ``auto-again`` asks before; an optional ``json_schema``
+or ``tools`` makes every mode answer under that grammar: ``bench/constrained.py``). Bad sets
+and files raise ``InputError``, bad choices (``--categories``, ``--limit``) ``UsageError``.
+
+The constrained sets (``CONSTRAINED_CATEGORIES``: extraction, tool calls, schema-bound
+prose), run only when named, are shipped sets whose every line carries its ``json_schema`` or
+``tools``.
 
 The check sets (``CHECK_SETS``) are prompts written to check results on text the bench was
 not tuned on, run only when named: each is a file of ``prompts/`` read as a user's file is,
@@ -29,11 +34,12 @@ import json
 import re
 import sysconfig
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from localspec.bench.constrained import CONSTRAINED_CATEGORIES, Constraint, read_constraint
 from localspec.errors import InputError, UsageError
 
 CATEGORIES = (
@@ -114,6 +120,7 @@ class BenchPrompt:
     # The answer is the prediction rewritten: it may run as long as the prediction and
     # ``ANSWER_SLACK`` tokens more, whatever --max-tokens says.
     answer_like_prediction: bool = False
+    constraint: Constraint | None = None  # the grammar every mode answers under
 
     def predicted(self) -> str | None:
         """The prediction mode ``auto-prediction`` gives: the prompt's own, else the text
@@ -140,7 +147,9 @@ def load_prompts(
     """The prompts of ``categories`` (all but those run when named, by default), at most
     ``limit`` per category; a check set's per each category its lines name."""
     chosen = list(dict.fromkeys(categories)) if categories else list(CATEGORIES)
-    known = CATEGORIES + STORE_CATEGORIES + PREDICTION_CATEGORIES + CHECK_SETS
+    known = (
+        CATEGORIES + STORE_CATEGORIES + PREDICTION_CATEGORIES + CONSTRAINED_CATEGORIES + CHECK_SETS
+    )
     unknown = [c for c in chosen if c not in known]
     if unknown:
         raise UsageError(
@@ -193,14 +202,20 @@ def _shipped_set(category: str, path: Any) -> list[BenchPrompt]:
                     )
                 )
             continue
+        row = parse_line(line, f"{path}, line {n}")
         try:
-            row = json.loads(line)
-            rows.append(BenchPrompt(category, str(row["id"]), row["prompt"], row["source"]))
-        except (ValueError, KeyError, TypeError):
+            prompt = BenchPrompt(category, str(row["id"]), row["prompt"], row["source"])
+        except KeyError:
             raise InputError(
                 f"{path}, line {n}: not a JSON object with id, prompt and source",
                 "fix or reinstall the prompt set",
             ) from None
+        constrained = read_constraint(row, f"{path}, line {n}")
+        if category in CONSTRAINED_CATEGORIES and constrained is None:
+            raise InputError(
+                f"{path}, line {n}: no json_schema or tools", "fix or reinstall the prompt set"
+            )
+        rows.append(replace(prompt, constraint=constrained))
     return rows
 
 
@@ -230,6 +245,7 @@ def _file_prompt(path: Any, n: int, line: str) -> BenchPrompt:
         source=str(row.get("source", path)),
         prediction=row.get("prediction"),
         first=row.get("first"),
+        constraint=read_constraint(row, f"{path}, line {n}"),
     )
 
 

@@ -5,8 +5,8 @@ mode, its place in the run order (``run``, ``repeat``) and start ``time``, the e
 ran it (``localspec`` or ``llama.cpp``), and the stats of that run. ``to_dict`` gives the
 JSON object written as a line of ``records.jsonl`` (the keys and their order as the bench
 has always written them: an engine run's and a native run's have their own keys, and
-``trace``, ``samples_tokens_per_s``, ``overshoot``, ``same_as_first``, the prompt cache's
-figures and the timings of what a user waits for appear only when set);
+``trace``, ``samples_tokens_per_s``, ``overshoot``, ``same_as_first``, ``answer_valid``, the
+prompt cache's figures and the timings of what a user waits for appear only when set);
 ``from_dict`` reads such an object back (records of earlier bench results, or the smaller
 objects scripts and tests build), leaving what it lacks as None and what it does not know
 out.
@@ -29,6 +29,7 @@ ENGINE_KEYS = (
     "mean_accepted_length", "by_drafter", "tokens_by_origin", "trace", "compute_s",
     "outside_share", "plain_steps", "plain_step_s", "token_ids", "wall_s", "first_token_s",
     "load_s", "fresh", "same_as_first", "restored_tokens", "cold_first_token_s", "same_as_cold",
+    "answer_valid",
 )  # fmt: skip
 # The keys of a native run's record: ``NativeResult.to_record``'s, then the bench's own.
 NATIVE_KEYS = (
@@ -40,7 +41,7 @@ NATIVE_KEYS = (
 # Written only when the run has them.
 OPTIONAL_KEYS = frozenset(
     {"trace", "samples_tokens_per_s", "overshoot", "wall_s", "first_token_s", "load_s", "fresh",
-     "same_as_first", "restored_tokens", "cold_first_token_s", "same_as_cold"}
+     "same_as_first", "restored_tokens", "cold_first_token_s", "same_as_cold", "answer_valid"}
 )  # fmt: skip
 
 
@@ -90,6 +91,8 @@ class RunRecord:
     restored_tokens: int | None = None
     cold_first_token_s: float | None = None
     same_as_cold: bool | None = None
+    # Under a constraint: whether the answer is what it asks for (``constrained.answer_valid``).
+    answer_valid: bool | None = None
     # Native runs only.
     draft_max: int | None = None
     samples_tokens_per_s: list[float] | None = None  # llama-bench's, one per repetition

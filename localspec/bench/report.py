@@ -1,7 +1,7 @@
 """Render a bench summary: a Markdown table, summary.md / summary.json, and a speedup chart.
 
 ``summary`` is the dict ``localspec.bench.summary.summarize`` returns, extended by the caller with
-``meta`` (models, machine, settings), ``ceiling`` (``runner.measure_ceiling``),
+``meta`` (models, machine, settings), ``ceiling`` (``ceiling.measure_ceiling``),
 ``ceilings`` (the same per category, at its answers' depth: ``BenchRunner.ceilings``) and
 ``break_even`` (``break_even.break_even``).
 ``render_table`` gives the text printed to stdout and saved as summary.md: one row per
@@ -79,6 +79,7 @@ COLUMNS_AFTER: list[Column] = [
 
 OF_CEILING: Column = ("of ceiling", lambda g: _fmt(g.get("of_ceiling"), ".2f"))
 SAME_AS_FIRST: Column = ("same as first", lambda g: _fmt(g.get("same_as_first"), ".0%"))
+ANSWERS_VALID: Column = ("valid answers", lambda g: _fmt(g.get("answers_valid"), ".0%"))
 # What a user waits for (seconds; the ratios are of wall times: below 1, sooner).
 WAIT_COLUMNS: dict[str, Column] = {
     "wall_s": ("wall s", lambda g: _fmt(g.get("wall_s"), ".2f")),
@@ -99,13 +100,15 @@ WAIT_COLUMNS: dict[str, Column] = {
 
 def _columns(summary: dict[str, Any]) -> list[Column]:
     """The table's columns; the native ratios, the share of the ceiling, the wait figures
-    and auto-again's answers the same as the first only when some group has them."""
+    , auto-again's answers the same as the first and the constrained answers' validity only
+    when some group has them."""
     present = {key for g in summary["overall"].values() for key in g}
     native = [column for key, column in NATIVE_COLUMNS.items() if key in present]
     ceiling = [OF_CEILING] if "of_ceiling" in present else []
     waits = [column for key, column in WAIT_COLUMNS.items() if key in present]
     again = [SAME_AS_FIRST] if "same_as_first" in present else []
-    return [*COLUMNS_BEFORE, *ceiling, *native, *waits, *COLUMNS_AFTER, *again]
+    valid = [ANSWERS_VALID] if "answers_valid" in present else []
+    return [*COLUMNS_BEFORE, *ceiling, *native, *waits, *COLUMNS_AFTER, *again, *valid]
 
 
 def _row(name: str, mode: str, g: dict[str, Any], columns: list[Column]) -> str:

@@ -18,6 +18,7 @@ the errors of ``localspec.errors``, for the front end to report.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -36,6 +37,7 @@ from localspec.backend.native import NativeRunner, check_binary
 from localspec.bench import report as bench_report
 from localspec.bench.args import BenchArgs
 from localspec.bench.break_even import break_even
+from localspec.bench.ceiling import CEILING_BATCHES, measure_ceiling
 from localspec.bench.fresh import FreshRunner, check_modes
 from localspec.bench.modes import (
     BASELINE,
@@ -48,7 +50,7 @@ from localspec.bench.modes import (
 from localspec.bench.prompts import BenchPrompt, load_prompt_file, load_prompts
 from localspec.bench.records import RunRecord
 from localspec.bench.relay import DelayRelay, relayed
-from localspec.bench.runner import CEILING_BATCHES, BenchConfig, BenchRunner, measure_ceiling
+from localspec.bench.runner import BenchConfig, BenchRunner, spelled_text
 from localspec.bench.summary import MIN_RATIO_TOKENS, summarize
 from localspec.errors import EXIT_CANCELLED, UsageError
 from localspec.models.resources import cpu_name
@@ -75,19 +77,6 @@ def _out_dir(out: Path | None) -> Path:
     except OSError as err:
         raise UsageError(f"cannot create {path}: {err.strerror}", "pass another --out") from None
     return path
-
-
-def _detokenizer(model: Any):
-    """Tokens back to text with special tokens spelled out, as the native binary reads it."""
-    info = model.vocab_info()
-
-    def detokenize(tokens: list[int]) -> str:
-        if info.add_bos and tokens and tokens[0] == info.bos:
-            tokens = tokens[1:]  # the binary's tokenizer adds it again
-        data = b"".join(model.token_bytes(t, special=True) for t in tokens)
-        return data.decode("utf-8", errors="replace")
-
-    return detokenize
 
 
 def _progress_line(
@@ -176,7 +165,7 @@ def _native_runner(
         args.bench.native_bin,
         session.target.path,
         session.draft_path,
-        _detokenizer(session.target),
+        functools.partial(spelled_text, session.target),
         threads=args.pair.threads,
         n_ctx=args.pair.n_ctx,
         extra_args=native_args,

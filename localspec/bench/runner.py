@@ -27,9 +27,9 @@ plus ``outside_share``: the part of the decode time spent outside llama.cpp
 (``1 - compute/decode``, compute being the models' ``compute_seconds`` accumulated during
 decoding), ``plain_steps`` and ``plain_step_s`` (how many plain steps the run took, and their
 mean seconds: the machine's speed during that run), and with ``trace`` (the engine's
-per-round list) when the config asks for it. ``measure_ceiling`` times the target's best
-batch throughput after a given depth of context; ``BenchRunner.ceilings`` measures it per
-category at the depth where that category's answers run. No printing here.
+per-round list) when the config asks for it. ``BenchRunner.ceilings`` measures the target's
+ceiling (``ceiling.py``) per category at the depth where that category's answers run. No
+printing here.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from localspec.backend.native import NativeResult, NativeRunner
-from localspec.bench.fresh import FreshRunner, check_modes
+from localspec.bench.ceiling import measure_ceiling
+from localspec.bench.constrained import Constraint, answer_valid
+from localspec.bench.fresh import FreshPrompt, FreshRunner, check_modes
 from localspec.bench.modes import (
     CHAINS_MODE,
     ENGINE_MODES,
@@ -62,8 +64,6 @@ from localspec.options.bench import BenchChoice
 from localspec.session.session import Session
 
 WARMUP_TOKENS = 16
-CEILING_BATCHES = (16, 32, 64)  # up to the longest draft worth verifying (n-gram copies)
-CEILING_CONTEXT = 256  # sample context the ceiling batches are verified after
 ANSWER_SLACK = 64  # tokens past its prediction's length an answer that rewrites it may write
 
 # The fields of the stats' JSON (``GenerationStats.to_dict``) an engine run's record carries
@@ -199,8 +199,10 @@ class BenchRunner:
         max_tokens: int,
         index: int,
         prediction: Sequence[int] = (),
+        constrained: Constraint | None = None,
     ) -> Measured:
-        """One run of the engine from a fresh context: its record's measured fields."""
+        """One run of the engine from a fresh context (under ``constrained``'s grammar, when
+        given): its record's measured fields."""
         for model in self._models():
             model.reset()  # a fresh context: nothing carried over from the previous run
         if self.config.cold:
@@ -219,7 +221,9 @@ class BenchRunner:
 
         params = self._params(mode, max_tokens, index, prediction)
         began = time.perf_counter()
-        finished = run_to_completion(self.session.generate(tokens, params), on_event)
+        grammar = constrained.grammar if constrained is not None else None
+        events = self.session.generate(tokens, params, grammar=grammar)
+        finished = run_to_completion(events, on_event)
         wall = time.perf_counter() - began
         stats = finished.stats
         start, end = marks.get("start"), self._compute_seconds()
@@ -243,25 +247,29 @@ class BenchRunner:
             "load_s": _rounded(self.load_s),
             "fresh": False,
         }
+        if constrained is not None:
+            record["answer_valid"] = answer_valid(constrained, finished.text)
         if not stats.drafted:
             record["acceptance_rate"] = None  # nothing drafted: no rate, rather than 0%
         return record
 
     def _native_result(
-        self, tokens: list[int], mode: str, max_tokens: int, index: int
+        self, tokens: list[int], mode: str, max_tokens: int, index: int, grammar: str | None
     ) -> NativeResult:
         native = self.native
         assert native is not None  # the runner refuses native modes without the binary
         if mode == NATIVE_BENCH:  # no text: generation after as many tokens as the prompt's
             return native.run_bench(len(tokens), max_tokens)
         seed = None if self.config.seed is None else self.config.seed + index
-        return native.run(
-            mode, native.prompt_text(tokens), max_tokens, self.config.temperature, seed
-        )
+        text = native.prompt_text(tokens)
+        return native.run(mode, text, max_tokens, self.config.temperature, seed, grammar)
 
-    def run_native(self, tokens: list[int], mode: str, max_tokens: int, index: int) -> Measured:
-        """One run of llama.cpp's binaries: its record's measured fields."""
-        result = self._native_result(tokens, mode, max_tokens, index)
+    def run_native(
+        self, tokens: list[int], mode: str, max_tokens: int, index: int, grammar: str | None = None
+    ) -> Measured:
+        """One run of llama.cpp's binaries (under ``grammar``, GBNF, when given): its
+        record's measured fields."""
+        result = self._native_result(tokens, mode, max_tokens, index, grammar)
         # The binary re-tokenizes the text: a different count means it saw another prompt.
         record = {
             "engine": NATIVE_ENGINE,
@@ -283,12 +291,14 @@ class BenchRunner:
     ) -> Measured:
         """``prompt``: the text ``tokens`` were made from, which a fresh process reads."""
         mode = BenchMode(mode)
+        constrained = prompt.constraint if prompt is not None else None
         if mode.is_native:
-            return self.run_native(tokens, mode, max_tokens, index)
+            grammar = constrained.grammar if constrained is not None else None
+            return self.run_native(tokens, mode, max_tokens, index, grammar)
         if self.fresh is not None and prompt is not None:
             seed = None if self.config.seed is None else self.config.seed + index
             return self.fresh.run(
-                prompt.prompt,
+                self._fresh_prompt(prompt, tokens),
                 mode,
                 max_tokens,
                 self.config.temperature,
@@ -296,7 +306,16 @@ class BenchRunner:
                 prompt.predicted() or "",
                 prompt.first,
             )
-        return self.run_engine(tokens, mode, max_tokens, index, prediction)
+        return self.run_engine(tokens, mode, max_tokens, index, prediction, constrained)
+
+    def _fresh_prompt(self, prompt: BenchPrompt, tokens: list[int]) -> FreshPrompt:
+        """What a fresh process is given: the prompt's text, or where tools are shown
+        through the chat template (which ``complete`` does not take), the text of its
+        tokens with the template's control tokens spelled out, sent raw."""
+        constrained = prompt.constraint
+        if constrained is None or not constrained.tools:
+            return FreshPrompt(prompt.prompt, constrained)
+        return FreshPrompt(spelled_text(self.session.target, tokens), constrained, raw=True)
 
     def _prediction(self, prompt: BenchPrompt) -> list[int]:
         """The tokens of the prediction mode ``auto-prediction`` gives ``prompt`` (which
@@ -311,8 +330,24 @@ class BenchRunner:
             length = min(WARMUP_TOKENS, self.config.max_tokens)
             self.run_one(tokens, mode, length, 0, prompt=prompt)
 
+    def _tokens(self, prompt: BenchPrompt) -> list[int]:
+        """The prompt's tokens: through the chat template (unless raw), with the functions a
+        tool prompt offers shown in it."""
+        tools = prompt.constraint.tools if prompt.constraint is not None else ()
+        if not tools:
+            return self.session.text_tokens(prompt.prompt, raw=self.config.raw)
+        if self.config.raw:
+            raise UsageError(
+                f"{prompt.category}/{prompt.id} offers tools, which the chat template shows "
+                "the model, and --raw sends prompts without it",
+                "drop --raw, or the prompts with tools",
+            )
+        return self.session.chat_tokens(
+            [{"role": "user", "content": prompt.prompt}], tools=list(tools)
+        )
+
     def _prepared(self, prompts: Sequence[BenchPrompt]) -> _Prepared:
-        tokenized = [self.session.text_tokens(p.prompt, raw=self.config.raw) for p in prompts]
+        tokenized = [self._tokens(p) for p in prompts]
         predictions = [self._prediction(p) for p in prompts]
         lengths = [
             len(predicted) + ANSWER_SLACK if p.answer_like_prediction else self.config.max_tokens
@@ -371,69 +406,15 @@ class BenchRunner:
         return records
 
 
+def spelled_text(model: Any, tokens: Sequence[int]) -> str:
+    """Tokens back to text with their control tokens spelled out (a BOS the tokenizer adds
+    left out), as a process that tokenizes with control tokens parsed reads it back."""
+    info = model.vocab_info()
+    if info.add_bos and tokens and tokens[0] == info.bos:
+        tokens = tokens[1:]  # the reader's tokenizer adds it again
+    data = b"".join(model.token_bytes(t, special=True) for t in tokens)
+    return data.decode("utf-8", errors="replace")
+
+
 def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 4)
-
-
-def ceiling_batches(n_ctx: int, context_tokens: int) -> list[int]:
-    """The batch sizes ``measure_ceiling`` times: ``CEILING_BATCHES`` capped at the room the
-    sample context leaves."""
-    room = max(1, n_ctx - context_tokens)
-    return list(dict.fromkeys(min(b, room) for b in CEILING_BATCHES))
-
-
-def ceiling_context(context: Sequence[int], depth: int | None, n_ctx: int) -> list[int]:
-    """The context to time batches after, leaving room for a batch: ``context`` up to
-    ``CEILING_CONTEXT`` tokens, or when a ``depth`` is given, ``context`` repeated to that
-    many tokens (attention costs the same whatever the tokens are)."""
-    room = n_ctx - CEILING_BATCHES[0]
-    if depth is None:
-        return list(context)[: max(1, min(CEILING_CONTEXT, room))]
-    depth = max(1, min(depth, room))
-    context = list(context) or [0]
-    return (context * (depth // len(context) + 1))[:depth]
-
-
-def measure_ceiling(
-    model: Any, context: Sequence[int], depth: int | None = None, reps: int = 3
-) -> dict[str, Any]:
-    """The target's best throughput over batches of 16, 32 and 64 tokens with logits for
-    every position after ``context`` (``ceiling_context``: its first ``CEILING_CONTEXT``
-    tokens, or ``depth`` tokens when given), each the
-    fastest of ``reps`` after a warm-up, vs a plain step after the same context.
-
-    This bounds any lossless speculative method at that depth on this machine: no round can
-    emit more than the batch it verified, and no batch worth verifying is cheaper per token
-    than the best one here. ``batch`` is the size that gave the best tokens/s; ``by_batch``
-    lists all; ``depth`` is the context measured after.
-    """
-    base = ceiling_context(context, depth, model.n_ctx)
-    sizes = ceiling_batches(model.n_ctx, len(base))
-    extra = (base * (max(sizes) // len(base) + 2))[: max(sizes)]
-
-    def timed(n: int) -> float:
-        model.forward(base, 0)
-        t0 = time.perf_counter()
-        model.forward(base + extra[:n], n)
-        return time.perf_counter() - t0
-
-    def fastest(n: int) -> float:
-        timed(n)  # warm-up
-        return min(timed(n) for _ in range(reps))
-
-    timings = [(size, fastest(size)) for size in sizes]
-    plain_s = fastest(1)
-    model.reset()
-    batch, batch_s = max(timings, key=lambda t: t[0] / t[1])
-    return {
-        "batch": batch,
-        "batch_s": round(batch_s, 6),
-        "tokens_per_s": round(batch / batch_s, 3),
-        "plain_tokens_per_s": round(1 / plain_s, 3),
-        "ceiling_ratio": round(batch * plain_s / batch_s, 3),
-        "depth": len(base),
-        "by_batch": [
-            {"batch": n, "batch_s": round(s, 6), "tokens_per_s": round(n / s, 3)}
-            for n, s in timings
-        ],
-    }

@@ -17,7 +17,8 @@ per-prompt ratio to ``none`` and the same ratios timed by each run's own plain s
 so (``wall_s`` and ``first_token_s``, their means; ``wall_to_none``; for fresh processes
 ``wall_to_first_native``, against the speculative llama.cpp process that ended first on
 the same prompt: geometric means of per-prompt wall-time ratios, below 1 sooner), for
-``auto-again`` the share of second answers that were the first one (``same_as_first``), for
+``auto-again`` the share of second answers that were the first one (``same_as_first``), under
+a constraint the share of answers that are what it asks for (``answers_valid``), for
 ``auto-warm`` the first token of the process that restored the prompt against that of the
 one that evaluated it (``warm_to_cold_first_token``, a geometric mean) and the share of warm
 answers that were the cold one (``same_as_cold``), and the list of native runs that
@@ -291,6 +292,9 @@ def _group(
     again = [r.same_as_first for r in records if r.same_as_first is not None]
     if again:
         out["same_as_first"] = round(sum(again) / len(again), 4)
+    valid = [r.answer_valid for r in records if r.answer_valid is not None]
+    if valid:
+        out["answers_valid"] = round(sum(valid) / len(valid), 4)
     if ceilings and mode not in NATIVE_MODES:
         out["of_ceiling"] = _ceiling_share(runs, ceilings)
     return out
@@ -337,7 +341,7 @@ def summarize(
     """Per category and overall, per mode; ratios are paired with ``none`` per prompt.
     Repeated runs count once each, by their median run (``median_runs``). Records read back
     from JSON are taken as they are. With ``ceilings`` (per category, as
-    ``runner.measure_ceiling`` gives them) each engine mode also gets ``of_ceiling``."""
+    ``ceiling.measure_ceiling`` gives them) each engine mode also gets ``of_ceiling``."""
     records = median_runs([as_record(r) for r in records])
     refs = _references(records)
     categories = list(dict.fromkeys(r.category for r in records))

@@ -25,10 +25,12 @@ class BenchChoice:
     categories: Annotated[
         str | None,
         Option(
-            help="comma-separated categories (default: all but repo_code, apply and the check "
-            "sets, which are run when named: apply edits whole files, with the file as the "
-            "prediction; check3, check4, check3_unrelated and history_followup are prompts "
-            "the bench was not tuned on)"
+            help="comma-separated categories (default: all but repo_code, apply, the "
+            "constrained sets and the check sets, which are run when named: apply edits "
+            "whole files, with the file as the prediction; extraction, tool_calls and "
+            "schema_prose answer under a JSON schema or a tool call's grammar; check3, "
+            "check4, check3_unrelated and history_followup are prompts the bench was not "
+            "tuned on)"
         ),
     ] = None
     limit: Annotated[int | None, Option(help="prompts per category at most")] = None
@@ -37,7 +39,8 @@ class BenchChoice:
         Option(
             help="your own prompts instead of the shipped sets: JSONL, one object a line with "
             '"prompt" (and optional "id", "category", "source", "prediction" for mode '
-            'auto-prediction and "first" for mode auto-again)'
+            'auto-prediction, "first" for mode auto-again, and "json_schema" or "tools" '
+            "(OpenAI's) for an answer every mode writes under that grammar)"
         ),
     ] = None
     modes: Annotated[
