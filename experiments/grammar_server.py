@@ -390,24 +390,30 @@ def served(
 
 
 def run_mode(
-    mode: str, prompts: Sequence[dict[str, Any]], args: argparse.Namespace, client: httpx.Client
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    mode: str,
+    prompts: Sequence[dict[str, Any]],
+    args: argparse.Namespace,
+    client: httpx.Client,
+    result: dict[str, Any],
+) -> None:
+    """The mode's server, started, asked each prompt and stopped; its facts go to
+    ``result["servers"]`` and each record to ``result["records"]`` as it comes (so that an
+    interrupted run keeps what it measured)."""
     log_path = args.out.with_name(f"{args.out.stem}.{mode}.log")
     with tempfile.TemporaryDirectory(prefix="grammar-server-") as tmp:
         home = private_home(Path(tmp)) if mode in LOCALSPEC_DRAFTER else Path(tmp)
         with served(mode, args, client, log_path, home) as (port, facts):
+            result["servers"][mode] = facts
             if args.warmup:
                 warm = ask(client, port, prompts[0], WARMUP_TOKENS, False)
                 facts["warmup_error"] = warm["error"]
-            records = []
             for repeat in range(args.repeat):
                 for prompt in prompts:
                     for stream in args.streams:
                         record = ask(client, port, prompt, args.max_tokens, stream)
                         record.update(mode=mode, repeat=repeat)
-                        records.append(record)
+                        result["records"].append(record)
                         print(f"[{mode}] {prompt['id']} {describe(record)}", file=sys.stderr)
-    return records, facts
 
 
 def describe(record: dict[str, Any]) -> str:
@@ -609,19 +615,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "validator": name,
         "servers": {},
+        "records": [],
     }
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = result["records"]
     try:
         with httpx.Client(timeout=args.timeout) as client:
             for mode in args.modes:
-                mine, facts = run_mode(mode, prompts, args, client)
-                records += mine
-                result["servers"][mode] = facts
+                run_mode(mode, prompts, args, client, result)
     finally:  # what was measured is kept, also when a server failed
         mark(records, prompts, check)
         table, cells = per_prompt(records, args.modes)
         totals, summary = summarize(records, args.modes, cells)
-        result.update(records=records, summary=summary)
+        result["summary"] = summary
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         if records:
             print(table + "\n\n" + totals + f"\n\nschemas checked with {name}\n{args.out}")

@@ -4,8 +4,10 @@ from a canned server), and its summary's ratios and agreement counts."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -190,3 +192,53 @@ def test_the_summary_takes_geometric_means_and_ratios_and_counts_agreement(gs):
     assert auto["same_as_llama_none"] == "1/2" and auto["same_as_localspec_none"] == "0/2"
     assert "| a | localspec-auto | 9 | 40.0 |" in table
     assert "| localspec-auto | 40.0 | 2.00 | 4.00 |" in totals
+
+
+HEALTHY = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(json.dumps({"status": "ok"}).encode())
+    def log_message(self, *a):
+        pass
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_server_that_does_not_come_up_is_an_error_naming_its_command(gs, tmp_path, monkeypatch):
+    dead = [sys.executable, "-c", "print('no model here'); raise SystemExit(3)"]
+    monkeypatch.setattr(gs, "command", lambda mode, port, args: dead)
+    args = argparse.Namespace(start_timeout=30.0)
+    log = tmp_path / "s.log"
+    with (
+        httpx.Client() as client,
+        pytest.raises(SystemExit) as raised,
+        gs.served("llama-none", args, client, log, tmp_path),
+    ):
+        pass
+    said = str(raised.value)
+    assert "exited with status 3" in said and "raise SystemExit(3)" in said
+    assert "no model here" in said  # the end of its log
+
+
+def test_a_server_is_stopped_on_leaving_also_on_an_error(gs, tmp_path, monkeypatch):
+    started = []
+
+    def command(mode, port, args):
+        started.append(port)
+        return [sys.executable, "-c", HEALTHY, str(port)]
+
+    monkeypatch.setattr(gs, "command", command)
+    args = argparse.Namespace(start_timeout=60.0)
+    log = tmp_path / "s.log"
+    with httpx.Client() as client:
+        with (
+            pytest.raises(KeyboardInterrupt),
+            gs.served("llama-none", args, client, log, tmp_path) as (port, facts),
+        ):
+            assert gs.healthy(client, port) and facts["cmd"][-1] == str(port)
+            raise KeyboardInterrupt
+        assert not gs.healthy(client, started[0])
