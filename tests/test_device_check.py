@@ -3,23 +3,17 @@ shape read from a file and rescaled writes a model llama.cpp loads and decodes w
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from localspec.backend.llama import LlamaModel, LoadOptions
+from tests.scripts import EXPERIMENTS, load_script
 
-SHAPES = Path(__file__).resolve().parents[1] / "experiments" / "device" / "shapes.py"
+SHAPES = EXPERIMENTS / "device" / "shapes.py"
 
 
 @pytest.fixture(scope="module")
 def shaping():
-    spec = importlib.util.spec_from_file_location("device_shapes", SHAPES)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SHAPES, "device_shapes")
 
 
 def test_a_shape_keeps_the_metadata_and_tensor_shapes_and_survives_saving(
@@ -66,17 +60,7 @@ def test_a_random_model_of_a_shape_loads_and_repeats_its_last_token(shaping, tin
 def test_the_lanes_step_times_gathered_rounds_and_rounds_in_turn(tiny_pair):
     """The device check's lanes step (experiments/device/check.py) on the tiny target: both
     ways run every lane's rounds, the gathered way in one evaluation per round."""
-    import sys
-
-    path = SHAPES.parent / "check.py"
-    sys.path.insert(0, str(SHAPES.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("device_check", path)
-        assert spec is not None and spec.loader is not None
-        check = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(check)
-    finally:
-        sys.path.remove(str(SHAPES.parent))
+    check = load_script(SHAPES.parent / "check.py", "device_check", beside=True)
     target, _, _ = tiny_pair
     model = LlamaModel(target, LoadOptions(n_ctx=256, n_threads=1, lanes=3))
     try:

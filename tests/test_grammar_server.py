@@ -5,17 +5,17 @@ from a canned server), and its summary's ratios and agreement counts."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "grammar_server.py"
+from tests.scripts import EXPERIMENTS, load_script
+
+SCRIPT = EXPERIMENTS / "grammar_server.py"
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -31,11 +31,7 @@ ANSWER = '{"name": "Ann", "age": 3}'
 
 @pytest.fixture(scope="module")
 def gs():
-    spec = importlib.util.spec_from_file_location("grammar_server", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "grammar_server")
 
 
 def test_the_subset_check_finds_each_kind_of_break(gs):
