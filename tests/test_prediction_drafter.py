@@ -270,3 +270,75 @@ def test_a_prediction_the_prompt_holds_is_one_copy_with_prompt_lookup():
     made = {n: d.offer(committed, 64) for n, d in drafters.items()}
     assert other.preview(3) == [88, 89, 87] and ngram.preview(3) == text[6:9]
     assert one_copy(made, drafters) == made
+
+
+def test_a_draft_before_the_answer_has_written_anything_costs_little_if_it_fails():
+    """Whether the answer opens with the prediction or with a fence is unknown until it
+    writes something: the first draft is as long as failing it costs at most
+    ``BLIND_COST`` plain steps (at least one token, for the answer to grade), and the
+    prediction's start is drafted at full length once the answer has come to it."""
+    from localspec.core.drafting.tunables import BLIND_COST
+
+    cheap = CostProfile(plain_s=1.0, verify_s={1: 1.02, 8: 1.16, 64: 2.4})  # GPU-like
+    blind = max(k for k in range(1, 41) if cheap.verify(k) <= BLIND_COST * cheap.plain_s)
+    assert 1 < blind < len(PREDICTION)
+    d = prediction_drafter(costs=cheap)
+    d.begin(PROMPT, GenerationParams(prediction=tuple(PREDICTION)))
+    committed = list(PROMPT)
+    assert d.copy_offer(committed, 64).available == blind
+    answer(d, committed, [PREDICTION[0]])
+    assert d.copy_offer(committed, 64).available >= len(PREDICTION) - 1
+
+    dear = CostProfile(plain_s=1.0, verify_s={1: 1.6, 64: 32.0})  # a batch costs many steps
+    d = prediction_drafter(costs=dear)
+    d.begin(PROMPT, GenerationParams(prediction=tuple(PREDICTION)))
+    assert d.copy_offer(list(PROMPT), 64).available == 1
+    decoder = SpecDecoder(TimedFake(VirtualClock(), dear), None, dear)
+    prompt = [3, 1, 4, 1, 5]
+    params = GenerationParams(max_tokens=8, prediction=tuple(PREDICTION))
+    events: list = []
+    run_to_completion(decoder.generate(prompt, params), events.append)
+    first = next(e for e in events if type(e).__name__ == "RoundCompleted")
+    assert first.drafter is None  # the answer's first token, unknown: a plain step
+
+
+def test_prompt_lookup_left_out_of_a_round_that_drafts_its_copy_follows_it_as_its_own():
+    """One copy, one offer: where the offer weighed instead of prompt lookup's is drafted
+    and prompt lookup's own would have been chosen in its place, prompt lookup follows the
+    draft as if it had drafted it (its place in the prompt, its streak), as it would have
+    without the prediction; where its own would not have been chosen, it follows the answer
+    as after a round that passed it over."""
+    from localspec.core.drafting.copying import one_copy
+    from localspec.core.drafting.ngram import ngram_drafter
+
+    text = PREDICTION[:30]
+    prompt = [90, 91, *text, 92]
+    results = {}
+    for would in (True, False):
+        ngram, pred = ngram_drafter(), prediction_drafter()
+        drafters = {"ngram": ngram, "prediction": pred}
+        for d in drafters.values():
+            d.begin(prompt, GenerationParams(prediction=tuple(text)))
+        committed = list(prompt)
+        for token in text[:6]:  # the answer copies the file
+            committed.append(token)
+            for d in drafters.values():
+                d.observe(committed, NOT_CHOSEN)
+        for _ in range(3):  # the prediction's copies have borne out its odds better
+            pred.pricing.copies.grade(1.0, 0.5)
+        made = {n: d.offer(committed, 16) for n, d in drafters.items()}
+        chosen: list[list[str]] = []
+
+        def chooses(offers, would=would, chosen=chosen):
+            chosen.append([o.drafter for o in offers])
+            return offers[0].drafter if would else None
+
+        assert list(one_copy(made, drafters, chooses)) == ["prediction"]
+        assert chosen == [["ngram"]]  # prompt lookup's offer, weighed in the prediction's place
+        draft = propose(pred, committed, 10)
+        assert draft == text[6:16]
+        committed += [*draft, text[16]]  # accepted whole, and the copy goes on
+        pred.observe(committed, Outcome(True, 10, 10))
+        ngram.observe(committed, NOT_CHOSEN)
+        results[would] = ngram.source.place.streak.copied
+    assert results == {True: 10, False: 0}

@@ -62,11 +62,14 @@ def test_the_profiles_and_answers_are_there():
         assert json.loads((DATA / "costs" / f"{name}.json").read_text())["machine"]
 
 
-# Not met yet: in this edit the answer leaves the file at a rename after long stretches
-# copied, and where a batch of 64 costs 30 plain steps (or a first draft costs little, so
-# the prediction's start is drafted before the answer's opening fence), the drafts that part
-# fall on other rounds with the prediction than without it: 0.88-0.95 of auto without it.
-SHORT = {("edit-rename-to-thread", c) for c in ("zen3", "gpu-like", "dev-busy")}
+# Not met yet: at the Zen 3's costs (a batch of 64 costs 32 plain steps) auto is behind
+# ngram-simple on this edit with or without the prediction (without it: 19.45 s against
+# ngram-simple's 18.07 s; with it: 19.64 s). Its rounds with the prediction are those without
+# it, bar the prediction's start (4 tokens after the opening fence), but two of prompt
+# lookup's 64-token drafts of a copy under way land on edits (after 178 tokens, accepted 0;
+# after 297, accepted 1: 64 plain steps' time for 3 tokens), where ngram-simple's drafts of 48
+# lose less; the prediction holds the same text as the prompt and says nothing more there.
+SHORT = {("edit-rename-to-thread", "zen3")}
 
 
 def cases() -> list:

@@ -98,7 +98,7 @@ def offers(run: Run, remaining: int) -> dict[str, Offer]:
         offer = drafter.offer(run.committed, min(drafter.limit, remaining))
         if offer is not None:
             made[name] = offer
-    return one_copy(made, run.drafters)
+    return one_copy(made, run.drafters, lambda some: run.controller.choose(some).drafter)
 
 
 def chain_round(run: Run, choice: Choice) -> Verified:

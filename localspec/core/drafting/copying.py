@@ -25,10 +25,15 @@ bet on whichever is the more optimistic (and their drafts, split between them, w
 neither's streak). The one weighed is the first drafter's in registry order (prompt lookup),
 which is then what it is without the other, unless the other's evidence is what only it
 knows, a prediction's start (``Evidence.START``), or this text's copies of its source have
-borne out their odds better (``CopyDrafter.proven``). So a prediction whose text is in the
-prompt is never worth less than prompt lookup reading it there. Drafts that part somewhere
-(a repeat of an earlier answer, which the prompt holds only up to the answer's edits) are
-two copies, both weighed.
+borne out their odds better (``CopyDrafter.proven``). The one left out follows the round as
+it would have alone: where its own offer would have been chosen in the other's place (the
+controller asked again without the other's), a draft of the copy is its draft too, and it
+follows it as its own (its place in the source, its streak, its grades), so that the rounds
+after fall as they would without the other drafter; where its offer would not have been
+chosen, it learns from the round as from any that passed it over. So a prediction whose
+text is in the prompt is never worth less than prompt lookup reading it there. Drafts that
+part somewhere (a repeat of an earlier answer, which the prompt holds only up to the
+answer's edits) are two copies, both weighed.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from localspec.core.cached_model import common_prefix_length
 from localspec.core.drafting.base import NOT_CHOSEN, Branching, Draft, Drafter, Offer, Outcome
 from localspec.core.drafting.evidence import CopyOffer, Evidence
 from localspec.core.drafting.grades import Grade, Grades, Pending
@@ -145,6 +151,10 @@ class CopyDrafter:
         self.branching: Branching | None = self
         self.grades: Grades[CopyOffer] = Grades()
         self._offered: tuple[CopyOffer, int] | None = None  # this round's, and where
+        self._drafted: list[int] | None = None  # this round's draft (the branch taken)
+        self._branches: list[list[int]] = []  # this round's tree's, for ``take``
+        # The drafter whose offer of this drafter's copy was weighed instead (``one_copy``).
+        self._weighed_for: CopyDrafter | None = None
 
     @property
     def warnings(self) -> list[str]:
@@ -179,6 +189,7 @@ class CopyDrafter:
         return self._offered[0] if self._offered is not None else None
 
     def offer(self, committed: Sequence[int], limit: int) -> Offer | None:
+        self._drafted, self._weighed_for = None, None
         copy = self.copy_offer(committed, limit)
         self._offered = (copy, len(committed)) if copy is not None else None
         return self.pricing.offer(self.name, copy) if copy is not None else None
@@ -190,18 +201,24 @@ class CopyDrafter:
         params: GenerationParams,
         rng: np.random.Generator,
     ) -> Draft:
-        return Draft(self.name, self.source.draft(committed, k))
+        self._drafted = self.source.draft(committed, k)
+        return Draft(self.name, self._drafted)
 
     def preview(self, k: int) -> list[int]:
         return self.source.preview(k)
 
     def alternatives(self, k: int, m: int) -> list[list[int]]:
-        return self.source.alternatives(k, m)
+        self._branches = self.source.alternatives(k, m)
+        self._drafted = self._branches[0] if self._branches else None
+        return self._branches
 
     def take(self, i: int) -> None:
+        self._drafted = self._branches[i]
         self.source.take(i)
 
     def observe(self, committed: Sequence[int], outcome: Outcome = NOT_CHOSEN) -> None:
+        if not outcome.chosen:
+            outcome = self._drafted_for_it(committed) or outcome
         offered, self._offered = self._offered, None
         if offered is not None:  # read before the source follows the answer on
             self._queue(*offered, outcome)
@@ -210,6 +227,20 @@ class CopyDrafter:
             self.pricing.grade(Grade.DRAFTED, offered[0], outcome.drafted, outcome.accepted)
         for pending, drafted, accepted in self.grades.due(committed):
             self.pricing.grade(pending.kind, pending.subject, drafted, accepted, pending.offset)
+
+    def _drafted_for_it(self, committed: Sequence[int]) -> Outcome | None:
+        """Where ``one_copy`` weighed another drafter's offer of this one's copy and the
+        round drafted it, the draft this drafter would have drafted of the same tokens, and
+        its outcome: it follows the round as its own (its place, streak and grades), as if
+        the copy had been offered by it alone."""
+        other, self._weighed_for = self._weighed_for, None
+        if other is None or other._drafted is None or self._offered is None:
+            return None
+        at = self._offered[1]
+        tokens = self.source.draft(committed[:at], len(other._drafted))
+        if not tokens or tokens != other._drafted[: len(tokens)]:
+            return None
+        return Outcome(True, len(tokens), common_prefix_length(tokens, committed[at:]))
 
     def _queue(self, copy: CopyOffer, at: int, outcome: Outcome) -> None:
         """Queue what the round's offer leaves to the answer to grade: the draft a round
@@ -234,12 +265,18 @@ class CopyDrafter:
         self.pricing.restore(data, keep)
 
 
-def one_copy(offers: dict[str, Offer], drafters: dict[str, Drafter]) -> dict[str, Offer]:
+def one_copy(
+    offers: dict[str, Offer],
+    drafters: dict[str, Drafter],
+    chooses: Callable[[list[Offer]], str | None] | None = None,
+) -> dict[str, Offer]:
     """``offers`` (by drafter, in registry order) with one offer per copy: of two copying
     drafters whose drafts agree as far as both can draft, the first's, unless the second's
     evidence is a prediction's start or its copies have borne out their odds better (module
     docstring). The one left out learns from the round as from any round that passed it
-    over."""
+    over, unless ``chooses`` (the drafter a round would draft from, given offers) would have
+    drafted from its offer, weighed in place of the other's: then it follows a draft of its
+    copy as its own."""
     copies = []
     for name in offers:
         drafter = drafters.get(name)
@@ -256,5 +293,10 @@ def one_copy(offers: dict[str, Offer], drafters: dict[str, Drafter]) -> dict[str
             if a.preview(k) != b.preview(k):
                 continue
             start = b_copy.evidence is Evidence.START and a_copy.evidence is not Evidence.START
-            del kept[first if start or b.proven > a.proven else second]
+            weighed, left = (second, first) if start or b.proven > a.proven else (first, second)
+            instead = [o for n, o in kept.items() if n != weighed]  # ``left``'s in its place
+            if chooses is not None and chooses(instead) == left:
+                left_out, other = (a, b) if left == first else (b, a)
+                left_out._weighed_for = other
+            del kept[left]
     return kept

@@ -5,8 +5,11 @@ the most part (the old version of a file an edit rewrites). ``PredictionSource``
 as prompt lookup reads an earlier occurrence (a ``follow.Follower`` it holds), knowing
 where the answer stands in it: its text is the prediction followed by the answer so far,
 and its copy starts at the prediction's first token, so it offers a draft from the answer's
-first token without waiting for a match. An answer that opens with something else (a code
-fence, "Here is the updated file:") does not lose that place: the prediction's start waits
+first token without waiting for a match; that first draft, made before the answer has
+written anything, may fail at once (the answer opens with something else), so it is kept as
+long as failing it costs at most ``tunables.BLIND_COST`` plain steps at the machine's costs.
+An answer that opens with something else (a code fence, "Here is the updated file:") does
+not lose that place: the prediction's start waits
 for the answer to come to it, and until the copy from there parts or has run a few tokens,
 its drafts are priced as at the start (``Evidence.START``, as a long match). As the answer
 goes on it follows the prediction through the edits the answer makes (a replaced or
@@ -34,12 +37,13 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from localspec.core.costs import StepCosts
 from localspec.core.drafting.base import Outcome, Resources
 from localspec.core.drafting.copying import CopyDrafter
 from localspec.core.drafting.evidence import CopyOffer, Evidence
 from localspec.core.drafting.follow import Follower
 from localspec.core.drafting.pricing import CopyPricing
-from localspec.core.drafting.tunables import PREDICTION_COPY_ODDS, RESUME_AFTER
+from localspec.core.drafting.tunables import BLIND_COST, PREDICTION_COPY_ODDS, RESUME_AFTER
 from localspec.core.params import GenerationParams
 
 NAME = "prediction"
@@ -48,11 +52,19 @@ NAME = "prediction"
 class PredictionSource:
     """Copies from ``GenerationParams.prediction`` (a ``copying.CopySource``); see the
     module docstring. ``vocab``: the target's vocabulary size; a prediction is read up to
-    its first id outside it (a caller's mistake the target could not evaluate)."""
+    its first id outside it (a caller's mistake the target could not evaluate). ``costs``:
+    the machine's, which size the draft made before the answer has written anything
+    (``blind``); without them it is as long as any."""
 
-    def __init__(self, ends: Callable[[int], bool] | None = None, vocab: int | None = None):
+    def __init__(
+        self,
+        ends: Callable[[int], bool] | None = None,
+        vocab: int | None = None,
+        costs: StepCosts | None = None,
+    ) -> None:
         self.follower = Follower(ends=ends, sealed=True)
         self.vocab = vocab
+        self.costs = costs
         self.prediction: tuple[int, ...] = ()
         # The answer has not come to the prediction's first token yet (see ``_follow``).
         self._waiting = False
@@ -80,6 +92,8 @@ class PredictionSource:
 
     def find(self, committed: Sequence[int], limit: int) -> CopyOffer | None:
         copy = self.follower.find(committed, limit) if self.prediction else None
+        if copy is not None and self._waiting:  # the answer has written nothing yet
+            return replace(copy, available=max(1, self.blind(copy.available)))
         # The answer came to the prediction's start, or back to a copy it had followed for
         # a while: priced as at the start.
         back = self._from_head or self._resumes
@@ -91,6 +105,18 @@ class PredictionSource:
         ):
             return replace(copy, evidence=Evidence.START)
         return copy
+
+    def blind(self, k: int) -> int:
+        """The longest draft of at most ``k`` tokens to make before the answer has written
+        anything: nothing it wrote says whether it opens with the prediction or with
+        something else (a code fence, a sentence), so such a draft is one that may fail at
+        once. It is kept as long as failing it costs at most ``BLIND_COST`` plain steps (0:
+        none where even one draft costs more)."""
+        costs = self.costs
+        if costs is None:
+            return k
+        most = BLIND_COST * costs.plain_s
+        return max((n for n in range(1, k + 1) if costs.verify(n) <= most), default=0)
 
     def preview(self, k: int) -> list[int]:
         return self.follower.preview(k)
@@ -138,16 +164,22 @@ class PredictionSource:
 
 
 def prediction_drafter(
-    ends: Callable[[int], bool] | None = None, vocab: int | None = None, *, limit: int = 64
+    ends: Callable[[int], bool] | None = None,
+    vocab: int | None = None,
+    *,
+    limit: int = 64,
+    costs: StepCosts | None = None,
 ) -> CopyDrafter:
     """The prediction's drafter: its source priced as a copy the caller vouches for."""
-    source = PredictionSource(ends, vocab)
+    source = PredictionSource(ends, vocab, costs)
     return CopyDrafter(NAME, source, CopyPricing(PREDICTION_COPY_ODDS), limit)
 
 
 def build(params: GenerationParams, resources: Resources) -> CopyDrafter:
     target = resources.target
-    return prediction_drafter(target.is_eog, target.n_vocab, limit=params.ngram_draft_max)
+    return prediction_drafter(
+        target.is_eog, target.n_vocab, limit=params.ngram_draft_max, costs=resources.costs
+    )
 
 
 def prediction_counts(prediction: Sequence[int], answer: Sequence[int]) -> tuple[int, int]:

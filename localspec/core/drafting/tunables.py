@@ -81,6 +81,11 @@ FIXED_MIN_MATCH = 8
 # -- a prediction --------------------------------------------------------------------------
 
 PREDICTION_COPY_ODDS = 1.0  # twice prompt lookup's: the caller vouches for the text
+# A prediction's draft before the answer has written anything may fail at its first token
+# (the answer opens with a code fence or a sentence): it is kept as long as failing it costs
+# at most this many plain steps, the margin a draft must win by anyway (``controller``'s
+# SPECULATE_MARGIN), so that where a batch costs little more than a step it is short.
+BLIND_COST = 1.1
 # A copy of the prediction that parted after following it this far was the answer copying
 # it: an edit interrupted it, and where the answer comes back it is priced as at the start.
 RESUME_AFTER = 16
