@@ -234,6 +234,25 @@ def test_an_edit_the_answer_does_not_make_is_forgotten():
     assert propose(d, toks, 2) == [9, 10]
 
 
+def test_two_spans_that_trade_places_are_not_learned_as_edits():
+    # Two parameters swapped: the answer writes B where the source has A, then A where it
+    # has B. Neither is a rename that later text repeats.
+    a, b = 50, 60
+    source = [1, 2, 3, a, 5, 6, b, 5, 6, 9, 10, a, 11, b, 12, 13]
+    toks = [*source, 40, 1, 2]
+    d = ngram_drafter(2, 16)
+    d.begin(toks)
+    _draft_and_observe(d, toks, 4, [3, b], accepted=1)
+    toks.append(5)  # back on the source: A -> B so far
+    d.observe(toks)
+    assert d.source.place.edits == {(a,): (b,)}
+    _draft_and_observe(d, toks, 3, [6, a], accepted=1)  # and A where the source has B
+    toks.append(5)
+    d.observe(toks)
+    assert d.source.place.edits == {}
+    assert propose(d, toks, 8) == [6, 9, 10, a, 11, b, 12, 13]
+
+
 def test_insertions_are_not_learned_as_edits():
     source = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     toks = [*source, 40, 1, 2, 3]

@@ -62,26 +62,7 @@ def test_the_profiles_and_answers_are_there():
         assert json.loads((DATA / "costs" / f"{name}.json").read_text())["machine"]
 
 
-# Not met yet: at the Zen 3's costs (a batch of 64 costs 32 plain steps) auto is behind
-# ngram-simple on this edit with or without the prediction (without it: 19.45 s against
-# ngram-simple's 18.07 s; with it: 19.64 s). Its rounds with the prediction are those without
-# it, bar the prediction's start (4 tokens after the opening fence), but two of prompt
-# lookup's 64-token drafts of a copy under way land on edits (after 178 tokens, accepted 0;
-# after 297, accepted 1: 64 plain steps' time for 3 tokens), where ngram-simple's drafts of 48
-# lose less; the prediction holds the same text as the prompt and says nothing more there.
-SHORT = {("edit-rename-to-thread", "zen3")}
-
-
-def cases() -> list:
-    short = pytest.mark.xfail(strict=True, reason="not met yet (SHORT)")
-    return [
-        pytest.param(name, costs, marks=short if (name, costs) in SHORT else ())
-        for name in ANSWERS
-        for costs in PROFILES
-    ]
-
-
-@pytest.mark.parametrize(("name", "costs"), cases())
+@pytest.mark.parametrize(("name", "costs"), [(n, c) for n in ANSWERS for c in PROFILES])
 def test_a_prediction_reaches_auto_without_it_and_ngram_simple(name, costs):
     a = answer(name)
     without = run(name, costs)

@@ -14,7 +14,8 @@ an edit: a few source tokens (``key``) replaced by a few others (``value``). Rew
 their edits (every use of a renamed variable, every line of a re-indented block), so every
 read (``read``) applies the edits learned so far to the source; an edit the answer does not
 make where it applied is forgotten. Insertions and deletions are not edits: they belong to
-one place.
+one place, and neither are two spans that traded places (each learned as written in the
+other's place, as two lines swapped are): a swap is not repeated further on.
 """
 
 from __future__ import annotations
@@ -167,6 +168,9 @@ class CopyPlace:
         """Keep ``key -> value`` as an edit this text makes (not an insertion or a
         deletion, nor a span longer than ``EDIT_MAX``)."""
         if not (1 <= len(key) <= EDIT_MAX and 1 <= len(value) <= EDIT_MAX) or key == value:
+            return
+        if self.edits.get(value) == key:  # each written in the other's place: a swap
+            self._forget(value)
             return
         self.edits.pop(key, None)
         if len(self.edits) >= MAX_EDITS:
