@@ -10,7 +10,7 @@ import pytest
 
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import FinishReason, RoundCompleted
-from localspec.core.grammar import best_allowed, cut, forced, token_index
+from localspec.core.grammar import SHORTLIST, best_allowed, cut, forced, token_index
 from localspec.core.params import GenerationParams
 from tests.fakes import (
     FakeGrammar,
@@ -112,6 +112,31 @@ def test_best_allowed_masks_only_when_the_argmax_is_forbidden():
     assert best_allowed(row, grammar) == 1 and grammar.passes == 1
     grammar = FakeGrammar(lambda acc: {0, 2, 3})
     assert best_allowed(row, grammar) == 3 and grammar.passes == 1 + 4
+
+
+def masked_argmax(row, allowed):
+    return int(np.argmax(np.where(np.isin(np.arange(len(row)), list(allowed)), row, -np.inf)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_best_allowed_asks_about_the_rows_best_tokens_before_the_whole_vocabulary(seed):
+    rng = np.random.default_rng(seed)
+    row = np.round(rng.normal(size=2000), 1)  # rounded: ties, also at the shortlist's edge
+    order = np.argsort(-row, kind="stable")
+    # Forbidden: the argmax and a random share of the rest; allowed somewhere in the top.
+    allowed = {int(t) for t in order[rng.integers(1, SHORTLIST) :] if rng.random() < 0.3}
+    allowed.add(int(order[rng.integers(1, SHORTLIST)]))
+    grammar = FakeGrammar(lambda acc: allowed)
+    assert best_allowed(row, grammar) == masked_argmax(row, allowed)
+    assert grammar.passes < len(row) / 4  # the shortlist, not the vocabulary
+
+
+def test_best_allowed_masks_the_row_when_it_forbids_the_shortlist():
+    row = np.arange(1000, dtype=float)  # the best tokens are the highest ids
+    allowed = {3, 500}
+    grammar = FakeGrammar(lambda acc: allowed)
+    assert best_allowed(row, grammar) == 500
+    assert grammar.passes > len(row)  # argmax, shortlist, then the whole row
 
 
 def test_cut_keeps_the_allowed_prefix_and_leaves_the_grammar_as_it_was():
