@@ -10,8 +10,17 @@ import pytest
 
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import FinishReason, RoundCompleted
-from localspec.core.grammar import SHORTLIST, best_allowed, cut, forced, token_index
+from localspec.core.grammar import (
+    SHORTLIST,
+    best_allowed,
+    cut,
+    forced,
+    masked,
+    masked_for_top,
+    token_index,
+)
 from localspec.core.params import GenerationParams
+from localspec.core.sampling import warp
 from tests.fakes import (
     FakeGrammar,
     FakeModel,
@@ -137,6 +146,20 @@ def test_best_allowed_masks_the_row_when_it_forbids_the_shortlist():
     grammar = FakeGrammar(lambda acc: allowed)
     assert best_allowed(row, grammar) == 500
     assert grammar.passes > len(row)  # argmax, shortlist, then the whole row
+
+
+@pytest.mark.parametrize("share", [0.9, 0.5, 0.05, 0.0])
+@pytest.mark.parametrize("top_k", [0, 1, 40, 100])
+def test_a_sampler_keeping_the_top_k_reads_the_same_distribution_from_the_shortlist(share, top_k):
+    rng = np.random.default_rng(7)
+    row = rng.normal(size=50_000)  # no equal logits
+    allowed = {int(t) for t in range(len(row)) if rng.random() < share} | {49_999}
+    params = GenerationParams(temperature=0.8, top_k=top_k, top_p=0.95, min_p=0.05)
+    full, quick = FakeGrammar(lambda acc: allowed), FakeGrammar(lambda acc: allowed)
+    expected = warp(masked(row, full), params)
+    assert np.allclose(warp(masked_for_top(row, quick, top_k), params), expected)
+    if top_k > 0 and share >= 0.5:
+        assert quick.passes < len(row) / 4  # the shortlist, not the vocabulary
 
 
 def test_cut_keeps_the_allowed_prefix_and_leaves_the_grammar_as_it_was():

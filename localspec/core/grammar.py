@@ -11,7 +11,8 @@ Cost. Masking a row asks the grammar about every token of the vocabulary (151,93
 Qwen2.5; tens of milliseconds), far more than a greedy step needs: ``best_allowed`` asks
 about the row's argmax alone, as llama.cpp's common sampler does, then where the grammar
 forbids it about the row's few best tokens, and masks the whole row only when it forbids
-them all.
+them all; a sampler that keeps the best ``top_k`` tokens reads a row masked among the row's
+best few when they hold that many (``masked_for_top``).
 
 ``forced(grammar, k, index)`` is the continuation the grammar admits alone
 (a schema's keys and punctuation): at each step, the longest allowed token when every other
@@ -58,6 +59,28 @@ def masked(logits: np.ndarray, grammar: Grammar) -> np.ndarray:
     out = np.full(len(logits), -np.inf, dtype=np.float64)
     out[keep] = logits[keep]
     return out
+
+
+def masked_for_top(logits: np.ndarray, grammar: Grammar, top_k: int) -> np.ndarray:
+    """``masked`` as a sampler that keeps the ``top_k`` best tokens reads it (0: every
+    token): where the row's best few hold ``top_k`` allowed tokens, those are its best
+    allowed ones (every token outside them has a lower logit), and only the few are asked
+    about; the tokens left at ``-inf`` besides the forbidden ones are those the sampler
+    drops anyway. Equal logits at the ``top_k``-th place are an arbitrary choice either
+    way."""
+    for size in (SHORTLIST, SHORTLIST * 32):
+        if top_k <= 0 or size >= len(logits):
+            break
+        if size < top_k:
+            continue
+        floor = np.partition(logits, -size)[-size]
+        ids = np.flatnonzero(logits >= floor)
+        allowed = ids[grammar.allowed_among(ids.astype(np.int32))]
+        if len(allowed) >= top_k:
+            out = np.full(len(logits), -np.inf, dtype=np.float64)
+            out[allowed] = logits[allowed]
+            return out
+    return masked(logits, grammar)
 
 
 def best_allowed(row: np.ndarray, grammar: Grammar) -> int:
