@@ -10,8 +10,17 @@ import pytest
 
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import FinishReason, RoundCompleted
-from localspec.core.grammar import best_allowed, cut, forced, token_index
+from localspec.core.grammar import (
+    SHORTLIST,
+    best_allowed,
+    cut,
+    forced,
+    masked,
+    masked_for_top,
+    token_index,
+)
 from localspec.core.params import GenerationParams
+from localspec.core.sampling import warp
 from tests.fakes import (
     FakeGrammar,
     FakeModel,
@@ -114,6 +123,45 @@ def test_best_allowed_masks_only_when_the_argmax_is_forbidden():
     assert best_allowed(row, grammar) == 3 and grammar.passes == 1 + 4
 
 
+def masked_argmax(row, allowed):
+    return int(np.argmax(np.where(np.isin(np.arange(len(row)), list(allowed)), row, -np.inf)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_best_allowed_asks_about_the_rows_best_tokens_before_the_whole_vocabulary(seed):
+    rng = np.random.default_rng(seed)
+    row = np.round(rng.normal(size=2000), 1)  # rounded: ties, also at the shortlist's edge
+    order = np.argsort(-row, kind="stable")
+    # Forbidden: the argmax and a random share of the rest; allowed somewhere in the top.
+    allowed = {int(t) for t in order[rng.integers(1, SHORTLIST) :] if rng.random() < 0.3}
+    allowed.add(int(order[rng.integers(1, SHORTLIST)]))
+    grammar = FakeGrammar(lambda acc: allowed)
+    assert best_allowed(row, grammar) == masked_argmax(row, allowed)
+    assert grammar.passes < len(row) / 4  # the shortlist, not the vocabulary
+
+
+def test_best_allowed_masks_the_row_when_it_forbids_the_shortlist():
+    row = np.arange(1000, dtype=float)  # the best tokens are the highest ids
+    allowed = {3, 500}
+    grammar = FakeGrammar(lambda acc: allowed)
+    assert best_allowed(row, grammar) == 500
+    assert grammar.passes > len(row)  # argmax, shortlist, then the whole row
+
+
+@pytest.mark.parametrize("share", [0.9, 0.5, 0.05, 0.0])
+@pytest.mark.parametrize("top_k", [0, 1, 40, 100])
+def test_a_sampler_keeping_the_top_k_reads_the_same_distribution_from_the_shortlist(share, top_k):
+    rng = np.random.default_rng(7)
+    row = rng.normal(size=50_000)  # no equal logits
+    allowed = {int(t) for t in range(len(row)) if rng.random() < share} | {49_999}
+    params = GenerationParams(temperature=0.8, top_k=top_k, top_p=0.95, min_p=0.05)
+    full, quick = FakeGrammar(lambda acc: allowed), FakeGrammar(lambda acc: allowed)
+    expected = warp(masked(row, full), params)
+    assert np.allclose(warp(masked_for_top(row, quick, top_k), params), expected)
+    if top_k > 0 and share >= 0.5:
+        assert quick.passes < len(row) / 4  # the shortlist, not the vocabulary
+
+
 def test_cut_keeps_the_allowed_prefix_and_leaves_the_grammar_as_it_was():
     grammar = FakeGrammar(template_grammar([{1}, {2}, {3}], EOG))
     assert cut(grammar, [1, 2, 4, 3]) == ([1, 2], 4)
@@ -121,15 +169,56 @@ def test_cut_keeps_the_allowed_prefix_and_leaves_the_grammar_as_it_was():
     assert grammar.accepted == ()
 
 
-def test_forced_follows_a_chain_of_prefixes_and_stops_where_the_answer_may_end():
-    pieces = {1: b"a", 2: b"ab", 3: b"abc", 4: b"x", 5: b"y", 6: b"", 7: b"b"}
-    index = token_index(8, lambda t: pieces.get(t, b"?"), lambda t: t == 6)
-    chain = FakeGrammar(template_grammar([{1, 2, 3}, {4}, {4, 5}], 6))
-    assert [pieces[t] for t in forced(chain, 5, index)] == [b"abc", b"x"]
-    ends = FakeGrammar(lambda acc: {4} if not acc else {4, 6})
-    assert forced(ends, 5, index) == [4]
-    apart = FakeGrammar(lambda acc: {1, 2, 7})  # "a", "ab" and "b": two first bytes
-    assert forced(apart, 5, index) == []
+class TextGrammar(FakeGrammar):
+    """A grammar over bytes, as real ones are: the answer is one of ``texts``; a token is
+    allowed where the bytes so far and its own begin one of them, the end where they are
+    one."""
+
+    def __init__(self, texts, pieces, end, accepted=()):
+        def allowed(acc):
+            said = b"".join(pieces[t] for t in acc)
+            ok = {t for t, p in pieces.items() if p and any(x.startswith(said + p) for x in texts)}
+            return ok | ({end} if said in texts else set())
+
+        super().__init__(allowed, accepted)
+        self.texts, self.pieces, self.end = texts, pieces, end
+
+    def clone(self):
+        return TextGrammar(self.texts, self.pieces, self.end, self.accepted)
+
+
+PIECES = {1: b"a", 2: b"ab", 3: b"abc", 4: b"x", 5: b"y", 6: b"", 7: b"b", 8: b"c", 9: b"cx"}
+
+
+def spell(tokens):
+    return [PIECES[t] for t in tokens]
+
+
+def test_forced_spells_the_text_the_grammar_admits_alone_with_the_longest_tokens():
+    index = token_index(10, lambda t: PIECES.get(t, b"?"), lambda t: t == 6)
+    # "abcx" then "x" or "y": the text "abcx" is forced; "cx" would not be taken over "c"
+    # and "x" only if nothing longer could follow.
+    grammar = TextGrammar([b"abcxx", b"abcxy"], PIECES, 6)
+    assert spell(forced(grammar, 5, index)) == [b"abc", b"x"]
+    assert spell(forced(grammar, 1, index)) == [b"abc"]
+    assert grammar.accepted == ()  # left as it was
+
+
+def test_forced_stops_before_a_token_the_model_could_run_past_the_texts_end():
+    index = token_index(10, lambda t: PIECES.get(t, b"?"), lambda t: t == 6)
+    # Forced: "ab", then "c" or "y". The model may write "abc" or "ab" + "y": only
+    # tokens that cannot run past "ab" are drafted, and "ab" could ("abc"): nothing.
+    grammar = TextGrammar([b"abc", b"aby"], PIECES, 6)
+    assert forced(grammar, 5, index) == []
+    # Forced: "xa", then "b" or "y": "x" is safe, "a" could run on as "ab".
+    grammar = TextGrammar([b"xab", b"xay"], PIECES, 6)
+    assert spell(forced(grammar, 5, index)) == [b"x"]
+
+
+def test_forced_stops_where_the_answer_may_end_or_two_bytes_may_come():
+    index = token_index(10, lambda t: PIECES.get(t, b"?"), lambda t: t == 6)
+    assert spell(forced(TextGrammar([b"x", b"xx"], PIECES, 6), 5, index)) == [b"x"]
+    assert forced(TextGrammar([b"ab", b"b"], PIECES, 6), 5, index) == []
 
 
 def masked_distribution(target: FakeModel, allowed: set[int]) -> np.ndarray:

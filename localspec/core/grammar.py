@@ -8,14 +8,17 @@ forbids removed and the rest renormalized: greedy decoding takes the allowed tok
 highest logit; sampling warps the masked logits (``masked``).
 
 Cost. Masking a row asks the grammar about every token of the vocabulary (151,936 for
-Qwen2.5), far more than a greedy step needs: ``best_allowed`` asks about the row's argmax
-alone and masks the whole row only when the grammar forbids it, as llama.cpp's common
-sampler does.
+Qwen2.5; tens of milliseconds), far more than a greedy step needs: ``best_allowed`` asks
+about the row's argmax alone, as llama.cpp's common sampler does, then where the grammar
+forbids it about the row's few best tokens, and masks the whole row only when it forbids
+them all; a sampler that keeps the best ``top_k`` tokens reads a row masked among the row's
+best few when they hold that many (``masked_for_top``).
 
-``forced(grammar, k, index)`` is the continuation the grammar admits alone
-(a schema's keys and punctuation): at each step, the longest allowed token when every other
-allowed token is a prefix of it. It is a draft, verified as any other, so a tokenization
-the target would not choose costs a rejection, never a wrong answer.
+``forced(grammar, k, index)`` is the continuation the grammar admits alone (a schema's keys
+and punctuation), spelled in tokens as the model would write it: the longest token at each
+place, and none that the model could run past the text's end. It is a draft, verified as
+any other, so a tokenization the target would not choose costs a rejection, never a wrong
+answer.
 
 Implementations: ``backend.grammar.LlamaGrammar`` (llama.cpp's grammar sampler); the tests
 have a pure-Python one. The core layer never parses grammars itself.
@@ -29,7 +32,8 @@ from typing import Protocol
 
 import numpy as np
 
-MAX_TOKEN_BYTES = 128  # longer than any token of the vocabularies in use
+MAX_FORCED_BYTES = 64  # forced text looked for in a round: a pass over the one-byte tokens a byte
+SHORTLIST = 64  # a row's best tokens asked about before the whole vocabulary
 
 
 class Grammar(Protocol):
@@ -58,12 +62,44 @@ def masked(logits: np.ndarray, grammar: Grammar) -> np.ndarray:
     return out
 
 
+def masked_for_top(logits: np.ndarray, grammar: Grammar, top_k: int) -> np.ndarray:
+    """``masked`` as a sampler that keeps the ``top_k`` best tokens reads it (0: every
+    token): where the row's best few hold ``top_k`` allowed tokens, those are its best
+    allowed ones (every token outside them has a lower logit), and only the few are asked
+    about; the tokens left at ``-inf`` besides the forbidden ones are those the sampler
+    drops anyway. Equal logits at the ``top_k``-th place are an arbitrary choice either
+    way."""
+    for size in (SHORTLIST, SHORTLIST * 32):
+        if top_k <= 0 or size >= len(logits):
+            break
+        if size < top_k:
+            continue
+        floor = np.partition(logits, -size)[-size]
+        ids = np.flatnonzero(logits >= floor)
+        allowed = ids[grammar.allowed_among(ids.astype(np.int32))]
+        if len(allowed) >= top_k:
+            out = np.full(len(logits), -np.inf, dtype=np.float64)
+            out[allowed] = logits[allowed]
+            return out
+    return masked(logits, grammar)
+
+
 def best_allowed(row: np.ndarray, grammar: Grammar) -> int:
     """The allowed token with the highest logit (the lowest id among equal ones): the
-    argmax when the grammar allows it, else the argmax of the masked row."""
+    argmax when the grammar allows it, else the best allowed of the row's ``SHORTLIST``
+    best tokens (and every token tied with the last of them), else the argmax of the
+    masked row. Where the model would write what the grammar forbids (a pretty-printed
+    JSON's newlines, under a grammar of compact JSON), its choice is among its next few."""
     top = int(np.argmax(row))
     if grammar.allows(top):
         return top
+    if len(row) > SHORTLIST:
+        floor = np.partition(row, -SHORTLIST)[-SHORTLIST]
+        ids = np.flatnonzero(row >= floor)  # ascending: the first maximum is the lowest id
+        allowed = ids[grammar.allowed_among(ids.astype(np.int32))]
+        if len(allowed):
+            # Every token outside ``ids`` has a lower logit than all of them.
+            return int(allowed[np.argmax(row[allowed])])
     keep = grammar.allowed(len(row))
     if not keep.any():
         raise ValueError("the grammar allows no token here")
@@ -112,31 +148,53 @@ def token_index(
     )
 
 
-def forced(grammar: Grammar, k: int, index: TokenIndex) -> list[int]:
-    """Up to ``k`` tokens the grammar admits alone from its state (see the module
-    docstring); ``grammar`` is left as it was.
-
-    A pass of the grammar over the whole vocabulary takes about as long as a target step,
-    so each token is found in two small ones: over the one-byte tokens, which tell the
-    bytes the next token may begin with (a grammar allows a token only where it allows its
-    first byte), then, when that is one byte only, over the tokens that begin with it."""
+def forced_text(grammar: Grammar, index: TokenIndex, limit: int = MAX_FORCED_BYTES) -> bytes:
+    """The bytes the grammar admits alone from its state, up to ``limit``: at each step
+    the one byte its allowed one-byte tokens begin with (a grammar allows a token only
+    where it allows its first byte), until it allows two, or the answer may end there.
+    ``grammar`` is left as it was."""
     state = grammar.clone()
-    out: list[int] = []
-    while len(out) < k:
+    out = bytearray()
+    while len(out) < limit:
         if len(index.ends) and state.allowed_among(index.ends).any():
-            break  # the answer may end here: nothing is forced
-        firsts = np.unique(index.single_bytes[state.allowed_among(index.singles)])
+            break
+        allowed = state.allowed_among(index.singles)
+        firsts = np.unique(index.single_bytes[allowed])
         if len(firsts) != 1:
             break
-        candidates = index.by_first[int(firsts[0])]
-        ids = candidates[state.allowed_among(candidates)]
-        # Tokens that are all prefixes of one are at most as many as its bytes.
-        if not 0 < len(ids) <= MAX_TOKEN_BYTES:
+        out.append(int(firsts[0]))
+        state.accept(int(index.singles[allowed][0]))
+    return bytes(out)
+
+
+def forced(grammar: Grammar, k: int, index: TokenIndex) -> list[int]:
+    """Up to ``k`` tokens that spell the text the grammar admits alone (``forced_text``),
+    as the model writes it: at each place the longest token within that text; a token
+    that could run past the text's end (the grammar allows a longer one there, e.g. a
+    key's closing quote where ``":`` may follow) ends the draft before it, since the model
+    may take the longer one. ``grammar`` is left as it was."""
+    text = forced_text(grammar, index)
+    state = grammar.clone()
+    out: list[int] = []
+    at = 0
+    while at < len(text) and len(out) < k:
+        rest = text[at:]
+        candidates = index.by_first.get(rest[0], ())
+        within = [int(t) for t in candidates if rest.startswith(index.pieces[int(t)])]
+        beyond = np.array(
+            [
+                t
+                for t in candidates
+                if len(index.pieces[int(t)]) > len(rest) and index.pieces[int(t)].startswith(rest)
+            ],
+            dtype=np.int32,
+        )
+        if not within or (len(beyond) and state.allowed_among(beyond).any()):
             break
-        pieces = [index.pieces[int(t)] for t in ids]
-        longest = max(range(len(ids)), key=lambda i: len(pieces[i]))
-        if any(not pieces[longest].startswith(piece) for piece in pieces):
-            break
-        out.append(int(ids[longest]))
-        state.accept(out[-1])
+        # The longest (the lowest id among equal ones); every token within the text is
+        # allowed, the text being the only one the grammar admits.
+        token = max(within, key=lambda t: (len(index.pieces[t]), -t))
+        out.append(token)
+        state.accept(token)
+        at += len(index.pieces[token])
     return out

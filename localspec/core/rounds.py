@@ -27,7 +27,7 @@ from localspec.core.controller import Choice, Controller
 from localspec.core.drafting.base import PLAIN, Draft, Drafter, Offer, Watching
 from localspec.core.drafting.copying import one_copy
 from localspec.core.events import TARGET, Event, FinishReason, Logprob, TokenEmitted
-from localspec.core.grammar import Grammar, best_allowed, cut, masked
+from localspec.core.grammar import Grammar, best_allowed, cut, masked_for_top
 from localspec.core.params import GenerationParams
 from localspec.core.sampling import log_softmax, warp
 from localspec.core.text import TextAssembler
@@ -215,7 +215,7 @@ def verify_constrained(
 
     def target_probs(i: int) -> np.ndarray:
         if i not in warped:
-            warped[i] = warp(masked(rows[i], state(i)), run.params)
+            warped[i] = warp(masked_for_top(rows[i], state(i), run.params.top_k), run.params)
         return warped[i]
 
     return verify_sampled(target_probs, draft.tokens, draft.probs, run.rng, beyond=beyond)
