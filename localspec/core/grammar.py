@@ -62,6 +62,15 @@ def masked(logits: np.ndarray, grammar: Grammar) -> np.ndarray:
     return out
 
 
+def allowed_among_best(row: np.ndarray, grammar: Grammar, size: int) -> np.ndarray:
+    """The ids (ascending) the grammar allows among the row's ``size`` best tokens and every
+    token tied with the last of them: every token outside these has a lower logit than all
+    of them, so the best allowed ones, where these hold them, are the row's."""
+    floor = np.partition(row, -size)[-size]
+    ids = np.flatnonzero(row >= floor)
+    return ids[grammar.allowed_among(ids.astype(np.int32))]
+
+
 def masked_for_top(logits: np.ndarray, grammar: Grammar, top_k: int) -> np.ndarray:
     """``masked`` as a sampler that keeps the ``top_k`` best tokens reads it (0: every
     token): where the row's best few hold ``top_k`` allowed tokens, those are its best
@@ -74,9 +83,7 @@ def masked_for_top(logits: np.ndarray, grammar: Grammar, top_k: int) -> np.ndarr
             break
         if size < top_k:
             continue
-        floor = np.partition(logits, -size)[-size]
-        ids = np.flatnonzero(logits >= floor)
-        allowed = ids[grammar.allowed_among(ids.astype(np.int32))]
+        allowed = allowed_among_best(logits, grammar, size)
         if len(allowed) >= top_k:
             out = np.full(len(logits), -np.inf, dtype=np.float64)
             out[allowed] = logits[allowed]
@@ -94,11 +101,9 @@ def best_allowed(row: np.ndarray, grammar: Grammar) -> int:
     if grammar.allows(top):
         return top
     if len(row) > SHORTLIST:
-        floor = np.partition(row, -SHORTLIST)[-SHORTLIST]
-        ids = np.flatnonzero(row >= floor)  # ascending: the first maximum is the lowest id
-        allowed = ids[grammar.allowed_among(ids.astype(np.int32))]
+        allowed = allowed_among_best(row, grammar, SHORTLIST)
         if len(allowed):
-            # Every token outside ``ids`` has a lower logit than all of them.
+            # Ascending ids: the first maximum is the lowest id among equal logits.
             return int(allowed[np.argmax(row[allowed])])
     keep = grammar.allowed(len(row))
     if not keep.any():
@@ -179,17 +184,15 @@ def forced(grammar: Grammar, k: int, index: TokenIndex) -> list[int]:
     at = 0
     while at < len(text) and len(out) < k:
         rest = text[at:]
-        candidates = index.by_first.get(rest[0], ())
-        within = [int(t) for t in candidates if rest.startswith(index.pieces[int(t)])]
-        beyond = np.array(
-            [
-                t
-                for t in candidates
-                if len(index.pieces[int(t)]) > len(rest) and index.pieces[int(t)].startswith(rest)
-            ],
-            dtype=np.int32,
-        )
-        if not within or (len(beyond) and state.allowed_among(beyond).any()):
+        within: list[int] = []  # tokens that spell a prefix of the rest
+        beyond: list[int] = []  # tokens that spell the rest and more
+        for t in index.by_first.get(rest[0], ()):
+            piece = index.pieces[int(t)]
+            if rest.startswith(piece):
+                within.append(int(t))
+            elif piece.startswith(rest):
+                beyond.append(int(t))
+        if not within or (beyond and state.allowed_among(np.array(beyond, np.int32)).any()):
             break
         # The longest (the lowest id among equal ones); every token within the text is
         # allowed, the text being the only one the grammar admits.

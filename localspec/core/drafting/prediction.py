@@ -92,7 +92,7 @@ class PredictionSource:
 
     def find(self, committed: Sequence[int], limit: int) -> CopyOffer | None:
         copy = self.follower.find(committed, limit) if self.prediction else None
-        if copy is not None and self._waiting:  # the answer has written nothing yet
+        if copy is not None and self._waiting:  # nothing the answer wrote is of it yet
             return replace(copy, available=max(1, self.blind(copy.available)))
         # The answer came to the prediction's start, or back to a copy it had followed for
         # a while: priced as at the start.

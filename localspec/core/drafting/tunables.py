@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from localspec.core.controller import SPECULATE_MARGIN
+
 
 class Prior(NamedTuple):
     """What a draft on some evidence is worth before its text has shown whether it copies."""
@@ -83,9 +85,9 @@ FIXED_MIN_MATCH = 8
 PREDICTION_COPY_ODDS = 1.0  # twice prompt lookup's: the caller vouches for the text
 # A prediction's draft before the answer has written anything may fail at its first token
 # (the answer opens with a code fence or a sentence): it is kept as long as failing it costs
-# at most this many plain steps, the margin a draft must win by anyway (``controller``'s
-# SPECULATE_MARGIN), so that where a batch costs little more than a step it is short.
-BLIND_COST = 1.1
+# at most this many plain steps, the margin a draft must win by anyway, so that where a
+# batch costs little more than a step it is short.
+BLIND_COST = SPECULATE_MARGIN
 # A copy of the prediction that parted after following it this far was the answer copying
 # it: an edit interrupted it, and where the answer comes back it is priced as at the start.
 RESUME_AFTER = 16
