@@ -11,6 +11,8 @@ tests can check that greedy decoding asks for none.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from localspec.core.cached_model import CachedModel, Greedy
@@ -95,6 +97,14 @@ class FakeModel(CachedModel):
 
     def token_bytes(self, token: int) -> bytes:
         return chr(ord("a") + token % 26).encode() if token < 26 else f"<{token}>".encode()
+
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        """Letters a-z are tokens 0-25 and ``<N>`` token N, as ``token_bytes`` spells them;
+        anything else is left out."""
+        found = re.findall(r"<(\d+)>|([a-z])", text)
+        return [int(number) if number else ord(letter) - ord("a") for number, letter in found]
 
     def is_eog(self, token: int) -> bool:
         return token in self.eog

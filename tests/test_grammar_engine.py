@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from localspec.core.drafting.grammar import GrammarDrafter
 from localspec.core.engine import SpecDecoder, run_to_completion
 from localspec.core.events import FinishReason, RoundCompleted
 from localspec.core.grammar import (
@@ -17,6 +18,7 @@ from localspec.core.grammar import (
     forced,
     masked,
     masked_for_top,
+    spelled_after,
     token_index,
 )
 from localspec.core.params import GenerationParams
@@ -219,6 +221,78 @@ def test_forced_stops_where_the_answer_may_end_or_two_bytes_may_come():
     index = token_index(10, lambda t: PIECES.get(t, b"?"), lambda t: t == 6)
     assert spell(forced(TextGrammar([b"x", b"xx"], PIECES, 6), 5, index)) == [b"x"]
     assert forced(TextGrammar([b"ab", b"b"], PIECES, 6), 5, index) == []
+
+
+def test_forced_text_is_spelled_as_the_tokenizer_writes_it_where_that_spells_it():
+    index = token_index(10, lambda t: PIECES.get(t, b"?"), lambda t: t == 6)
+    grammar = TextGrammar([b"abcxx", b"abcxy"], PIECES, 6)
+    # The tokenizer writes "abcx" as "ab" + "cx", not the longest "abc" + "x".
+    assert spell(forced(grammar, 5, index, lambda text: [2, 9])) == [b"ab", b"cx"]
+    # A spelling of other text, or of unknown ids, is not taken: the longest tokens are.
+    assert spell(forced(grammar, 5, index, lambda text: [1, 7])) == [b"abc", b"x"]
+    assert spell(forced(grammar, 5, index, lambda text: [99])) == [b"abc", b"x"]
+    assert spell(forced(grammar, 5, index, lambda text: None)) == [b"abc", b"x"]
+
+
+def test_a_token_the_model_could_run_past_gives_way_to_the_one_the_answer_wrote():
+    index = token_index(10, lambda t: PIECES.get(t, b"?"), lambda t: t == 6)
+    # Forced "ab", then "c" or "y": the model may write "ab" or "abc". Without a habit
+    # nothing is drafted; where the answer wrote "abc" before, "abc" is.
+    grammar = TextGrammar([b"abc", b"aby"], PIECES, 6)
+    assert forced(grammar, 5, index, habit=lambda tokens: None) == []
+    assert spell(forced(grammar, 5, index, habit=lambda ts: 3 if 3 in ts else None)) == [b"abc"]
+
+
+def test_spelled_after_splits_the_text_as_it_follows_the_answers_last_words():
+    piece = lambda t: PIECES.get(t, b"?")  # noqa: E731
+    by_char = {"a": 1, "b": 7, "c": 8, "x": 4, "y": 5}
+
+    def tokenize(text):  # "abc" one token wherever it is, else a token a character
+        out, at = [], 0
+        while at < len(text):
+            whole = text.startswith("abc", at)
+            out.append(3 if whole else by_char[text[at]])
+            at += 3 if whole else 1
+        return out
+
+    # After "a", "bcx" would be split inside "abc": no boundary falls where "a" ends, so
+    # the text is spelled alone.
+    assert spelled_after(tokenize, piece, b"a", b"bcx") == [7, 8, 4]
+    # After "x", a boundary falls where "x" ends: the tokens after it.
+    assert spelled_after(tokenize, piece, b"x", b"abcy") == [3, 5]
+    assert spelled_after(tokenize, piece, b"x", b"\xe2\x82") is None  # cut UTF-8
+
+
+def drafter_at(texts, pieces, committed):
+    drafter = GrammarDrafter(10, lambda t: pieces.get(t, b"?"), lambda t: t == 6)
+    drafter.bind(TextGrammar(texts, pieces, 6, tuple(committed)))
+    drafter.begin([], GenerationParams())
+    return drafter
+
+
+def test_the_grammar_drafter_bridges_a_choice_to_forced_text_by_the_answers_habit():
+    # Three blocks of ("x" or "y") + "abc": after "xabcx" the rest of the block is forced,
+    # the next block's first byte is a choice, and the answer wrote "x" after "abc" before.
+    blocks = [b"xabc", b"yabc"]
+    texts = [a + b + c for a in blocks for b in blocks for c in blocks]
+    committed = [4, 3, 4]
+    drafter = drafter_at(texts, PIECES, committed)
+    offer = drafter.offer(committed, 8)
+    assert offer is not None and offer.available == 3
+    draft = drafter.propose(committed, 8, GenerationParams(), np.random.default_rng(0))
+    assert spell(draft.tokens) == [b"abc", b"x", b"abc"]
+
+
+def test_the_grammar_drafter_does_not_bridge_to_a_single_forced_byte():
+    # Blocks of ("x" or "y") + "c": a bridge would lead to "c" alone, a byte that might be
+    # a string's opening quote, where the answer's habits are another context's.
+    blocks = [b"xc", b"yc"]
+    texts = [a + b + c for a in blocks for b in blocks for c in blocks]
+    committed = [4, 8, 4]
+    drafter = drafter_at(texts, {4: b"x", 5: b"y", 6: b"", 8: b"c"}, committed)
+    drafter.offer(committed, 8)
+    draft = drafter.propose(committed, 8, GenerationParams(), np.random.default_rng(0))
+    assert spell(draft.tokens) == [b"c"]
 
 
 def masked_distribution(target: FakeModel, allowed: set[int]) -> np.ndarray:

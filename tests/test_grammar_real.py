@@ -82,3 +82,34 @@ def test_the_schemas_keys_are_forced_on_the_real_vocabulary(real_pair_home):
     index = token_index(model.n_vocab, model.token_bytes, model.is_eog)
     drafted = b"".join(model.token_bytes(t) for t in forced(grammar, 8, index))
     assert drafted.startswith(b'"age')
+
+
+def test_a_key_is_drafted_as_the_tokenizer_spells_it_with_the_answers_closing_habit(
+    real_pair_home,
+):
+    from localspec.backend.grammar import model_grammar
+    from localspec.backend.llama import LlamaModel
+    from localspec.core.drafting.grammar import GrammarDrafter
+    from localspec.core.params import GenerationParams
+    from localspec.session.constraints import constraint
+
+    _, target, _ = real_pair_home
+    model = LlamaModel(target, vocab_only=True)
+    grammar = model_grammar(model, constraint(json_schema=SCHEMA))
+    answer = model.tokenize('{"name": "Maria", "', add_special=False)
+    for token in answer:
+        grammar.accept(token)
+    drafter = GrammarDrafter(
+        model.n_vocab,
+        model.token_bytes,
+        model.is_eog,
+        lambda text: model.tokenize(text, add_special=False, parse_special=False),
+    )
+    drafter.bind(grammar)
+    drafter.begin([], GenerationParams())
+    assert drafter.offer(answer, 8) is not None
+    drafted = drafter.propose(answer, 8, GenerationParams(), None).tokens
+    # "age" then the '":' the answer closed "name" with, as the tokenizer writes them.
+    whole = model.tokenize('{"name": "Maria", "age": 34', add_special=False)
+    assert drafted == whole[len(answer) : len(answer) + len(drafted)]
+    assert b"".join(model.token_bytes(t) for t in drafted) == b'age":'

@@ -129,7 +129,12 @@ class SpecDecoder:
         self.draft_name = draft_name
         self.round_ended = round_ended or _nothing
         # Kept across answers, so that what it learns of its acceptance carries over.
-        self.grammar_drafter = GrammarDrafter(target.n_vocab, target.token_bytes, target.is_eog)
+        self.grammar_drafter = GrammarDrafter(
+            target.n_vocab,
+            target.token_bytes,
+            target.is_eog,
+            lambda text: target.tokenize(text, add_special=False, parse_special=False),
+        )
 
     def controllers(self) -> list[Controller]:
         return [planner.controller for planner in self.planners]

@@ -15,10 +15,13 @@ them all; a sampler that keeps the best ``top_k`` tokens reads a row masked amon
 best few when they hold that many (``masked_for_top``).
 
 ``forced(grammar, k, index)`` is the continuation the grammar admits alone (a schema's keys
-and punctuation), spelled in tokens as the model would write it: the longest token at each
-place, and none that the model could run past the text's end. It is a draft, verified as
-any other, so a tokenization the target would not choose costs a rejection, never a wrong
-answer.
+and punctuation), spelled in tokens as the model would write it: as the tokenizer splits
+that text after the answer's last words (``spelled_after``), the model having learned its
+text in those tokens, or else with the longest token at each place; and none that the model
+could run past the text's end, unless the answer has written that longer token already
+(the ``":`` that ends each key of a compact JSON answer), which is then drafted in its
+place. It is a draft, verified as any other, so a tokenization the target would not choose
+costs a rejection, never a wrong answer.
 
 Implementations: ``backend.grammar.LlamaGrammar`` (llama.cpp's grammar sampler); the tests
 have a pure-Python one. The core layer never parses grammars itself.
@@ -172,13 +175,55 @@ def forced_text(grammar: Grammar, index: TokenIndex, limit: int = MAX_FORCED_BYT
     return bytes(out)
 
 
-def forced(grammar: Grammar, k: int, index: TokenIndex) -> list[int]:
+def spelled_after(
+    tokenize: Callable[[str], list[int]], piece: Callable[[int], bytes], before: bytes, text: bytes
+) -> list[int] | None:
+    """The tokens the tokenizer writes ``text`` as where it follows ``before`` (the answer's
+    last few tokens: how a word began changes how its rest is split), or as text of its own
+    where no token boundary falls where ``before`` ends; None where ``text`` is not whole
+    UTF-8 (a character cut by the forced text's end)."""
+    for head in (before, b""):
+        try:
+            joined = (head + text).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        tokens = tokenize(joined)
+        at = i = 0
+        while i < len(tokens) and at < len(head):
+            at += len(piece(tokens[i]))
+            i += 1
+        if at == len(head):
+            return tokens[i:]
+    return None
+
+
+def _spells(tokens: list[int], text: bytes, index: TokenIndex) -> bool:
+    """Whether ``tokens`` (ids of the index's vocabulary) spell ``text`` exactly."""
+    if any(not 0 <= t < len(index.pieces) for t in tokens):
+        return False
+    return b"".join(index.pieces[t] for t in tokens) == text
+
+
+def forced(
+    grammar: Grammar,
+    k: int,
+    index: TokenIndex,
+    spell: Callable[[bytes], list[int] | None] | None = None,
+    habit: Callable[[list[int]], int | None] | None = None,
+) -> list[int]:
     """Up to ``k`` tokens that spell the text the grammar admits alone (``forced_text``),
-    as the model writes it: at each place the longest token within that text; a token
-    that could run past the text's end (the grammar allows a longer one there, e.g. a
-    key's closing quote where ``":`` may follow) ends the draft before it, since the model
-    may take the longer one. ``grammar`` is left as it was."""
+    as the model writes it: ``spell(text)``'s tokens where they spell exactly that text,
+    else at each place the longest token within it. A token that could run past the
+    text's end (the grammar allows a longer one there, e.g. a key's closing quote where
+    ``":`` may follow) ends the draft, since the model may take the longer one; where
+    ``habit`` names one of those longer tokens (the one the answer wrote last), that one
+    is drafted in its place. ``grammar`` is left as it was."""
     text = forced_text(grammar, index)
+    if not text:
+        return []
+    tokens = spell(text) if spell is not None else None
+    if tokens is not None and not _spells(tokens, text, index):
+        tokens = None
     state = grammar.clone()
     out: list[int] = []
     at = 0
@@ -192,11 +237,22 @@ def forced(grammar: Grammar, k: int, index: TokenIndex) -> list[int]:
                 within.append(int(t))
             elif piece.startswith(rest):
                 beyond.append(int(t))
-        if not within or (beyond and state.allowed_among(np.array(beyond, np.int32)).any()):
+        if beyond:
+            ids = np.array(beyond, np.int32)
+            allowed = ids[state.allowed_among(ids)].tolist()
+            if allowed:
+                taken = habit(allowed) if habit is not None else None
+                if taken is not None:
+                    out.append(taken)
+                break
+        if tokens is not None:
+            token = tokens[len(out)]
+        elif within:
+            # The longest (the lowest id among equal ones); every token within the text
+            # is allowed, the text being the only one the grammar admits.
+            token = max(within, key=lambda t: (len(index.pieces[t]), -t))
+        else:
             break
-        # The longest (the lowest id among equal ones); every token within the text is
-        # allowed, the text being the only one the grammar admits.
-        token = max(within, key=lambda t: (len(index.pieces[t]), -t))
         out.append(token)
         state.accept(token)
         at += len(index.pieces[token])
