@@ -125,7 +125,8 @@ class GrammarDrafter:
             after.accept(step)
             if len(forced_text(after, self._index, BRIDGED_BYTES)) < BRIDGED_BYTES:
                 break
-            more = self._forced(after, [*committed, *out, step], limit - len(out) - 1)
+            before = [*committed[-BEFORE:], *out, step]  # all the spelling reads of it
+            more = self._forced(after, before, limit - len(out) - 1)
             if not more:
                 break
             for token in more:
