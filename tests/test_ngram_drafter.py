@@ -219,6 +219,23 @@ def test_a_replaced_span_is_learned_once_two_tokens_agree_again():
     assert propose(d, toks, 5) == [8, *new, 6, 9]
 
 
+def test_a_copy_comes_back_where_most_of_the_answer_agrees_with_its_source():
+    # " iter" "_values" " =" " iter" "(values" renamed to " iterator" " =" " iter" "(values":
+    # " iter" agrees with the parted token itself (as if " iterator =" were inserted), but
+    # " =" " iter" agrees with the source two tokens on: the name was replaced.
+    name, rest, eq, it, args = 60, 61, 62, 60, 63
+    source = [1, 2, 3, name, rest, eq, it, args, 8, 9, name, rest, 10, 11]
+    toks = [*source, 40, 1, 2]
+    d = ngram_drafter(2, 16)
+    d.begin(toks)
+    _draft_and_observe(d, toks, 4, [3, 77], accepted=1)  # 77: the new name
+    for token in (eq, it):
+        toks.append(token)
+        d.observe(toks)
+    assert d.source.place.edits == {(name, rest): (77,)}
+    assert propose(d, toks, 6) == [args, 8, 9, 77, 10, 11]
+
+
 def test_an_edit_the_answer_does_not_make_is_forgotten():
     source = [1, 2, 3, OLD, 5, 6, 7, OLD, 9, 10]
     toks = [*source, 40, 1, 2]

@@ -8,6 +8,11 @@ its drafts accepted whole in a row. When the answer parts from the source (a ren
 variable, an inserted type hint), the places where it may come back are kept (``Parted``):
 the parted token itself (text was inserted before it), the token after it (it was
 replaced), or a few tokens further once two tokens agree (a longer span was replaced).
+Where several agree, the copy comes back where its source agrees with the most of what the
+answer wrote since it parted: where " iter" "_values" " =" " iter(" is renamed to
+" iterator" " =" " iter(", the answer's " iter" agrees with the parted place itself (as if
+" iterator =" had been inserted before it) and " =" " iter" with the source two tokens
+further on, and only the second reads on right.
 
 Edits. What the answer wrote in place of a source span between parting and coming back is
 an edit: a few source tokens (``key``) replaced by a few others (``value``). Rewrites repeat
@@ -145,22 +150,34 @@ class CopyPlace:
             self._rejoin(i, end)
 
     def _rejoin(self, i: int, end: int) -> None:
-        """Whether answer token ``i`` brings the parted copy back to its source."""
+        """Whether answer token ``i`` brings the parted copy back to its source: at the
+        source token that agrees with it over the most answer tokens since the parting
+        (one is enough at the parted token or the one after it, two further on), the
+        nearer of two that agree as far."""
         parted, toks = self.parted, self.tokens
         assert parted is not None
         p, a = parted.at, parted.answer
-        for q in (p, p + 1):  # one token agrees: text inserted before p, or p replaced
-            if q < end and toks[q] == toks[i]:
-                self._learn(tuple(toks[p:q]), tuple(toks[a:i]))
-                self.start_at(q + 1, 1)
-                return
-        for q in range(p + 2, min(p + 1 + EDIT_REACH, end)):  # two agree: a longer span
-            if i - 1 > a and toks[q] == toks[i] and toks[q - 1] == toks[i - 1]:
-                self._learn(tuple(toks[p : q - 1]), tuple(toks[a : i - 1]))
-                self.start_at(q + 1, 2)
-                return
+        best, agreed = None, 0
+        for q in range(p, min(p + 1 + EDIT_REACH, end)):
+            n = self._agreement(q, i, p, a)
+            if n > agreed and n >= (1 if q <= p + 1 else 2):
+                best, agreed = q, n
+        if best is not None:
+            # text inserted before p, or source tokens p.. replaced by the answer's a..
+            self._learn(tuple(toks[p : best - agreed + 1]), tuple(toks[a : i - agreed + 1]))
+            self.start_at(best + 1, agreed)
+            return
         misses = parted.misses + 1
         self.parted = Parted(p, a, misses) if misses <= RESYNC_MISSES else None
+
+    def _agreement(self, q: int, i: int, p: int, a: int) -> int:
+        """How many tokens up to source ``q`` agree with those up to answer ``i``, reading
+        back no further than the parting (source ``p``, answer ``a``, whose differing token
+        is its own)."""
+        toks, n = self.tokens, 0
+        while q - n >= p and i - n > a and toks[q - n] == toks[i - n]:
+            n += 1
+        return n
 
     # -- the edits ---------------------------------------------------------------------------
 
