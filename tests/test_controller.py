@@ -10,6 +10,8 @@ import pytest
 from localspec.core.controller import (
     LOSS_BUDGET,
     LOSS_HORIZON,
+    REACH_ALPHA,
+    REACH_CHANCE,
     REACH_DRAFT,
     REACH_SHARE,
     Choice,
@@ -362,6 +364,17 @@ STEEP = CostProfile(
 )
 
 
+def strongest_rate(costs: CostProfile) -> float:
+    """The fastest a draft on the strongest evidence is expected to run, in plain steps'
+    rates: a long copy that holds at ``REACH_CHANCE``, ``REACH_ALPHA`` a token along it."""
+    return max(
+        (1 + sum(REACH_CHANCE * REACH_ALPHA**i for i in range(1, k + 1)))
+        * costs.plain_s
+        / costs.verify(k)
+        for k in range(1, REACH_DRAFT + 1)
+    )
+
+
 def test_a_deep_deficit_never_raises_the_bar_past_what_a_draft_can_reach():
     """One long draft that parted at once, where it cost 30 plain steps: the bar rises, but
     a copy under way that holds can still clear it, so drafting does not end for the rest
@@ -372,7 +385,7 @@ def test_a_deep_deficit_never_raises_the_bar_past_what_a_draft_can_reach():
     copy = p.ngram(64, match=32, under_way=True)
     plan = Choice(NGRAM, 64, 0.0, "a long draft of a copy under way")
     c.observe(plan, copy, plan.k, 0)  # parted at its first token
-    best = max((k + 1) * STEEP.plain_s / STEEP.verify(k) for k in range(1, REACH_DRAFT + 1))
+    best = strongest_rate(STEEP)
     assert c.reach() == pytest.approx(REACH_SHARE * best)
     deficit = STEEP.verify(plan.k) - STEEP.plain_s
     budget = LOSS_BUDGET * STEEP.plain_s * LOSS_HORIZON
@@ -382,6 +395,32 @@ def test_a_deep_deficit_never_raises_the_bar_past_what_a_draft_can_reach():
         p.copies.grade(Grade.DRAFTED, CopyOffer(64, 32, Evidence.UNDER_WAY), 32, 32)
     assert p.choose(copy).drafter == NGRAM
     assert p.choose(p.ngram(40, match=4)).drafter is None  # weak evidence still waits
+
+
+# A 2-core Zen 4 with AVX-512 (tests/data/costs/avx512.json): a verify of 64 costs about 25
+# plain steps, so even a copy never drafted from, on a 32-token match, runs below 2x.
+AVX512 = CostProfile(
+    plain_s=0.0332,
+    verify_s={1: 0.0598, 3: 0.0963, 4: 0.1062, 15: 0.2722, 31: 0.4814, 47: 0.7204, 63: 0.8366},
+)
+
+
+def test_a_deep_deficit_leaves_a_long_match_within_reach():
+    """Drafts that parted at once put the answer deep in deficit; while it lasts the drafts
+    passed over show that the text copies (a long match held where the round took a plain
+    step). A long match not drafted from yet, which no streak has made a copy under way,
+    clears the bar again; a short one still waits."""
+    p = Pair(AVX512)
+    c = p.c
+    c.new_generation()
+    parted = p.ngram(64, match=32, under_way=True)
+    for _ in range(2):
+        c.observe(Choice(NGRAM, 64, 0.0, "a long draft"), parted, 64, 0)
+    assert c.required_margin == pytest.approx(c.reach())
+    for _ in range(6):  # passed over, and held: the text copies
+        p.copies.grade(Grade.PASSED, CopyOffer(64, 32), COPY_DEPTH, COPY_DEPTH)
+    assert p.choose(p.ngram(64, match=32)).drafter == NGRAM
+    assert p.choose(p.ngram(64, match=3)).drafter is None
 
 
 def test_the_bar_in_deficit_is_never_below_the_plain_margin():

@@ -53,11 +53,15 @@ SPECULATE_MARGIN = 1.1
 LOSS_BUDGET = 0.05
 LOSS_HORIZON = 200
 # However deep the deficit, the bar stays within reach: at most this share of the fastest a
-# draft could run on this machine (every token of the longest draft accepted, in plain steps'
-# rates). Only drafting rounds move the balance, so a bar above what any draft can reach
-# (one long draft that parted early, on a machine where a long verify costs tens of plain
-# steps) would end drafting for the rest of the answer, copies and predictions included.
+# draft on the strongest evidence could be expected to run on this machine (a long copy, as
+# the copying drafters price one that has not been drafted from yet: a chance of REACH_CHANCE
+# that it holds, REACH_ALPHA a token along it), in plain steps' rates. Only drafting rounds
+# move the balance, so a bar above what such a draft is expected to reach (one long draft
+# that parted early, on a machine where a long verify costs tens of plain steps) would end
+# drafting for the rest of the answer, copies and predictions included.
 REACH_SHARE = 0.75
+REACH_CHANCE = 0.97
+REACH_ALPHA = 0.99
 REACH_DRAFT = 64  # the longest draft the reach is measured over
 
 
@@ -148,10 +152,12 @@ class Controller:
         return min(self.margin * (1.0 + deficit / budget), max(self.margin, self.reach()))
 
     def reach(self) -> float:
-        """``REACH_SHARE`` of the fastest any draft could run at these costs, as a multiple
-        of a plain step's rate: every token of a draft of the best length accepted."""
-        plain = self.costs.plain_s
-        best = max((k + 1) * plain / self.costs.verify(k) for k in range(1, REACH_DRAFT + 1))
+        """``REACH_SHARE`` of the fastest a draft on the strongest evidence is expected to
+        run at these costs (see ``REACH_CHANCE``), as a multiple of a plain step's rate."""
+        plain, best, accepted = self.costs.plain_s, 0.0, 0.0
+        for k in range(1, REACH_DRAFT + 1):
+            accepted += REACH_CHANCE * REACH_ALPHA**k
+            best = max(best, (1.0 + accepted) * plain / self.costs.verify(k))
         return REACH_SHARE * best
 
     def _seconds(self, offer: Offer, k: int) -> float:

@@ -19,8 +19,11 @@ an edit: a few source tokens (``key``) replaced by a few others (``value``). Rew
 their edits (every use of a renamed variable, every line of a re-indented block), so every
 read (``read``) applies the edits learned so far to the source; an edit the answer does not
 make where it applied is forgotten. Insertions and deletions are not edits: they belong to
-one place, and neither are two spans that traded places (each learned as written in the
-other's place, as two lines swapped are): a swap is not repeated further on.
+one place. Nor is a passage the answer copied from elsewhere in the text (its tokens since
+it parted, through those that agree again, found together earlier: a docstring line written
+as another docstring of the file has it). Nor are two spans that traded places (each
+learned as written in the other's place, as two lines swapped are): a swap is not repeated
+further on.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from localspec.core.drafting.copying import Streak
-from localspec.core.drafting.tunables import EDIT_MAX, EDIT_REACH, MAX_EDITS, RESYNC_MISSES
+from localspec.core.drafting.tunables import (
+    COPIED_SPAN,
+    EDIT_MAX,
+    EDIT_REACH,
+    MAX_EDITS,
+    RESYNC_MISSES,
+)
 
 Edit = tuple[tuple[int, ...], tuple[int, ...]]  # (key, value)
 
@@ -163,12 +172,27 @@ class CopyPlace:
             if n > agreed and n >= (1 if q <= p + 1 else 2):
                 best, agreed = q, n
         if best is not None:
-            # text inserted before p, or source tokens p.. replaced by the answer's a..
-            self._learn(tuple(toks[p : best - agreed + 1]), tuple(toks[a : i - agreed + 1]))
+            # text inserted before p, or source tokens p.. replaced by the answer's a..,
+            # unless the answer copied them from elsewhere
+            if not self._copied(a, i):
+                self._learn(tuple(toks[p : best - agreed + 1]), tuple(toks[a : i - agreed + 1]))
             self.start_at(best + 1, agreed)
             return
         misses = parted.misses + 1
         self.parted = Parted(p, a, misses) if misses <= RESYNC_MISSES else None
+
+    def _copied(self, a: int, i: int) -> bool:
+        """Whether the answer's tokens ``a..i`` (what it wrote since it parted, through the
+        tokens that agree again), ``COPIED_SPAN`` or more of them, occur together earlier in
+        the text: the answer copied another passage (a docstring's other version of the same
+        line), which is no edit to repeat where this one's tokens come again."""
+        toks = self.tokens
+        span = toks[a : i + 1]
+        n = len(span)
+        if n < COPIED_SPAN:
+            return False
+        first = span[0]
+        return any(toks[s] == first and toks[s : s + n] == span for s in range(a - n + 1))
 
     def _agreement(self, q: int, i: int, p: int, a: int) -> int:
         """How many tokens up to source ``q`` agree with those up to answer ``i``, reading

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from localspec.core.controller import SPECULATE_MARGIN
+from localspec.core.controller import REACH_ALPHA, REACH_CHANCE, SPECULATE_MARGIN
 
 
 class Prior(NamedTuple):
@@ -46,8 +46,11 @@ RESUMED_PRIOR = Prior(0.3, 0.25)
 # answer came back to after an edit: the caller said the answer copies it, so it is worth a
 # 12-token match.
 START_PRIOR = Prior(0.73, 0.78)
-COPY_ALPHA = 0.99  # acceptance per token along a long copy: code copied from its source
-COPY_MAX = 0.97  # the most any chance of a long copy is taken to be: a copy can always end
+# Acceptance per token along a long copy (code copied from its source), and the most any
+# chance of a long copy is taken to be (a copy can always end): the controller's reach in a
+# deficit is measured on these.
+COPY_ALPHA = REACH_ALPHA
+COPY_MAX = REACH_CHANCE
 
 # -- what a text's grades teach ----------------------------------------------------------------
 
@@ -75,6 +78,11 @@ RESYNC_MISSES = 8  # answer tokens a parted copy waits for before its place is l
 EDIT_MAX = 8  # the most tokens an edit's source span, and what replaces it, may have
 EDIT_REACH = 8  # source tokens past the parting point where a replaced span may end
 MAX_EDITS = 64  # edits kept per text (the oldest go first)
+# What the answer wrote between parting and coming back, through the tokens that agree
+# again, is no edit when it occurs together earlier in the text, at least this long: the
+# answer copied another passage (a line as another docstring of the file has it); a shorter
+# span is found by chance too often to say so.
+COPIED_SPAN = 3
 # A fixed policy (``--drafter ngram``) has no cost model to weigh a short match: it drafts
 # from matches at least this long (and copies it follows), as llama.cpp's n-gram modes look
 # up long keys.
