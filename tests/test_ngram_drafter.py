@@ -240,25 +240,22 @@ def test_a_passage_the_answer_copied_from_elsewhere_is_not_an_edit():
     # The source has a line twice, as "start1," and as "start_0,"; the answer writes the
     # first place as the second has it: copying, not replacing "1" with "_0" everywhere.
     start, one, comma, us, zero = 50, 51, 52, 53, 54
-    source = [1, 2, start, one, comma, 5, 6, 7, 8, 9, start, us, zero, comma, 10, one, 11]
-    toks = [*source, 40, 1, 2]
-    d = ngram_drafter(2, 16)
-    d.begin(toks)
-    _draft_and_observe(d, toks, 3, [start, us], accepted=1)
-    for token in (zero, comma):
-        toks.append(token)
-        d.observe(toks)
-    assert d.source.place.edits == {}
+
+    def edits_learned(source: list[int]) -> dict:
+        toks = [*source, 40, 1, 2]
+        d = ngram_drafter(2, 16)
+        d.begin(toks)
+        _draft_and_observe(d, toks, 3, [start, us], accepted=1)
+        for token in (zero, comma):
+            toks.append(token)
+            d.observe(toks)
+        return d.source.place.edits
+
+    other = [start, us, zero, comma]
+    assert edits_learned([1, 2, start, one, comma, 5, 6, 7, 8, 9, *other, 10, one, 11]) == {}
     # Without the other passage, the same answer tokens are an edit of this text.
-    source = [1, 2, start, one, comma, 5, 6, 7, 8, 9, 10, one, 11]
-    toks = [*source, 40, 1, 2]
-    d = ngram_drafter(2, 16)
-    d.begin(toks)
-    _draft_and_observe(d, toks, 3, [start, us], accepted=1)
-    for token in (zero, comma):
-        toks.append(token)
-        d.observe(toks)
-    assert d.source.place.edits == {(one,): (us, zero)}
+    alone = [1, 2, start, one, comma, 5, 6, 7, 8, 9, 10, one, 11]
+    assert edits_learned(alone) == {(one,): (us, zero)}
 
 
 def test_an_edit_the_answer_does_not_make_is_forgotten():
