@@ -64,7 +64,7 @@ add_subdirectory(speculative-simple)
 WHEELS = (
     "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
     "diskcache", "gguf", "pyyaml", "tqdm", "requests", "certifi", "idna",
-    "charset-normalizer", "urllib3", "filelock",
+    "charset-normalizer", "urllib3", "filelock", "platformdirs",
 )  # fmt: skip
 SHAPES = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 

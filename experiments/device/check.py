@@ -41,6 +41,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+# llama.cpp's library is loaded before numpy: on an H200 (CUDA 13.0) every process that had
+# imported numpy first crashed in its first model load, and none that loaded llama.cpp first.
+import llama_cpp  # noqa: E402, F401
 import shapes as shaping  # noqa: E402
 
 # name, target shape, draft shape (files under --shapes, or derived from them)
@@ -73,37 +76,43 @@ class Run:
         print(f"[{start - self.t0:6.1f} s] {name}", flush=True)
         value = fn()
         self.result["seconds"][name] = round(_now() - start, 2)
+        self.save()
         return value
 
+    def save(self) -> None:
+        """What was found so far, written after every step: a run stopped at its lease's
+        end still brings back every step it finished."""
+        self.result["seconds"]["total"] = round(_now() - self.t0, 2)
+        (self.args.out / "device_check.json").write_text(json.dumps(self.result, indent=1))
 
-def make_models(run: Run) -> dict[str, tuple[Path, Path]]:
-    """The pairs' files, quantized to Q4_K_M by the build's llama-quantize."""
-    args = run.args
+
+def shapes_wanted(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each model's shape by name: the real ones, or small stand-ins in ``--mode cpu``."""
     base = shaping.load(args.shapes / "qwen2.5-coder-1.5b.json.gz")
     small = shaping.load(args.shapes / "qwen2.5-coder-0.5b.json.gz")
     if args.mode == "cpu":
-        wanted = {
+        return {
             "target-1.5B": shaping.tiny(base, "tiny 1.5B stand-in", n_layer=4),
             "target-7B": shaping.tiny(base, "tiny 7B stand-in", n_layer=6, n_embd=512),
             "draft-0.5B": shaping.tiny(small, "tiny 0.5B stand-in", n_layer=2),
         }
-    else:
-        wanted = {
-            "target-1.5B": base,
-            "target-7B": shaping.scaled(base, "Qwen2.5-Coder-7B shape", **QWEN_7B),
-            "draft-0.5B": small,
-        }
-    files = {}
-    for name, shape in wanted.items():
-        f16 = args.work / f"{name}-f16.gguf"
-        out = args.work / f"{name}-q4_k_m.gguf"
-        run.step(f"write {name} ({shaping.parameters(shape) / 1e9:.2f}B)",
-                 lambda s=shape, f=f16: shaping.write_f16(s, f))  # fmt: skip
-        run.step(f"quantize {name}", lambda f=f16, o=out: _quantize(args, f, o))
-        f16.unlink()
-        files[name] = out
-    draft = files["draft-0.5B"]
-    return {PAIRS[0]: (files["target-1.5B"], draft), PAIRS[1]: (files["target-7B"], draft)}
+    return {
+        "target-1.5B": base,
+        "target-7B": shaping.scaled(base, "Qwen2.5-Coder-7B shape", **QWEN_7B),
+        "draft-0.5B": small,
+    }
+
+
+def make_model(run: Run, name: str, shape: dict[str, Any]) -> Path:
+    """One model's file, quantized to Q4_K_M by the build's llama-quantize."""
+    args = run.args
+    f16 = args.work / f"{name}-f16.gguf"
+    out = args.work / f"{name}-q4_k_m.gguf"
+    run.step(f"write {name} ({shaping.parameters(shape) / 1e9:.2f}B)",
+             lambda: shaping.write_f16(shape, f16))  # fmt: skip
+    run.step(f"quantize {name}", lambda: _quantize(args, f16, out))
+    f16.unlink()
+    return out
 
 
 def _quantize(args: argparse.Namespace, src: Path, dst: Path) -> None:
@@ -218,6 +227,7 @@ def measure_pair(run: Run, name: str, target_path: Path, draft_path: Path) -> di
 
     args = run.args
     out: dict[str, Any] = {"target": target_path.name, "draft": draft_path.name}
+    run.result["pairs"][name] = out  # filled step by step, saved after each
     target = run.step(f"{name}: load", lambda: _load(target_path, args, device=True))
     draft = _load(draft_path, args, device=True, draft=True)
     context = _prompt(target.n_vocab, 64)
@@ -328,11 +338,15 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     run = Run(args)
-    pairs = make_models(run)
-    for name, (target, draft) in pairs.items():
-        run.result["pairs"][name] = measure_pair(run, name, target, draft)
-    run.result["seconds"]["total"] = round(_now() - run.t0, 2)
-    (args.out / "device_check.json").write_text(json.dumps(run.result, indent=1))
+    wanted = shapes_wanted(args)
+    draft = make_model(run, "draft-0.5B", wanted["draft-0.5B"])
+    # Each pair's target is made just before it is measured, the default pair's first, so
+    # a run cut short still measured the pair that matters most.
+    for name, target_name in zip(PAIRS, ("target-1.5B", "target-7B"), strict=True):
+        target = make_model(run, target_name, wanted[target_name])
+        measure_pair(run, name, target, draft)
+        target.unlink()
+    run.save()
     text = table(run.result)
     (args.out / "device_check.md").write_text(text + "\n")
     print(text)

@@ -10,7 +10,7 @@
 # it). cuda and cpu need only the carry folder, this checkout, cmake, a C++ compiler (and
 # nvcc for cuda) and Python 3 with numpy and jinja2: one cmake build of llama.cpp as shared
 # libraries for this one backend (CUDA_ARCH, default 90: H100 and H200), with llama-bench,
-# llama-speculative-simple, llama-server and llama-quantize from the same build; localspec's
+# llama-speculative-simple and llama-quantize from the same build; localspec's
 # bindings load that build's libllama (LLAMA_CPP_LIB_PATH), so nothing is compiled twice.
 # Models of the real shapes with random weights are made from the carried metadata
 # (experiments/device/shapes.py), then experiments/device/check.py measures and writes
@@ -61,6 +61,21 @@ mkdir -p "$OUT"
 # The build's logs go with the results, whatever happens.
 trap 'cp "$DEVICE"/cmake-"$MODE".log "$DEVICE"/build-"$MODE".log "$OUT"/ 2> /dev/null || true' EXIT
 
+# What this Python lacks of localspec's and gguf's imports comes from the carried wheels,
+# checked before the build so that a missing one costs seconds, not a build.
+SITE=$DEVICE/site-$MODE
+NEEDS="numpy, jinja2, pydantic, gguf, diskcache, filelock, platformdirs"
+if ! "$PY" -c "import $NEEDS" 2> /dev/null; then
+    say "unpacking the carried wheels"
+    "$PY" - "$DEVICE/wheels" "$SITE" << 'EOF'
+import sys, zipfile, pathlib
+for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    zipfile.ZipFile(wheel).extractall(sys.argv[2])
+EOF
+fi
+export PYTHONPATH="$PWD:$PWD/$DEVICE/bindings:$PWD/$SITE${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -c "import $NEEDS" || { echo "error: $PY cannot import all of: $NEEDS" >&2; exit 1; }
+
 say "configuring llama.cpp ($MODE)"
 # The AMX flags as scripts/setup.sh sets them: llama.cpp's AMX kernels crash on some
 # virtual machines whose CPUs report AMX.
@@ -72,22 +87,11 @@ cmake -S "$DEVICE/llama.cpp" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Re
     "${backend[@]}" > "$DEVICE/cmake-$MODE.log"
 say "building"
 cmake --build "$BUILD" -j"$JOBS" --target llama llama-bench llama-speculative-simple \
-    llama-server llama-quantize > "$DEVICE/build-$MODE.log"
+    llama-quantize > "$DEVICE/build-$MODE.log"
 BIN=$(cd "$BUILD/bin" && pwd)
-ls "$BIN"/llama-server "$BIN"/llama-bench "$BIN"/llama-speculative-simple \
-    "$BIN"/llama-quantize "$BIN"/libllama.* > /dev/null
+ls "$BIN"/llama-bench "$BIN"/llama-speculative-simple "$BIN"/llama-quantize \
+    "$BIN"/libllama.* > /dev/null
 
-# What this Python lacks of localspec's and gguf's imports comes from the carried wheels.
-SITE=$DEVICE/site-$MODE
-if ! "$PY" -c "import pydantic, gguf, diskcache, filelock" 2> /dev/null; then
-    say "unpacking the carried wheels"
-    "$PY" - "$DEVICE/wheels" "$SITE" << 'EOF'
-import sys, zipfile, pathlib
-for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
-    zipfile.ZipFile(wheel).extractall(sys.argv[2])
-EOF
-fi
-export PYTHONPATH="$PWD:$PWD/$DEVICE/bindings:$PWD/$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export LLAMA_CPP_LIB_PATH=$BIN
 "$PY" -c "import llama_cpp, localspec.backend.device_greedy; print('bindings on', llama_cpp.llama_cpp._lib._name)"
 

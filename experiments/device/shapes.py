@@ -154,6 +154,8 @@ def write_f16(shape: dict[str, Any], path: Path, seed: int = 0) -> Path:
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
     pool = (rng.standard_normal(POOL) * 0.02).astype(np.float16)
+    # Scaled once here: numpy's float16 arithmetic is slow, tensor by tensor it took minutes.
+    residual_pool = (pool.astype(np.float32) * RESIDUAL_SCALE).astype(np.float16)
     embedding = None  # token_embd's values, output's too
     offset = 0
     for name, dims in shape["tensors"]:
@@ -166,10 +168,9 @@ def write_f16(shape: dict[str, Any], path: Path, seed: int = 0) -> Path:
                 embedding = (rng.standard_normal(n, dtype=np.float32) * 0.02).astype(np.float16)
             data = embedding
         else:
-            data = np.resize(np.roll(pool, -(offset % POOL)), n)
+            source = residual_pool if name.endswith(RESIDUAL) else pool
+            data = np.resize(np.roll(source, -(offset % POOL)), n)
             offset += 7919  # another start for every tensor
-            if name.endswith(RESIDUAL):
-                data = data * np.float16(RESIDUAL_SCALE)
         writer.write_tensor_data(data)
     writer.close()
     return path
