@@ -85,6 +85,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'localspec' has no attribute {name!r}")
+    if module.startswith("localspec.api"):  # it loads models: llama.cpp's library first
+        importlib.import_module("localspec.backend.library")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # looked up once
     return value

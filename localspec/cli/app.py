@@ -122,11 +122,13 @@ def main() -> None:
     soon as it returns, its output flushed: the models it loaded are left to the operating
     system, which reclaims a process's memory at once (llama.cpp freeing a 1.5B model takes
     a tenth of a second), and Python's teardown of every module is skipped."""
+    name = command_named(sys.argv[1:])
+    command = COMMANDS.get(name or "")
+    if command is not None:  # a command may load models: llama.cpp's library before numpy
+        importlib.import_module("localspec.backend.library")
     from localspec.cli.common import echo_error
     from localspec.session.switching import fast_switching
 
-    name = command_named(sys.argv[1:])
-    command = COMMANDS.get(name or "")
     PROCESS.ends_with_command = command is not None and command.quick_exit
     try:
         with fast_switching():  # this process is the command's: a load may shorten it
