@@ -1,7 +1,8 @@
 """Decisions proven on more than one machine: recorded answers replayed at the cost
 profiles of several kinds of machine (``tests/data/costs``: a 2-core Zen 3 without AVX-512,
-a 2-core Zen 4 with AVX-512, a GPU-like machine, this project's own, as ``localspec bench
-costs`` wrote it), and ``auto`` with a prediction held to what it must reach at each.
+a 2-core Zen 4 with AVX-512, a GPU-like machine, an NVIDIA H200 as the device check
+measured it, this project's own, as ``localspec bench costs`` wrote it), and ``auto``
+with a prediction held to what it must reach at each.
 
 The answers (``tests/data/replay``) are whole-file edits, with the file in the prompt and as
 the prediction, completions and prose, each also asked again with its first answer as the
@@ -55,7 +56,7 @@ def predictions(name: str) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def test_the_profiles_and_answers_are_there():
-    assert {"zen3", "avx512", "gpu-like", "dev-busy"} <= set(PROFILES)
+    assert {"zen3", "avx512", "gpu-like", "h200", "dev-busy"} <= set(PROFILES)
     kinds = {answer(n)["kind"] for n in ANSWERS}
     assert kinds >= {"edit", "completion", "prose"}
     for name in PROFILES:
