@@ -41,9 +41,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-# llama.cpp's library is loaded before numpy: on an H200 (CUDA 13.0) every process that had
-# imported numpy first crashed in its first model load, and none that loaded llama.cpp first.
-import llama_cpp  # noqa: E402, F401
+# llama.cpp's library before numpy (which shapes imports): the module's docstring says why.
+import localspec.backend.library  # noqa: E402, F401, I001
 import shapes as shaping  # noqa: E402
 
 # name, target shape, draft shape (files under --shapes, or derived from them)

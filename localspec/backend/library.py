@@ -10,6 +10,4 @@ still set up by ``runtime.ensure_backend`` at its first use.
 
 from __future__ import annotations
 
-import llama_cpp
-
-LIBRARY = llama_cpp.llama_cpp._lib  # the loaded library, named so the import is used
+import llama_cpp  # noqa: F401  (imported for what importing it does: loading the library)
