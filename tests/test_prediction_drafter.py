@@ -98,6 +98,20 @@ def test_a_prediction_shorter_than_the_answer_drafts_what_it_has():
     assert propose(d, committed, 8) == []  # nothing left to copy, nothing repeated
 
 
+def test_a_copy_of_the_prediction_ends_at_its_end_not_in_the_answers_start():
+    # The answer opens with a fence (7, 8), copies the prediction and closes with another
+    # fence (7, 9): the prediction's last token is followed by nothing the answer wrote, so
+    # no draft reads on into the answer's opening.
+    d, committed = start()
+    answer(d, committed, [7, 8, PREDICTION[0]])
+    assert d.copy_offer(committed, 64).available == len(PREDICTION) - 1
+    written = [*PREDICTION[1:], 7, 9]
+    assert drafted(d, committed, 64, written) == PREDICTION[1:]
+    assert d.copy_offer(committed, 64) is None
+    answer(d, committed, [9])
+    assert d.copy_offer(committed, 64) is None
+
+
 def test_an_empty_prediction_offers_nothing_and_a_bad_id_ends_it():
     d, committed = start([])
     assert d.copy_offer(committed, 64) is None and d.offer(committed, 64) is None
@@ -258,10 +272,12 @@ def test_a_prediction_the_prompt_holds_is_one_copy_with_prompt_lookup():
         pred.pricing.copies.grade(1.0, 0.5)
     assert pred.proven > ngram.proven
     assert list(one_copy(both, drafters)) == ["prediction"]
-    # Past the file's end the prompt goes on, the prediction does not: two copies.
+    # The prediction ends with the file; the prompt goes on with what closes it: one copy,
+    # prompt lookup's, which reads further, however well the prediction has done.
     longer = {n: d.offer(committed, 64) for n, d in drafters.items()}
-    assert ngram.preview(30)[24] != pred.preview(30)[24]
-    assert one_copy(longer, drafters) == longer
+    assert pred.preview(64) == text[6:] and ngram.preview(64)[:24] == text[6:]
+    assert len(ngram.preview(64)) > 24
+    assert list(one_copy(longer, drafters)) == ["ngram"]
     # A prediction that goes on otherwise than the prompt's text: both are weighed.
     other = prediction_drafter()
     other.begin(prompt, GenerationParams(prediction=(*text[:6], 88, 89, 87)))

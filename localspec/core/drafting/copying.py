@@ -24,8 +24,11 @@ weighed: the controller takes the best of its candidates, so two estimates of on
 bet on whichever is the more optimistic (and their drafts, split between them, would build
 neither's streak). The one weighed is the first drafter's in registry order (prompt lookup),
 which is then what it is without the other, unless the other's evidence is what only it
-knows, a prediction's start (``Evidence.START``), or this text's copies of its source have
-borne out their odds better (``CopyDrafter.proven``). The one left out follows the round as
+knows, a prediction's start (``Evidence.START``), or the other reads further (the first's
+source ends sooner), or this text's copies of its source have borne out their odds better
+(``CopyDrafter.proven``). A prediction ends with the file it predicts; the prompt holding
+that file goes on with what closes it, so near the file's end prompt lookup's offer, the
+longer, is weighed. The one left out follows the round as
 it would have alone: where its own offer would have been chosen in the other's place (the
 controller asked again without the other's), a draft of the copy is its draft too, and it
 follows it as its own (its place in the source, its streak, its grades), so that the rounds
@@ -265,6 +268,19 @@ class CopyDrafter:
         self.pricing.restore(data, keep)
 
 
+def _weighs_second(a: CopyDrafter, a_copy: CopyOffer, b: CopyDrafter, b_copy: CopyOffer) -> bool:
+    """Of two offers of one copy, whether the second's is the one weighed: a prediction's
+    start, which only it knows; else the one that reads further (the other's source ends
+    first: a prediction ends with the file, the prompt goes on with what closes it); else
+    the one whose copies have borne out their odds better."""
+    a_start, b_start = a_copy.evidence is Evidence.START, b_copy.evidence is Evidence.START
+    if a_start != b_start:
+        return b_start
+    if a_copy.available != b_copy.available:
+        return b_copy.available > a_copy.available
+    return b.proven > a.proven
+
+
 def one_copy(
     offers: dict[str, Offer],
     drafters: dict[str, Drafter],
@@ -272,11 +288,11 @@ def one_copy(
 ) -> dict[str, Offer]:
     """``offers`` (by drafter, in registry order) with one offer per copy: of two copying
     drafters whose drafts agree as far as both can draft, the first's, unless the second's
-    evidence is a prediction's start or its copies have borne out their odds better (module
-    docstring). The one left out learns from the round as from any round that passed it
-    over, unless ``chooses`` (the drafter a round would draft from, given offers) would have
-    drafted from its offer, weighed in place of the other's: then it follows a draft of its
-    copy as its own."""
+    evidence is a prediction's start, it reads further, or its copies have borne out their
+    odds better (module docstring). The one left out learns from the round as from any round
+    that passed it over, unless ``chooses`` (the drafter a round would draft from, given
+    offers) would have drafted from its offer, weighed in place of the other's: then it
+    follows a draft of its copy as its own."""
     copies = []
     for name in offers:
         drafter = drafters.get(name)
@@ -292,8 +308,9 @@ def one_copy(
             k = min(a_copy.available, b_copy.available)
             if a.preview(k) != b.preview(k):
                 continue
-            start = b_copy.evidence is Evidence.START and a_copy.evidence is not Evidence.START
-            weighed, left = (second, first) if start or b.proven > a.proven else (first, second)
+            weighed, left = (
+                (second, first) if _weighs_second(a, a_copy, b, b_copy) else (first, second)
+            )
             instead = [o for n, o in kept.items() if n != weighed]  # ``left``'s in its place
             if chooses is not None and chooses(instead) == left:
                 left_out, other = (a, b) if left == first else (b, a)

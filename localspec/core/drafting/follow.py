@@ -64,7 +64,8 @@ class Follower:
     under way (module docstring). ``min_match``: the shortest match that may draft, whatever
     ``n_min`` says (a fixed policy's floor). ``sealed``: the text's first tokens (what
     ``start`` is given) are a source only, never the answer's context: a suffix is measured
-    back no further than the tokens after them."""
+    back no further than the tokens after them, and a copy read from them ends where they
+    end."""
 
     def __init__(
         self,
@@ -103,7 +104,7 @@ class Follower:
         self._answer_at, self._source = answer_at, len(source)
         # key length -> key -> continuation starts (index after the key), oldest first
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {k: {} for k in self._keys}
-        self.place = CopyPlace(self._tokens, self.ends)
+        self.place = CopyPlace(self._tokens, self.ends, self._source if self.sealed else None)
         self._match: NgramMatch | None = None
         self._match_at = -1  # len(tokens) when ``_match`` was computed
         self._draft: Drafted | None = None  # what ``advance`` follows
@@ -125,9 +126,12 @@ class Follower:
         self._tokens.extend(tokens)
         toks = self._tokens
         # A key ending at e (exclusive) is indexed once toks[e] exists: it has a continuation.
+        # In a sealed text no key or continuation spans the seal: the answer's first tokens
+        # do not follow the source's last ones.
+        seal = self._source if self.sealed else None
         for e in range(max(old, 1), len(toks)):
             for k, table in self._index.items():
-                if e >= k:
+                if e >= k and (seal is None or e < seal or e - k >= seal):
                     table.setdefault(tuple(toks[e - k : e]), []).append(e)
 
     # -- the longest suffix match -----------------------------------------------------------

@@ -70,11 +70,19 @@ Drafted = tuple[Cursor, list[Cursor], int]
 class CopyPlace:
     """The copy under way in ``tokens`` (shared with the text that grows), its parted copy
     and the edits of this text (module docstring); ``ends`` tells end-of-generation tokens,
-    after which a read stops."""
+    after which a read stops. ``seal``: where a source that is not the answer's context
+    ends (a prediction's end, the answer after it): a copy read from the source stops
+    there, as what the answer wrote first does not follow the source's last token."""
 
-    def __init__(self, tokens: list[int], ends: Callable[[int], bool] | None = None) -> None:
+    def __init__(
+        self,
+        tokens: list[int],
+        ends: Callable[[int], bool] | None = None,
+        seal: int | None = None,
+    ) -> None:
         self.tokens = tokens
         self.ends = ends
+        self.seal = seal
         self.cursor: Cursor | None = None  # the copy under way
         self.run = 0  # answer tokens the cursor has followed since the copy (re)started
         self.parted: Parted | None = None
@@ -84,12 +92,19 @@ class CopyPlace:
 
     # -- reading the source through the edits ----------------------------------------------
 
+    def bound(self, at: int, end: int) -> int:
+        """Where a copy read from position ``at`` ends, reading source before ``end``: at
+        the seal for a place in the source (the seal itself is its end, read no further)."""
+        seal = self.seal
+        return min(end, seal) if seal is not None and at <= seal else end
+
     def step(self, cursor: Cursor, end: int) -> tuple[int, Cursor] | None:
         """The token the copy at ``cursor`` writes next, reading source before ``end``, and
         the cursor after it; None at the end of the source."""
         if cursor.pending:
             return cursor.pending[0], Cursor(cursor.at, cursor.pending[1:], cursor.edit)
         toks = self.tokens
+        end = self.bound(cursor.at, end)
         if cursor.at >= end:
             return None
         for key, value in self._by_first.get(toks[cursor.at], ()):
@@ -117,7 +132,9 @@ class CopyPlace:
     def live(self) -> bool:
         """Whether the copy under way has anything left to read."""
         cursor = self.cursor
-        return cursor is not None and bool(cursor.pending or cursor.at < len(self.tokens))
+        if cursor is None:
+            return False
+        return bool(cursor.pending or cursor.at < self.bound(cursor.at, len(self.tokens)))
 
     # -- following the answer ----------------------------------------------------------------
 
@@ -167,7 +184,7 @@ class CopyPlace:
         assert parted is not None
         p, a = parted.at, parted.answer
         best, agreed = None, 0
-        for q in range(p, min(p + 1 + EDIT_REACH, end)):
+        for q in range(p, min(p + 1 + EDIT_REACH, self.bound(p, end))):
             n = self._agreement(q, i, p, a)
             if n > agreed and n >= (1 if q <= p + 1 else 2):
                 best, agreed = q, n
