@@ -28,15 +28,15 @@ knows, a prediction's start (``Evidence.START``), or the other reads further (th
 source ends sooner), or this text's copies of its source have borne out their odds better
 (``CopyDrafter.proven``). A prediction ends with the file it predicts; the prompt holding
 that file goes on with what closes it, so near the file's end prompt lookup's offer, the
-longer, is weighed. The one left out follows the round as
-it would have alone: where its own offer would have been chosen in the other's place (the
-controller asked again without the other's), a draft of the copy is its draft too, and it
-follows it as its own (its place in the source, its streak, its grades), so that the rounds
-after fall as they would without the other drafter; where its offer would not have been
-chosen, it learns from the round as from any that passed it over. So a prediction whose
-text is in the prompt is never worth less than prompt lookup reading it there. Drafts that
-part somewhere (a repeat of an earlier answer, which the prompt holds only up to the
-answer's edits) are two copies, both weighed.
+longer, is weighed. The one left out follows the round as it would have alone: where its
+own offer would have been chosen in the other's place (the controller asked again without
+the other's), a draft of the copy is its draft too, and it follows it as its own (its
+place in the source, its streak, its grades), so that the rounds after fall as they would
+without the other drafter; where its offer would not have been chosen, it learns from the
+round as from any that passed it over. So a prediction whose text is in the prompt is never
+worth less than prompt lookup reading it there. Drafts that part somewhere (a repeat of an
+earlier answer, which the prompt holds only up to the answer's edits) are two copies, both
+weighed.
 """
 
 from __future__ import annotations

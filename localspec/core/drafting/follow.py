@@ -128,7 +128,7 @@ class Follower:
         # A key ending at e (exclusive) is indexed once toks[e] exists: it has a continuation.
         # In a sealed text no key or continuation spans the seal: the answer's first tokens
         # do not follow the source's last ones.
-        seal = self._source if self.sealed else None
+        seal = self.place.seal
         for e in range(max(old, 1), len(toks)):
             for k, table in self._index.items():
                 if e >= k and (seal is None or e < seal or e - k >= seal):
